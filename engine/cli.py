@@ -1,0 +1,170 @@
+"""The ``meganeura`` command line.
+
+Subcommands live in ``COMMANDS``; a module adds one with ``register_command``
+(and is listed in ``COMMAND_MODULES`` so that ``main`` imports it). Any
+``MeganeuraError`` a handler raises is printed as ``meganeura: error: ...`` on
+stderr with exit status 2. ``--json`` output goes to stdout, progress to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+from .errors import MeganeuraError
+
+
+@dataclass(frozen=True)
+class Command:
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    handler: Callable[[argparse.Namespace], int | None]
+
+
+COMMANDS: dict[str, Command] = {}
+
+# Modules that call register_command() when imported; main() imports them.
+COMMAND_MODULES: list[str] = []
+
+
+def register_command(name, help, add_arguments, handler):
+    """Add subcommand ``name``: ``add_arguments(parser)`` declares its options,
+    ``handler(args)`` runs it and returns the exit status (None means 0)."""
+    COMMANDS[name] = Command(help, add_arguments, handler)
+
+
+# --- doctor --------------------------------------------------------------
+
+DOCTOR_FEATURES = (
+    "timestamp-query",
+    "timestamp-query-inside-passes",
+    "shader-f16",
+    "subgroup",
+    "cooperative-matrix",
+)
+
+
+def human_size(n: int | None) -> str:
+    if n is None:
+        return "n/a"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            value = n / scale
+            text = f"{value:.0f}" if abs(value - round(value)) < 0.005 else f"{value:.2f}"
+            return f"{text} {unit}"
+    return f"{n} B"
+
+
+def _has_feature(wanted: str, present: list[str]) -> bool:
+    """Loose match: wgpu-native has spelled subgroups and cooperative matrices
+    several ways (subgroup, subgroups, cooperative-matrix, ...)."""
+    names = [f.replace("_", "-").lower() for f in present]
+    if wanted in ("subgroup", "cooperative-matrix"):
+        return any(n.startswith(wanted[:-1]) for n in names)
+    return wanted in names
+
+
+def doctor_report() -> dict:
+    from . import device
+
+    info = device.adapter_info()
+    return {
+        "adapter": {
+            "name": info["name"],
+            "backend": info["backend"],
+            "software": info["software"],
+            "adapter_type": info["adapter_type"],
+            "description": info["description"],
+        },
+        "features": info["features"],
+        "all_features": info["all_features"],
+        "limits": info["limits"],
+        "versions": device.versions(),
+    }
+
+
+def format_doctor(report: dict) -> str:
+    a = report["adapter"]
+    kind = "software renderer: correct but slow" if a["software"] else "hardware"
+    lines = [
+        f"Adapter   {a['name']}",
+        f"Backend   {a['backend']}",
+        f"Type      {a['adapter_type']} ({kind})",
+    ]
+    if a.get("description"):
+        lines.append(f"Driver    {a['description']}")
+    lines += ["", "Features"]
+    for f in DOCTOR_FEATURES:
+        lines.append(f"  {f:<32}{'yes' if _has_feature(f, report['all_features']) else 'no'}")
+    lines += ["", "Limits"]
+    for name, value in report["limits"].items():
+        shown = human_size(value) if name.endswith(("_size",)) else ("n/a" if value is None else str(value))
+        lines.append(f"  {name:<40}{shown}")
+    lines += ["", "Versions"]
+    for name, value in report["versions"].items():
+        lines.append(f"  {name:<18}{value if value is not None else 'not installed'}")
+    if not _has_feature("timestamp-query", report["all_features"]):
+        lines += ["", "Note: no timestamp-query; profiles will use CPU wall time per submission."]
+    return "\n".join(lines)
+
+
+def _doctor_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    report = doctor_report()
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(format_doctor(report))
+    return 0
+
+
+register_command(
+    "doctor",
+    "show the GPU adapter wgpu chose, its features and limits, and package versions",
+    _doctor_arguments,
+    _doctor,
+)
+
+
+# --- main ----------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    for module in COMMAND_MODULES:
+        importlib.import_module(module)
+    parser = argparse.ArgumentParser(
+        prog="meganeura",
+        description="Meganeura engine: optimize, run, train and profile neural networks on wgpu.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, cmd in COMMANDS.items():
+        p = sub.add_parser(name, help=cmd.help, description=cmd.help)
+        cmd.add_arguments(p)
+        p.set_defaults(_handler=cmd.handler)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        status = args._handler(args)
+    except MeganeuraError as exc:
+        print(f"meganeura: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("meganeura: interrupted", file=sys.stderr)
+        return 130
+    return 0 if status is None else int(status)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

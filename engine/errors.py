@@ -1,0 +1,30 @@
+"""User-facing failures.
+
+Every error a user can cause (a bad file, a wrong shape, an unknown model) is a
+``MeganeuraError``: the CLI prints its message and exits 2, the GUI shows it in a
+dialog and keeps running. Messages say what was wrong and what to do.
+"""
+
+
+class MeganeuraError(Exception):
+    """Base class of every error caused by user input rather than a bug."""
+
+
+class ShapeError(MeganeuraError):
+    """An op was given operands whose shapes or dtypes do not fit together."""
+
+
+class GraphError(MeganeuraError):
+    """A graph is malformed: unknown node, missing input, bad JSON."""
+
+
+class WeightsError(MeganeuraError):
+    """A weights file could not be read, or does not fit the model."""
+
+
+class DeviceError(MeganeuraError):
+    """The GPU adapter is missing, lost, or cannot hold what was asked."""
+
+
+class UnknownModelError(MeganeuraError):
+    """No built-in model has the requested name."""

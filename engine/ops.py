@@ -1,0 +1,712 @@
+"""The op table: every op of the IR is declared here, once.
+
+An ``OpDef`` holds what the rest of the engine needs to know about an op: how its
+output shape and dtype follow from its operands (``shape``), what it computes in
+numpy (``ref``, the oracle every other backend is checked against), its gradient
+(``grad``, filled in by the autodiff table) and the kernel archetype that runs it
+on the GPU. Adding an op means adding one entry here.
+
+Shapes are tuples of ints, dtypes are ``"f32"`` or ``"i32"``. Reference functions
+receive numpy arrays already cast to the executor's float type and the node's
+attributes, and return one array.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+from scipy import special
+
+from .errors import ShapeError
+
+Shape = tuple[int, ...]
+
+# Kernel archetypes (DESIGN.md): what kind of GPU kernel runs an op.
+SOURCE = "source"          # inputs, parameters, constants: no kernel
+POINTWISE = "pointwise"    # elementwise DAG, one thread per output element
+REDUCTION = "reduction"    # row reduction with prologue/epilogue
+MATMUL = "matmul"          # tiled matmul with fused prologue/epilogue
+ATTENTION = "attention"    # attention with online softmax
+CONV = "conv"              # convolution
+GATHER = "gather"          # embedding lookup and its scatter-add gradient
+VIEW = "view"              # reshape: same buffer, no kernel
+COPY = "copy"              # data movement: transpose, concat, slice, broadcast
+
+ARCHETYPES = (SOURCE, POINTWISE, REDUCTION, MATMUL, ATTENTION, CONV, GATHER, VIEW, COPY)
+
+
+@dataclass(frozen=True)
+class TensorType:
+    shape: Shape
+    dtype: str = "f32"
+
+
+@dataclass
+class OpDef:
+    """Everything the engine knows about one op."""
+
+    name: str
+    archetype: str
+    shape: Callable[[list[TensorType], dict], TensorType]
+    ref: Callable[..., np.ndarray]
+    grad: Callable | None = None
+    elementwise: bool = False
+    doc: str = ""
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def defop(name, archetype, shape_rule, ref, /, *, elementwise=False, doc="", **attrs) -> OpDef:
+    """Declare an op; keyword arguments beyond ``elementwise`` and ``doc`` are its
+    attributes with their defaults."""
+    if name in OPS:
+        raise ValueError(f"op {name!r} declared twice")
+    OPS[name] = OpDef(name, archetype, shape_rule, ref, elementwise=elementwise, doc=doc, attrs=attrs)
+    return OPS[name]
+
+
+class OpShapeError(Exception):
+    """Raised by a shape rule; the graph adds the op and node it was building."""
+
+
+def _fail(msg: str):
+    raise OpShapeError(msg)
+
+
+def broadcast_shapes(*shapes: Shape) -> Shape:
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        _fail("cannot broadcast shapes " + " and ".join(str(list(s)) for s in shapes))
+
+
+def _require_float(ts: list[TensorType], what="operand"):
+    for i, t in enumerate(ts):
+        if t.dtype != "f32":
+            _fail(f"{what} {i} must be f32, found {t.dtype}")
+
+
+def _norm_axis(axis: int, rank: int) -> int:
+    if not -rank <= axis < max(rank, 1):
+        _fail(f"axis {axis} out of range for rank {rank}")
+    return axis % max(rank, 1)
+
+
+# ---------------------------------------------------------------- sources
+
+def _no_shape(ts, a):
+    raise OpShapeError("sources are created with Graph.input/parameter/constant")
+
+
+for _src in ("input", "parameter", "constant"):
+    defop(_src, SOURCE, _no_shape, lambda *a, **k: None, doc=f"a graph {_src}")
+
+
+# ---------------------------------------------------------------- elementwise
+
+def _unary_shape(ts, a):
+    _require_float(ts)
+    return TensorType(ts[0].shape)
+
+
+def _binary_shape(ts, a):
+    _require_float(ts)
+    return TensorType(broadcast_shapes(ts[0].shape, ts[1].shape))
+
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def gelu_ref(x, approximate="none"):
+    if approximate == "tanh":
+        return 0.5 * x * (1.0 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1.0 + special.erf(x / math.sqrt(2.0)))
+
+
+def sigmoid_ref(x):
+    return special.expit(x)
+
+
+UNARY: dict[str, Callable] = {
+    "neg": lambda x: -x,
+    "exp": np.exp,
+    "log": np.log,
+    "sqrt": np.sqrt,
+    "rsqrt": lambda x: 1.0 / np.sqrt(x),
+    "reciprocal": lambda x: 1.0 / x,
+    "abs": np.abs,
+    "relu": lambda x: np.maximum(x, 0),
+    "sigmoid": sigmoid_ref,
+    "tanh": np.tanh,
+    "silu": lambda x: x * sigmoid_ref(x),
+    "stop_gradient": lambda x: x,
+}
+for _name, _fn in UNARY.items():
+    defop(_name, POINTWISE, _unary_shape, (lambda fn: lambda x: fn(x))(_fn), elementwise=True)
+
+defop("gelu", POINTWISE, _unary_shape, gelu_ref, elementwise=True,
+      doc="approximate='none' (erf) or 'tanh'", approximate="none")
+defop("pow", POINTWISE, _unary_shape, lambda x, exponent: np.power(x, exponent),
+      elementwise=True, doc="x ** exponent, exponent a constant", exponent=None)
+
+BINARY: dict[str, Callable] = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": np.divide,
+}
+for _name, _fn in BINARY.items():
+    defop(_name, POINTWISE, _binary_shape, (lambda fn: lambda x, y: fn(x, y))(_fn), elementwise=True)
+
+
+def _bias_add_shape(ts, a):
+    _require_float(ts)
+    x, b = ts
+    if len(b.shape) != 1 or not x.shape or x.shape[-1] != b.shape[0]:
+        _fail(f"bias {list(b.shape)} must be 1-D and match the last axis of {list(x.shape)}")
+    return TensorType(x.shape)
+
+
+defop("bias_add", POINTWISE, _bias_add_shape, lambda x, b: x + b, elementwise=True,
+      doc="x + b with b over the last axis")
+
+
+# Fused pointwise DAG. `program` is a tuple of instructions (op, args, attrs) where each
+# arg is ("in", i) for the i-th input, ("t", j) for instruction j's result or
+# ("c", float) for a scalar constant. The last instruction is the result.
+
+def _pointwise_shape(ts, a):
+    _require_float(ts)
+    return TensorType(broadcast_shapes(*(t.shape for t in ts)))
+
+
+def run_program(program, inputs, xp=np):
+    temps = []
+    for op, args, attrs in program:
+        vals = [inputs[v] if k == "in" else temps[v] if k == "t" else xp.asarray(v, dtype=inputs[0].dtype)
+                for k, v in args]
+        temps.append(OPS[op].ref(*vals, **dict(attrs)))
+    return temps[-1]
+
+
+def _pointwise_ref(*xs, program):
+    out = run_program(program, xs)
+    return np.broadcast_to(out, np.broadcast_shapes(*(x.shape for x in xs))).copy()
+
+
+defop("pointwise", POINTWISE, _pointwise_shape, _pointwise_ref, elementwise=True,
+      doc="a fused DAG of elementwise ops (attribute 'program')", program=())
+
+
+def _swiglu_shape(ts, a):
+    return _binary_shape(ts, a)
+
+
+defop("swiglu", POINTWISE, _swiglu_shape, lambda g, u: g * sigmoid_ref(g) * u, elementwise=True,
+      doc="silu(gate) * up")
+
+
+# ---------------------------------------------------------------- reductions
+
+def _reduce_shape(ts, a):
+    _require_float(ts)
+    shape = ts[0].shape
+    axis = a.get("axis")
+    if axis is None:
+        return TensorType((1,) * len(shape) if a.get("keepdims") else ())
+    if not shape:
+        _fail("cannot reduce over an axis of a scalar")
+    ax = _norm_axis(axis, len(shape))
+    if ax != len(shape) - 1:
+        _fail(f"reductions run over the last axis or everything, got axis {axis}")
+    return TensorType(shape[:-1] + ((1,) if a.get("keepdims") else ()))
+
+
+for _name, _fn in (("sum", np.sum), ("mean", np.mean), ("max", np.max)):
+    defop(_name, REDUCTION, _reduce_shape,
+          (lambda fn: lambda x, axis=None, keepdims=False: np.asarray(fn(x, axis=axis, keepdims=keepdims)))(_fn),
+          doc="over the last axis (axis=-1) or everything (axis=None)", axis=None, keepdims=False)
+
+
+def _sum_to_shape(ts, a):
+    target = tuple(a["shape"])
+    if broadcast_shapes(ts[0].shape, target) != ts[0].shape:
+        _fail(f"cannot sum {list(ts[0].shape)} down to {list(target)}")
+    return TensorType(target)
+
+
+def sum_to_ref(x, shape):
+    shape = tuple(shape)
+    lead = x.ndim - len(shape)
+    x = x.sum(axis=tuple(range(lead))) if lead else x
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and x.shape[i] != 1)
+    return x.sum(axis=axes, keepdims=True) if axes else x
+
+
+defop("sum_to", REDUCTION, _sum_to_shape, sum_to_ref,
+      doc="sum a broadcast result back to an operand's shape (gradient of broadcasting)", shape=())
+
+
+def _last_axis_shape(ts, a):
+    _require_float(ts)
+    if not ts[0].shape:
+        _fail("needs at least one axis")
+    return TensorType(ts[0].shape)
+
+
+def softmax_ref(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def log_softmax_ref(x):
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
+defop("softmax", REDUCTION, _last_axis_shape, softmax_ref, doc="over the last axis")
+defop("log_softmax", REDUCTION, _last_axis_shape, log_softmax_ref, doc="over the last axis")
+
+
+def _norm_shape(n_params):
+    def rule(ts, a):
+        _require_float(ts)
+        x = ts[0]
+        if not x.shape:
+            _fail("needs at least one axis")
+        for i, p in enumerate(ts[1:1 + n_params]):
+            if p.shape != (x.shape[-1],):
+                _fail(f"parameter {i} has shape {list(p.shape)}, expected [{x.shape[-1]}]")
+        return TensorType(x.shape)
+    return rule
+
+
+def layer_norm_ref(x, w, b, eps=1e-5):
+    mu = x.mean(axis=-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * w + b
+
+
+def rms_norm_ref(x, w, eps=1e-6):
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * w
+
+
+defop("layer_norm", REDUCTION, _norm_shape(2), layer_norm_ref, doc="over the last axis", eps=1e-5)
+defop("rms_norm", REDUCTION, _norm_shape(1), rms_norm_ref, doc="over the last axis", eps=1e-6)
+
+
+def _group_norm_shape(ts, a):
+    _require_float(ts)
+    x = ts[0]
+    if len(x.shape) < 2:
+        _fail(f"input must be [batch, channels, ...], found {list(x.shape)}")
+    c, g = x.shape[1], a["num_groups"]
+    if g <= 0 or c % g:
+        _fail(f"{c} channels do not split into {g} groups")
+    for i, p in enumerate(ts[1:]):
+        if p.shape != (c,):
+            _fail(f"parameter {i} has shape {list(p.shape)}, expected [{c}]")
+    return TensorType(x.shape)
+
+
+def group_norm_ref(x, w, b, num_groups, eps=1e-5, activation="none"):
+    n, c = x.shape[:2]
+    xg = x.reshape(n, num_groups, -1)
+    mu = xg.mean(axis=-1, keepdims=True)
+    var = ((xg - mu) ** 2).mean(axis=-1, keepdims=True)
+    bshape = (1, c) + (1,) * (x.ndim - 2)
+    y = ((xg - mu) / np.sqrt(var + eps)).reshape(x.shape) * w.reshape(bshape) + b.reshape(bshape)
+    return y * sigmoid_ref(y) if activation == "silu" else y
+
+
+defop("group_norm", REDUCTION, _group_norm_shape, group_norm_ref,
+      doc="over channel groups of [N, C, ...]; activation 'none' or 'silu' (fused)",
+      num_groups=1, eps=1e-5, activation="none")
+
+
+# ---------------------------------------------------------------- losses
+
+def _scalar_loss_shape(check):
+    def rule(ts, a):
+        check(ts, a)
+        return TensorType(())
+    return rule
+
+
+def _ce_check(ts, a):
+    logits, labels = ts
+    _require_float([logits], "logits")
+    if labels.dtype != "i32":
+        _fail(f"integer labels must be i32, found {labels.dtype}")
+    if not logits.shape or logits.shape[:-1] != labels.shape:
+        _fail(f"labels {list(labels.shape)} must match logits {list(logits.shape)} without the class axis")
+
+
+def cross_entropy_ref(logits, labels, ignore_index=-100):
+    lp = log_softmax_ref(logits).reshape(-1, logits.shape[-1])
+    lab = labels.reshape(-1).astype(np.int64)
+    keep = lab != ignore_index
+    picked = lp[np.arange(lab.size), np.where(keep, lab, 0)]
+    return np.asarray(-(picked * keep).sum() / max(int(keep.sum()), 1), dtype=logits.dtype)
+
+
+def _soft_ce_check(ts, a):
+    _require_float(ts)
+    if ts[0].shape != ts[1].shape or not ts[0].shape:
+        _fail(f"soft targets {list(ts[1].shape)} must have the logits' shape {list(ts[0].shape)}")
+
+
+def soft_cross_entropy_ref(logits, targets):
+    rows = int(np.prod(logits.shape[:-1]))
+    return np.asarray(-(targets * log_softmax_ref(logits)).sum() / max(rows, 1), dtype=logits.dtype)
+
+
+def _same_shape_check(ts, a):
+    _require_float(ts)
+    if ts[0].shape != ts[1].shape:
+        _fail(f"prediction {list(ts[0].shape)} and target {list(ts[1].shape)} differ")
+
+
+def bce_ref(logits, targets):
+    loss = np.maximum(logits, 0) - logits * targets + np.log1p(np.exp(-np.abs(logits)))
+    return np.asarray(loss.mean(), dtype=logits.dtype)
+
+
+defop("cross_entropy", REDUCTION, _scalar_loss_shape(_ce_check), cross_entropy_ref,
+      doc="mean over non-ignored positions of -log softmax(logits)[label]; 0 if all are ignored",
+      ignore_index=-100)
+defop("soft_cross_entropy", REDUCTION, _scalar_loss_shape(_soft_ce_check), soft_cross_entropy_ref,
+      doc="mean over rows of -sum(targets * log_softmax(logits))")
+defop("mse_loss", REDUCTION, _scalar_loss_shape(_same_shape_check),
+      lambda p, t: np.asarray(((p - t) ** 2).mean(), dtype=p.dtype), doc="mean squared error")
+defop("bce_loss", REDUCTION, _scalar_loss_shape(_same_shape_check), bce_ref,
+      doc="binary cross-entropy on logits (as torch's binary_cross_entropy_with_logits), mean")
+
+
+# ---------------------------------------------------------------- matmul family
+
+def _mm_dims(a: TensorType, b: TensorType, ta: bool, tb: bool) -> Shape:
+    _require_float([a, b])
+    if len(a.shape) < 2 or len(b.shape) < 2:
+        _fail(f"matmul needs operands of rank >= 2, found {list(a.shape)} and {list(b.shape)}")
+    m, k = a.shape[-2:][::-1] if ta else a.shape[-2:]
+    k2, n = b.shape[-2:][::-1] if tb else b.shape[-2:]
+    if k != k2:
+        _fail(f"inner dimensions differ: {list(a.shape)}{'ᵀ' if ta else ''} @ "
+              f"{list(b.shape)}{'ᵀ' if tb else ''} ({k} != {k2})")
+    batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    return batch + (m, n)
+
+
+def _t(x, flag):
+    return np.swapaxes(x, -1, -2) if flag else x
+
+
+def _matmul_shape(ts, a):
+    return TensorType(_mm_dims(ts[0], ts[1], a.get("transpose_a", False), a.get("transpose_b", False)))
+
+
+def matmul_ref(a, b, transpose_a=False, transpose_b=False):
+    return np.matmul(_t(a, transpose_a), _t(b, transpose_b))
+
+
+defop("matmul", MATMUL, _matmul_shape, matmul_ref,
+      doc="a @ b over the last two axes, batch axes broadcast; either operand may be transposed",
+      transpose_a=False, transpose_b=False)
+
+ACTIVATIONS = {"none": lambda x: x, "relu": UNARY["relu"], "silu": UNARY["silu"],
+               "gelu": gelu_ref, "gelu_tanh": lambda x: gelu_ref(x, "tanh")}
+
+
+def _fused_matmul_shape(ts, a):
+    out = _mm_dims(ts[0], ts[1], a.get("transpose_a", False), a.get("transpose_b", False))
+    if a.get("activation", "none") not in ACTIVATIONS:
+        _fail(f"unknown activation {a.get('activation')!r}")
+    n_extra = int(a.get("has_add", False)) + int(a.get("has_residual", False))
+    if len(ts) != 2 + n_extra:
+        _fail(f"expected {2 + n_extra} operands, found {len(ts)}")
+    for t in ts[2:]:
+        _require_float([t])
+        if broadcast_shapes(out, t.shape) != out:
+            _fail(f"epilogue operand {list(t.shape)} does not broadcast to {list(out)}")
+    return TensorType(out)
+
+
+def fused_matmul_ref(a, b, *extra, transpose_a=False, transpose_b=False, activation="none",
+                     has_add=False, has_residual=False):
+    y = matmul_ref(a, b, transpose_a, transpose_b)
+    extra = list(extra)
+    if has_add:
+        y = y + extra.pop(0)
+    y = ACTIVATIONS[activation](y)
+    if has_residual:
+        y = y + extra.pop(0)
+    return y
+
+
+defop("fused_matmul", MATMUL, _fused_matmul_shape, fused_matmul_ref,
+      doc="act(a @ b + add) + residual: a matmul with its epilogue",
+      transpose_a=False, transpose_b=False, activation="none", has_add=False, has_residual=False)
+
+
+def _norm_matmul_shape(ts, a):
+    x, w, b = ts
+    _norm_shape(1)([x, w], a)
+    return TensorType(_mm_dims(x, b, False, a.get("transpose_b", False)))
+
+
+def norm_matmul_ref(x, w, b, eps=1e-6, transpose_b=False):
+    return matmul_ref(rms_norm_ref(x, w, eps), b, False, transpose_b)
+
+
+defop("norm_matmul", MATMUL, _norm_matmul_shape, norm_matmul_ref,
+      doc="rms_norm(x, w) @ b with the normalisation in the matmul's prologue",
+      eps=1e-6, transpose_b=False)
+
+
+# ---------------------------------------------------------------- attention, rope
+
+def _attention_shape(ts, a):
+    _require_float(ts)
+    q, k, v = ts
+    h, hkv = a["num_heads"], a.get("num_kv_heads") or a["num_heads"]
+    if len(q.shape) != 3 or len(k.shape) != 3 or len(v.shape) != 3:
+        _fail(f"q, k, v must be [batch, seq, heads*dim], found {list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
+    if h % hkv:
+        _fail(f"{h} query heads do not group over {hkv} key/value heads")
+    if q.shape[2] % h:
+        _fail(f"q width {q.shape[2]} does not split into {h} heads")
+    d = q.shape[2] // h
+    if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[2] != hkv * d:
+        _fail(f"k {list(k.shape)} and v {list(v.shape)} must be [{q.shape[0]}, seq, {hkv * d}]")
+    return TensorType(q.shape)
+
+
+def split_heads(x, heads):
+    b, t, w = x.shape
+    return x.reshape(b, t, heads, w // heads).transpose(0, 2, 1, 3)
+
+
+def attention_ref(q, k, v, num_heads, num_kv_heads=None, causal=False, scale=None):
+    hkv = num_kv_heads or num_heads
+    qh, kh, vh = split_heads(q, num_heads), split_heads(k, hkv), split_heads(v, hkv)
+    rep = num_heads // hkv
+    kh, vh = np.repeat(kh, rep, axis=1), np.repeat(vh, rep, axis=1)
+    scale = 1.0 / math.sqrt(qh.shape[-1]) if scale is None else scale
+    s = qh @ np.swapaxes(kh, -1, -2) * scale
+    if causal:
+        tq, tk = s.shape[-2:]
+        s = np.where(np.tril(np.ones((tq, tk), dtype=bool)), s, -np.inf)
+    o = softmax_ref(s) @ vh
+    b, h, t, d = o.shape
+    return o.transpose(0, 2, 1, 3).reshape(b, t, h * d)
+
+
+defop("attention", ATTENTION, _attention_shape, attention_ref,
+      doc="multi-head softmax(q kᵀ * scale [+ causal mask]) v on [batch, seq, heads*dim]; "
+          "grouped-query when num_kv_heads < num_heads",
+      num_heads=1, num_kv_heads=None, causal=False, scale=None)
+
+
+def _rope_shape(ts, a):
+    _require_float(ts)
+    x = ts[0]
+    h = a["num_heads"]
+    if len(x.shape) != 3 or x.shape[2] % h or (x.shape[2] // h) % 2:
+        _fail(f"rope needs [batch, seq, heads*dim] with an even head dim, found {list(x.shape)} "
+              f"with {h} heads")
+    return TensorType(x.shape)
+
+
+def rope_tables(seq, dim, base=10000.0, offset=0, dtype=np.float64):
+    inv = 1.0 / base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    ang = np.outer(np.arange(offset, offset + seq, dtype=np.float64), inv)
+    return np.cos(ang).astype(dtype), np.sin(ang).astype(dtype)
+
+
+def rope_ref(x, num_heads, base=10000.0, offset=0, inverse=False):
+    b, t, w = x.shape
+    d = w // num_heads
+    xh = x.reshape(b, t, num_heads, d)
+    cos, sin = rope_tables(t, d, base, offset, x.dtype)
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    if inverse:
+        sin = -sin
+    x1, x2 = xh[..., : d // 2], xh[..., d // 2:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).reshape(b, t, w)
+
+
+defop("rope", POINTWISE, _rope_shape, rope_ref,
+      doc="rotary position embedding (rotate-half form) on [batch, seq, heads*dim]; positions "
+          "offset..offset+seq; inverse=True rotates back (its gradient)",
+      num_heads=1, base=10000.0, offset=0, inverse=False)
+
+
+# ---------------------------------------------------------------- convolution
+
+def _conv_shape(nd):
+    def rule(ts, a):
+        _require_float(ts)
+        x, w = ts[0], ts[1]
+        stride, pad = a["stride"], a["padding"]
+        if len(x.shape) != nd + 2 or len(w.shape) != nd + 2:
+            _fail(f"conv{nd}d needs x of rank {nd + 2} and weight of rank {nd + 2}, "
+                  f"found {list(x.shape)} and {list(w.shape)}")
+        if x.shape[1] != w.shape[1]:
+            _fail(f"input has {x.shape[1]} channels, weight {list(w.shape)} expects {w.shape[1]}")
+        if len(ts) == 3 and ts[2].shape != (w.shape[0],):
+            _fail(f"bias {list(ts[2].shape)} must be [{w.shape[0]}]")
+        spatial = []
+        for i in range(nd):
+            n = (x.shape[2 + i] + 2 * pad[i] - w.shape[2 + i]) // stride[i] + 1
+            if n <= 0 or stride[i] <= 0:
+                _fail(f"kernel {list(w.shape[2:])} with stride {list(stride)} and padding {list(pad)} "
+                      f"does not fit input {list(x.shape[2:])}")
+            spatial.append(n)
+        return TensorType((x.shape[0], w.shape[0], *spatial))
+    return rule
+
+
+def conv_ref(x, w, b=None, stride=(1,), padding=(0,)):
+    """N-d cross-correlation as im2col + matmul (float64-exact, no loops over pixels)."""
+    nd = x.ndim - 2
+    xp = np.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in padding])
+    k = w.shape[2:]
+    out_sp = [(xp.shape[2 + i] - k[i]) // stride[i] + 1 for i in range(nd)]
+    win = np.lib.stride_tricks.sliding_window_view(xp, k, axis=tuple(range(2, 2 + nd)))
+    win = win[(slice(None), slice(None)) + tuple(slice(None, out_sp[i] * stride[i], stride[i]) for i in range(nd))]
+    # win: [N, C, *out, *k]  ->  y[n, o, *out] = sum_c,k win * w[o, c, *k]
+    letters = "defg"[:nd]
+    kl = "hijk"[:nd]
+    y = np.einsum(f"nc{letters}{kl},oc{kl}->no{letters}", win, w, optimize=True)
+    if b is not None:
+        y = y + b.reshape((1, -1) + (1,) * nd)
+    return np.ascontiguousarray(y)
+
+
+defop("conv1d", CONV, _conv_shape(1), conv_ref,
+      doc="x [N, C, L] * w [O, C, K] (+ b [O]) with stride and zero padding", stride=(1,), padding=(0,))
+defop("conv2d", CONV, _conv_shape(2), conv_ref,
+      doc="x [N, C, H, W] * w [O, C, KH, KW] (+ b [O]) with stride and zero padding",
+      stride=(1, 1), padding=(0, 0))
+
+
+# ---------------------------------------------------------------- data movement
+
+def _reshape_shape(ts, a):
+    shape = tuple(a["shape"])
+    size = math.prod(ts[0].shape)
+    if shape.count(-1) > 1:
+        _fail(f"at most one -1 in {list(shape)}")
+    if -1 in shape:
+        rest = math.prod(n for n in shape if n != -1)
+        if rest == 0 or size % rest:
+            _fail(f"cannot reshape {list(ts[0].shape)} to {list(shape)}")
+        shape = tuple(size // rest if n == -1 else n for n in shape)
+    if math.prod(shape) != size or any(n < 0 for n in shape):
+        _fail(f"cannot reshape {list(ts[0].shape)} ({size} elements) to {list(shape)}")
+    return TensorType(shape, ts[0].dtype)
+
+
+defop("reshape", VIEW, _reshape_shape, lambda x, shape: x.reshape(shape),
+      doc="same elements, new shape (row-major); no data moves", shape=())
+
+
+def _transpose_shape(ts, a):
+    perm = tuple(a["perm"])
+    if sorted(perm) != list(range(len(ts[0].shape))):
+        _fail(f"perm {list(perm)} is not a permutation of the axes of {list(ts[0].shape)}")
+    return TensorType(tuple(ts[0].shape[p] for p in perm), ts[0].dtype)
+
+
+defop("transpose", COPY, _transpose_shape, lambda x, perm: np.ascontiguousarray(x.transpose(perm)),
+      doc="permute axes", perm=())
+
+
+def _concat_shape(ts, a):
+    first = ts[0].shape
+    ax = _norm_axis(a["axis"], len(first))
+    for t in ts[1:]:
+        if len(t.shape) != len(first) or any(t.shape[i] != first[i] for i in range(len(first)) if i != ax):
+            _fail(f"cannot concatenate {' and '.join(str(list(t.shape)) for t in ts)} on axis {a['axis']}")
+        if t.dtype != ts[0].dtype:
+            _fail("operands have different dtypes")
+    return TensorType(first[:ax] + (sum(t.shape[ax] for t in ts),) + first[ax + 1:], ts[0].dtype)
+
+
+defop("concat", COPY, _concat_shape, lambda *xs, axis: np.concatenate(xs, axis=axis),
+      doc="join along an axis", axis=0)
+
+
+def _slice_shape(ts, a):
+    shape = ts[0].shape
+    ax = _norm_axis(a["axis"], len(shape))
+    start, stop = a["start"], a["stop"]
+    if not 0 <= start < stop <= shape[ax]:
+        _fail(f"slice [{start}:{stop}] out of range for axis {a['axis']} of length {shape[ax]}")
+    return TensorType(shape[:ax] + (stop - start,) + shape[ax + 1:], ts[0].dtype)
+
+
+def slice_ref(x, axis, start, stop):
+    idx = [slice(None)] * x.ndim
+    idx[axis] = slice(start, stop)
+    return np.ascontiguousarray(x[tuple(idx)])
+
+
+defop("slice", COPY, _slice_shape, slice_ref, doc="x[start:stop] along an axis", axis=0, start=0, stop=0)
+
+
+def _pad_shape(ts, a):
+    shape = ts[0].shape
+    ax = _norm_axis(a["axis"], len(shape))
+    if a["before"] < 0 or a["after"] < 0:
+        _fail("padding must be non-negative")
+    return TensorType(shape[:ax] + (shape[ax] + a["before"] + a["after"],) + shape[ax + 1:], ts[0].dtype)
+
+
+def pad_ref(x, axis, before, after):
+    width = [(0, 0)] * x.ndim
+    width[axis] = (before, after)
+    return np.pad(x, width)
+
+
+defop("pad", COPY, _pad_shape, pad_ref, doc="zero padding along an axis (gradient of slice)",
+      axis=0, before=0, after=0)
+
+
+def _broadcast_to_shape(ts, a):
+    target = tuple(a["shape"])
+    if broadcast_shapes(ts[0].shape, target) != target:
+        _fail(f"cannot broadcast {list(ts[0].shape)} to {list(target)}")
+    return TensorType(target, ts[0].dtype)
+
+
+defop("broadcast_to", COPY, _broadcast_to_shape,
+      lambda x, shape: np.ascontiguousarray(np.broadcast_to(x, tuple(shape))),
+      doc="repeat along broadcast axes (gradient of sums)", shape=())
+
+
+def _embedding_shape(ts, a):
+    table, ids = ts
+    _require_float([table], "table")
+    if len(table.shape) != 2:
+        _fail(f"table must be [vocab, dim], found {list(table.shape)}")
+    if ids.dtype != "i32":
+        _fail(f"ids must be i32, found {ids.dtype}")
+    return TensorType(ids.shape + (table.shape[1],))
+
+
+def embedding_ref(table, ids):
+    ids = np.asarray(ids).astype(np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() >= table.shape[0]):
+        raise IndexError(f"embedding ids must lie in [0, {table.shape[0]}), found "
+                         f"{ids.min()}..{ids.max()}")
+    return table[ids]
+
+
+defop("embedding", GATHER, _embedding_shape, embedding_ref, doc="rows of table [vocab, dim] picked by i32 ids")

@@ -1,0 +1,63 @@
+"""The reference executor: runs any graph in numpy, in float32 or float64.
+
+It is the oracle of the project: fusion must not change its outputs, gradients must
+match its finite differences, and the GPU must match it.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from .errors import GraphError, ShapeError
+from .graph import Graph
+from .ops import OPS
+
+
+def _check_array(kind: str, name: str, arr, node, float_dtype) -> np.ndarray:
+    arr = np.asarray(arr)
+    if tuple(arr.shape) != node.shape:
+        raise ShapeError(f"{kind} {name!r}: expected shape {list(node.shape)}, found {list(arr.shape)}")
+    if node.dtype == "i32":
+        if not np.issubdtype(arr.dtype, np.integer):
+            raise ShapeError(f"{kind} {name!r}: expected integers (i32), found {arr.dtype}")
+        return arr.astype(np.int32)
+    return arr.astype(float_dtype)
+
+
+def evaluate(graph: Graph, inputs: Mapping[str, np.ndarray], params: Mapping[str, np.ndarray],
+             dtype=np.float32, keep: str = "outputs") -> dict[int, np.ndarray]:
+    """Run every live node; return the values of all nodes (keep='all') or only those
+    the outputs need (keep='outputs')."""
+    float_dtype = np.dtype(dtype)
+    missing = [n for n in graph.inputs if n not in inputs]
+    missing += [n for n in graph.parameters if n not in params]
+    if missing:
+        raise GraphError(f"graph {graph.name!r}: no value given for {', '.join(sorted(missing))}")
+    live = graph.live_nodes() if keep == "outputs" else set(range(len(graph)))
+    values: dict[int, np.ndarray] = {}
+    for name, i in graph.inputs.items():
+        values[i] = _check_array("input", name, inputs[name], graph[i], float_dtype)
+    for name, i in graph.parameters.items():
+        values[i] = _check_array("parameter", name, params[name], graph[i], float_dtype)
+    for i, c in graph.constants.items():
+        values[i] = c.astype(float_dtype) if c.dtype.kind == "f" else c
+    for node in graph.nodes:
+        if node.id in values or node.id not in live:
+            continue
+        args = [values[i] for i in node.inputs]
+        out = np.asarray(OPS[node.op].ref(*args, **node.attrs))
+        if node.dtype == "f32":
+            out = out.astype(float_dtype, copy=False)
+        if out.shape != node.shape:
+            raise AssertionError(f"{graph.format_node(node)}: reference produced shape {list(out.shape)}")
+        values[node.id] = out
+    return values
+
+
+def run(graph: Graph, inputs: Mapping[str, np.ndarray], params: Mapping[str, np.ndarray],
+        dtype=np.float32) -> dict[str, np.ndarray]:
+    """The graph's named outputs."""
+    values = evaluate(graph, inputs, params, dtype)
+    return {name: values[i] for name, i in graph.outputs.items()}

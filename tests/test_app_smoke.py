@@ -1,0 +1,32 @@
+import subprocess
+import sys
+from pathlib import Path
+
+from app.main import create_window
+from engine.device import adapter_info
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_window_shows_adapter(qtbot):
+    from PySide6.QtWidgets import QLabel, QPlainTextEdit
+
+    window = create_window()
+    qtbot.addWidget(window)
+    window.show()
+    assert window.windowTitle() == "Meganeura Studio"
+    name = adapter_info()["name"]
+    label = window.statusBar().findChild(QLabel, "adapterLabel")
+    assert name in label.text()
+    assert "timestamp-query" in window.findChild(QPlainTextEdit, "doctorPanel").toPlainText()
+
+
+def test_screenshot(tmp_path):
+    shot = tmp_path / "studio.png"
+    result = subprocess.run(
+        [sys.executable, "-m", "app.main", "--screenshot", str(shot)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    data = shot.read_bytes()
+    assert data.startswith(b"\x89PNG") and len(data) > 1024

@@ -1,0 +1,103 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(*args, check=True):
+    result = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+@pytest.fixture(scope="module")
+def doctor_json():
+    return json.loads(_run("-m", "engine", "doctor", "--json").stdout)
+
+
+def test_doctor_json(doctor_json):
+    adapter = doctor_json["adapter"]
+    assert adapter["name"]
+    assert isinstance(adapter["software"], bool)
+    assert doctor_json["limits"]["max_storage_buffer_binding_size"] > 0
+    assert doctor_json["limits"]["max_buffer_size"] > 0
+    assert isinstance(doctor_json["features"], list)
+    versions = doctor_json["versions"]
+    assert versions["numpy"] and versions["wgpu"] and versions["python"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux machines only")
+def test_doctor_sees_vulkan(doctor_json):
+    # With mesa-vulkan-drivers, wgpu picks Vulkan (lavapipe without a GPU);
+    # without them it falls back to an OpenGL llvmpipe adapter with fewer limits.
+    adapter = doctor_json["adapter"]
+    assert adapter["backend"] == "Vulkan", "install mesa-vulkan-drivers (scripts/setup.sh)"
+    # CI and developer machines have no GPU; set MEGANEURA_EXPECT_GPU=1 where there is one.
+    expect_gpu = os.environ.get("MEGANEURA_EXPECT_GPU") == "1"
+    assert adapter["software"] is not expect_gpu
+
+
+def test_doctor_text_mentions_adapter(doctor_json):
+    out = _run("-m", "engine", "doctor").stdout
+    assert doctor_json["adapter"]["name"] in out
+    assert "timestamp-query" in out and "max_storage_buffer_binding_size" in out
+
+
+def test_cli_usage_errors_exit_nonzero():
+    assert _run("-m", "engine", check=False).returncode == 2
+    assert _run("-m", "engine", "no-such-command", check=False).returncode == 2
+
+
+def test_meganeura_error_exits_2(monkeypatch, capsys):
+    from engine import cli
+    from engine.errors import DeviceError
+
+    def broken(args):
+        raise DeviceError("no GPU adapter found")
+
+    monkeypatch.setitem(cli.COMMANDS, "broken", cli.Command("test", lambda p: None, broken))
+    assert cli.main(["broken"]) == 2
+    assert capsys.readouterr().err.strip() == "meganeura: error: no GPU adapter found"
+
+
+def test_engine_does_not_import_qt():
+    code = (
+        "import sys, engine.cli, engine.weights, engine.device; "
+        "engine.cli.doctor_report(); "
+        "assert 'PySide6' not in sys.modules, 'engine imported Qt'"
+    )
+    _run("-c", code)
+
+
+def test_no_adapter_is_a_device_error(monkeypatch):
+    import wgpu
+
+    from engine import device
+    from engine.errors import DeviceError
+
+    monkeypatch.setattr(device, "_adapter", None)
+    monkeypatch.setattr(device, "_device", None)
+    monkeypatch.setattr(wgpu.gpu, "request_adapter_sync", lambda **kw: None)
+    with pytest.raises(DeviceError, match="mesa-vulkan-drivers"):
+        device.adapter_info()
+
+
+def test_device_is_cached_and_has_features():
+    from engine import device
+
+    dev = device.get_device()
+    assert device.get_device() is dev
+    offered = set(device.adapter_info()["all_features"])
+    for feature in ("timestamp-query", "shader-f16"):
+        if feature in offered:
+            assert feature in device.device_features()
+    wanted = device.adapter_info()["limits"]["max_storage_buffer_binding_size"]
+    assert dev.limits["max-storage-buffer-binding-size"] == wanted
