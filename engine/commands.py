@@ -1,0 +1,144 @@
+"""The model subcommands of ``meganeura``: models, run, optimize, train.
+
+Each is a thin layer over the engine's public API; ``--json`` prints one object on
+stdout (docs/cli.md documents the fields) and progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import models
+from .cli import register_command
+from .errors import MeganeuraError
+
+
+def _model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="built-in model name (see `meganeura models`)")
+    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="NAME=VALUE",
+                        help="model setting, e.g. --set batch=8 (repeatable)")
+    parser.add_argument("--weights", metavar="FILE", help="weights (.safetensors) to load")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the initial weights and data")
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
+def load_model(args) -> tuple[models.BuiltinModel, dict[str, np.ndarray]]:
+    """The configured model and its parameters (from --weights, else freshly initialised)."""
+    model = models.create(args.model, args.settings)
+    params = model.load_weights(args.weights) if args.weights else model.init_params(args.seed)
+    return model, params
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _print_json(obj) -> None:
+    print(json.dumps(obj, indent=2, default=float))
+
+
+# ------------------------------------------------------------------ models
+
+def _models_arguments(parser):
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
+def _models(args):
+    table = {name: {"description": cls.description, "settings": cls.describe_settings()}
+             for name, cls in models.REGISTRY.items()}
+    if args.json:
+        _print_json({"models": table})
+        return 0
+    for name, info in table.items():
+        print(f"{name:<14}{info['description']}")
+        for key, s in info["settings"].items():
+            print(f"    {'--set ' + key + '=' + str(s['default']):<26}{s['help']}")
+    return 0
+
+
+register_command("models", "list the built-in models and their settings", _models_arguments, _models)
+
+
+# ------------------------------------------------------------------ run
+
+def _parse_input_files(pairs) -> dict[str, np.ndarray]:
+    out = {}
+    for pair in pairs:
+        name, sep, path = pair.partition("=")
+        if not sep:
+            raise MeganeuraError(f"--input {pair!r} must look like NAME=FILE.npy")
+        try:
+            out[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise MeganeuraError(f"--input {name}: cannot read {path}: {e}") from None
+    return out
+
+
+def write_npz(path, arrays: dict[str, np.ndarray]) -> None:
+    """Write an .npz through a temp file and a rename: never a half-written file."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", suffix=".npz.tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _run_arguments(parser):
+    _model_arguments(parser)
+    parser.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                        help="an input tensor (default: the model's dataset)")
+    parser.add_argument("--output", metavar="OUT.npz", help="write the outputs here")
+    parser.add_argument("--backend", choices=("gpu", "reference"), default="gpu")
+
+
+def run_forward(model, params, inputs, backend: str) -> dict[str, np.ndarray]:
+    graph = model.build(train=False)
+    if backend == "reference":
+        from . import reference
+        return reference.run(graph, inputs, params, dtype=np.float32)
+    from .runtime import build_inference_session
+    session = build_inference_session(graph)
+    for name, value in params.items():
+        session.set_parameter(name, value)
+    for name, value in inputs.items():
+        session.set_input(name, value)
+    session.run()
+    return {name: session.read_output(name) for name in graph.outputs}
+
+
+def _run(args):
+    model, params = load_model(args)
+    inputs = model.example_inputs(train=False)
+    inputs.update(_parse_input_files(args.input))
+    progress(f"running {model.name} forward on the {args.backend} backend")
+    start = time.perf_counter()
+    outputs = run_forward(model, params, inputs, args.backend)
+    seconds = time.perf_counter() - start
+    if args.output:
+        write_npz(args.output, outputs)
+    summary = {name: {"shape": list(v.shape), "mean": float(np.mean(v)), "std": float(np.std(v))}
+               for name, v in outputs.items()}
+    if args.json:
+        _print_json({"model": model.name, "backend": args.backend, "outputs": summary,
+                     "seconds": seconds, "output_file": args.output})
+    else:
+        for name, s in summary.items():
+            print(f"{name:<16}{str(s['shape']):<20} mean {s['mean']:+.5f}  std {s['std']:.5f}")
+        print(f"{seconds:.3f} s" + (f", written to {args.output}" if args.output else ""))
+    return 0
+
+
+register_command("run", "one forward pass on given (or the dataset's) inputs", _run_arguments, _run)

@@ -1,0 +1,165 @@
+"""What every built-in model provides, and its validated settings.
+
+A built-in model is a class with a ``name``, a table of ``SETTINGS`` (each with a
+default, a type and a check) and a root ``Module`` (``self.module``) whose
+attribute paths are the parameter names of its weights files. Instances are
+configured once (``Model(batch=8)`` or ``Model.from_overrides(["batch=8"])``) and
+then build graphs: ``build(train=False)`` for inference, ``build(train=True)``
+with the scalar output ``loss``. Both graphs name their parameters the same, so
+one parameter dict (``init_params(seed)`` or ``load_weights(path)``) feeds both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+import numpy as np
+
+from ..errors import MeganeuraError
+from ..graph import Graph
+from ..nn import Module
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One model setting: its default, its type, and a check returning an error text or None."""
+
+    default: Any
+    help: str
+    check: Callable[[Any], str | None] = lambda v: None
+
+    @property
+    def type(self) -> type:
+        return type(self.default)
+
+    def parse(self, model: str, name: str, value) -> Any:
+        """``value`` (a string from the command line, or a Python value) as this setting's type."""
+        bad = f"model {model!r}: setting {name}={value!r}"
+        try:
+            if isinstance(value, str) and self.type is not str:
+                parsed = self.type(value.strip())
+            elif self.type is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+                parsed = float(value)
+            else:
+                parsed = value
+        except ValueError:
+            raise MeganeuraError(f"{bad} is not a valid {self.type.__name__}") from None
+        if type(parsed) is not self.type:
+            raise MeganeuraError(f"{bad} is not a valid {self.type.__name__}")
+        problem = self.check(parsed)
+        if problem:
+            raise MeganeuraError(f"{bad}: {problem}")
+        return parsed
+
+
+def positive(v) -> str | None:
+    return None if v > 0 else "must be positive"
+
+
+def at_most(limit) -> Callable[[Any], str | None]:
+    return lambda v: positive(v) or (None if v <= limit else f"must be at most {limit}")
+
+
+def parse_overrides(pairs: Iterable[str]) -> dict[str, str]:
+    """``["batch=8", "mel_len=500"]`` -> ``{"batch": "8", "mel_len": "500"}``."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise MeganeuraError(f"setting {pair!r} must look like NAME=VALUE, e.g. batch=8")
+        out[key.strip()] = value
+    return out
+
+
+class BuiltinModel:
+    """Base of the built-in models. Subclasses set ``name``, ``description``,
+    ``SETTINGS`` and ``self.module`` and implement ``forward``/``build``,
+    ``dataset`` and ``example_inputs``."""
+
+    name = "model"
+    description = ""
+    SETTINGS: dict[str, Setting] = {}
+
+    def __init__(self, **settings):
+        unknown = set(settings) - set(self.SETTINGS)
+        if unknown:
+            known = ", ".join(f"{k} (default {s.default})" for k, s in self.SETTINGS.items())
+            raise MeganeuraError(f"model {self.name!r} has no setting {', '.join(sorted(unknown))}; "
+                                 f"its settings are: {known}")
+        self.settings = {k: s.default for k, s in self.SETTINGS.items()}
+        for key, value in settings.items():
+            self.settings[key] = self.SETTINGS[key].parse(self.name, key, value)
+        self.check_settings()
+        self.module: Module = self.make_module()
+
+    @classmethod
+    def from_overrides(cls, pairs: Iterable[str]) -> "BuiltinModel":
+        """Configure from ``--set NAME=VALUE`` strings."""
+        return cls(**parse_overrides(pairs))
+
+    @classmethod
+    def describe_settings(cls) -> dict[str, dict]:
+        return {k: {"default": s.default, "type": s.type.__name__, "help": s.help}
+                for k, s in cls.SETTINGS.items()}
+
+    def check_settings(self) -> None:
+        """Checks across settings; raise MeganeuraError on a bad combination."""
+
+    def make_module(self) -> Module:
+        raise NotImplementedError
+
+    def build(self, train: bool = False, batch: int | None = None, capture: bool = False) -> Graph:
+        raise NotImplementedError
+
+    def dataset(self, seed: int = 0) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def example_inputs(self, batch: int | None = None, train: bool = False, seed: int = 0) -> dict[str, np.ndarray]:
+        """The first ``batch`` rows of the dataset, restricted to the graph's inputs."""
+        batch = batch or self.settings["batch"]
+        data = self.dataset(seed)
+        rows = len(next(iter(data.values())))
+        if batch > rows:
+            raise MeganeuraError(f"model {self.name!r}: batch {batch} exceeds the {rows} dataset rows")
+        keys = self.input_names(train)
+        return {k: data[k][:batch] for k in keys}
+
+    def input_names(self, train: bool) -> list[str]:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ parameters and weights
+
+    def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
+        return self.module.parameter_shapes()
+
+    def init_params(self, seed: int = 0) -> dict[str, np.ndarray]:
+        return self.module.init_params(seed)
+
+    def reset(self, seed: int = 0) -> dict[str, np.ndarray]:
+        return self.module.reset(seed)
+
+    @property
+    def weight_transposes(self) -> set[str]:
+        """Parameter names whose tensors files store transposed ([out, in])."""
+        return self.module.weight_transposes()
+
+    def to_file_layout(self, params: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Parameters as a weights file stores them (transposes applied)."""
+        t = self.weight_transposes
+        return {k: np.ascontiguousarray(v.T if k in t else v) for k, v in params.items()}
+
+    def bind(self, tensors: Mapping[str, np.ndarray], source=None) -> dict[str, np.ndarray]:
+        """File tensors -> parameter dict; every missing/unexpected/mis-shaped name in one error."""
+        from ..weights import bind_weights
+        return bind_weights(tensors, self.parameter_shapes(), self.weight_transposes, source=source)
+
+    def load_weights(self, path) -> dict[str, np.ndarray]:
+        from ..weights import load_safetensors
+        return self.bind(load_safetensors(path), source=Path(path))
+
+    def save_weights(self, params: Mapping[str, np.ndarray], path) -> None:
+        from ..weights import save_safetensors
+        save_safetensors(self.to_file_layout(params), path, metadata={"model": self.name})
+

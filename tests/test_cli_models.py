@@ -1,0 +1,63 @@
+"""`meganeura models` and `meganeura run`, driven through the CLI's main()."""
+
+import json
+
+import numpy as np
+
+from engine import models, reference
+from engine.cli import main
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_models_json_lists_every_builtin_with_settings(capsys):
+    code, out, _ = run_cli(capsys, "models", "--json")
+    assert code == 0
+    listed = json.loads(out)["models"]
+    assert set(listed) == set(models.names()) >= {"mlp", "whisper-tiny", "gpt-tiny", "audio-align"}
+    assert listed["whisper-tiny"]["settings"]["mel_len"]["default"] == 3000
+
+
+def test_run_reference_writes_the_reference_outputs(capsys, tmp_path):
+    out_file = tmp_path / "out.npz"
+    code, out, err = run_cli(capsys, "run", "mlp", "--set", "batch=4", "--backend", "reference",
+                             "--output", str(out_file), "--json")
+    assert code == 0, err
+    assert "reference" in err  # progress on stderr, JSON alone on stdout
+    report = json.loads(out)
+    assert report["outputs"]["logits"]["shape"] == [4, 10]
+    model = models.create("mlp", ["batch=4"])
+    expected = reference.run(model.build(), model.example_inputs(), model.init_params(0))["logits"]
+    np.testing.assert_array_equal(np.load(out_file)["logits"], expected)
+
+
+def test_run_with_weights_and_input_files(capsys, tmp_path):
+    model = models.create("mlp", ["batch=2"])
+    params = model.init_params(seed=7)
+    weights = tmp_path / "w.safetensors"
+    model.save_weights(params, weights)
+    x = np.random.default_rng(1).standard_normal((2, 784)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out_file = tmp_path / "o.npz"
+    code, _, err = run_cli(capsys, "run", "mlp", "--set", "batch=2", "--backend", "reference",
+                           "--weights", str(weights), "--input", f"x={tmp_path / 'x.npy'}",
+                           "--output", str(out_file))
+    assert code == 0, err
+    expected = reference.run(model.build(), {"x": x}, params)["logits"]
+    np.testing.assert_allclose(np.load(out_file)["logits"], expected, rtol=1e-6)
+
+
+def test_user_errors_exit_2_with_one_clear_line(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "run", "no-such-model", "--backend", "reference")
+    assert code == 2 and "no-such-model" in err and "mlp" in err
+    code, _, err = run_cli(capsys, "run", "mlp", "--set", "batch=zero", "--backend", "reference")
+    assert code == 2 and "batch" in err
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    code, _, err = run_cli(capsys, "run", "mlp", "--weights", str(bad), "--backend", "reference")
+    assert code == 2 and "bad.safetensors" in err
+    assert len([line for line in err.splitlines() if line.startswith("meganeura: error")]) == 1
