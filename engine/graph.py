@@ -98,7 +98,8 @@ class Graph:
         full = {k: _canon(attrs.get(k, v)) for k, v in opdef.attrs.items()}
         for i in inputs:
             if not isinstance(i, (int, np.integer)) or not 0 <= i < len(self.nodes):
-                raise GraphError(f"{op}: operand {i!r} is not a node of graph {self.name!r}")
+                raise GraphError(f"{op} (node %{len(self.nodes)}): operand {i!r} is not an earlier node "
+                                 f"of graph {self.name!r}")
         types = [TensorType(self.nodes[i].shape, self.nodes[i].dtype) for i in inputs]
         try:
             out = opdef.shape(types, full)
@@ -139,6 +140,8 @@ class Graph:
 
     def output(self, name: str, x: int) -> int:
         self._check_new_name(name, self.outputs)
+        if not isinstance(x, (int, np.integer)) or not 0 <= x < len(self.nodes):
+            raise GraphError(f"output {name!r}: {x!r} is not a node of graph {self.name!r}")
         self.outputs[name] = x
         return x
 
@@ -253,8 +256,9 @@ class Graph:
         return self.apply("concat", *xs, axis=int(axis), name=name)
 
     def slice(self, x, axis, start, stop, name=None):
-        rank = len(self.shape(x))
-        return self.apply("slice", x, axis=int(axis) % max(rank, 1), start=int(start), stop=int(stop), name=name)
+        rank, axis = len(self.shape(x)), int(axis)
+        axis = axis % rank if -rank <= axis < rank else axis  # out of range: the shape rule says so
+        return self.apply("slice", x, axis=axis, start=int(start), stop=int(stop), name=name)
 
     def embedding(self, table, ids, name=None):
         return self.apply("embedding", table, ids, name=name)
@@ -416,6 +420,8 @@ class Graph:
             return g
         except GraphError:
             raise
+        except ShapeError as e:  # e.g. an input's stored shape was changed
+            raise GraphError(f"graph JSON is inconsistent: {e}") from None
         except (KeyError, TypeError, ValueError, IndexError) as e:
             raise GraphError(f"malformed graph JSON: {type(e).__name__}: {e}") from None
 

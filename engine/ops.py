@@ -351,6 +351,7 @@ def cross_entropy_ref(logits, labels, ignore_index=-100):
     lp = log_softmax_ref(logits).reshape(-1, logits.shape[-1])
     lab = labels.reshape(-1).astype(np.int64)
     keep = lab != ignore_index
+    check_index_range(lab[keep], logits.shape[-1], "cross_entropy labels (other than ignore_index)")
     picked = lp[np.arange(lab.size), np.where(keep, lab, 0)]
     return np.asarray(-(picked * keep).sum() / max(int(keep.sum()), 1), dtype=logits.dtype)
 
@@ -477,6 +478,8 @@ def _attention_shape(ts, a):
     h, hkv = a["num_heads"], a.get("num_kv_heads") or a["num_heads"]
     if len(q.shape) != 3 or len(k.shape) != 3 or len(v.shape) != 3:
         _fail(f"q, k, v must be [batch, seq, heads*dim], found {list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
+    if h <= 0 or hkv <= 0:
+        _fail(f"head counts must be positive, found num_heads={h}, num_kv_heads={a.get('num_kv_heads')}")
     if h % hkv:
         _fail(f"{h} query heads do not group over {hkv} key/value heads")
     if q.shape[2] % h:
@@ -517,7 +520,7 @@ def _rope_shape(ts, a):
     _require_float(ts)
     x = ts[0]
     h = a["num_heads"]
-    if len(x.shape) != 3 or x.shape[2] % h or (x.shape[2] // h) % 2:
+    if h <= 0 or len(x.shape) != 3 or x.shape[2] % h or (x.shape[2] // h) % 2:
         _fail(f"rope needs [batch, seq, heads*dim] with an even head dim, found {list(x.shape)} "
               f"with {h} heads")
     return TensorType(x.shape)
@@ -561,6 +564,9 @@ def _conv_shape(nd):
             _fail(f"input has {x.shape[1]} channels, weight {list(w.shape)} expects {w.shape[1]}")
         if len(ts) == 3 and ts[2].shape != (w.shape[0],):
             _fail(f"bias {list(ts[2].shape)} must be [{w.shape[0]}]")
+        if len(stride) != nd or len(pad) != nd or min(stride) <= 0 or min(pad) < 0:
+            _fail(f"stride {list(stride)} must be {nd} positive ints and padding {list(pad)} "
+                  f"{nd} non-negative ints")
         spatial = []
         for i in range(nd):
             n = (x.shape[2 + i] + 2 * pad[i] - w.shape[2 + i]) // stride[i] + 1
@@ -687,7 +693,7 @@ def _broadcast_to_shape(ts, a):
 
 
 defop("broadcast_to", COPY, _broadcast_to_shape,
-      lambda x, shape: np.ascontiguousarray(np.broadcast_to(x, tuple(shape))),
+      lambda x, shape: np.array(np.broadcast_to(x, tuple(shape))),  # ascontiguousarray makes 0-d 1-d
       doc="repeat along broadcast axes (gradient of sums)", shape=())
 
 
@@ -701,12 +707,158 @@ def _embedding_shape(ts, a):
     return TensorType(ids.shape + (table.shape[1],))
 
 
+def check_index_range(ids: np.ndarray, size: int, what: str) -> None:
+    """Indices come from user data; numpy would wrap negative ones silently."""
+    if ids.size and (ids.min() < 0 or ids.max() >= size):
+        raise IndexError(f"{what} must lie in [0, {size}), found {ids.min()}..{ids.max()}")
+
+
 def embedding_ref(table, ids):
     ids = np.asarray(ids).astype(np.int64)
-    if ids.size and (ids.min() < 0 or ids.max() >= table.shape[0]):
-        raise IndexError(f"embedding ids must lie in [0, {table.shape[0]}), found "
-                         f"{ids.min()}..{ids.max()}")
+    check_index_range(ids, table.shape[0], "embedding ids")
     return table[ids]
 
 
 defop("embedding", GATHER, _embedding_shape, embedding_ref, doc="rows of table [vocab, dim] picked by i32 ids")
+
+
+# ---------------------------------------------------------------- backward ops (autodiff)
+# Ops that only gradients use (engine/autodiff.py builds them). Most gradients are
+# composed from the forward ops above; these are the ones where composing would be
+# awkward or wasteful: derivatives with no closed form in the forward ops, index
+# scatter, and convolution transposes.
+
+def _like_operand(i):
+    def rule(ts, a):
+        _require_float([ts[i]])
+        if any(t.shape != ts[i].shape for t in ts if t.dtype == "f32"):
+            _fail("operands must share one shape: " + ", ".join(str(list(t.shape)) for t in ts))
+        return TensorType(ts[i].shape)
+    return rule
+
+
+def gelu_grad_ref(dout, x, approximate="none"):
+    if approximate == "tanh":
+        c = _SQRT_2_OVER_PI
+        t = np.tanh(c * (x + 0.044715 * x ** 3))
+        return dout * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x))
+    cdf = 0.5 * (1.0 + special.erf(x / math.sqrt(2.0)))
+    pdf = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    return dout * (cdf + x * pdf)
+
+
+defop("relu_grad", POINTWISE, _like_operand(1), lambda dout, x: dout * (x > 0), elementwise=True,
+      doc="dout * (x > 0)")
+defop("abs_grad", POINTWISE, _like_operand(1), lambda dout, x: dout * np.sign(x), elementwise=True,
+      doc="dout * sign(x)")
+defop("gelu_grad", POINTWISE, _like_operand(1), gelu_grad_ref, elementwise=True,
+      doc="dout * gelu'(x)", approximate="none")
+
+
+def _max_grad_shape(ts, a):
+    _require_float(ts)
+    if _reduce_shape(ts[1:], a).shape != ts[0].shape:
+        _fail(f"dout {list(ts[0].shape)} is not the max of {list(ts[1].shape)}")
+    return TensorType(ts[1].shape)
+
+
+def max_grad_ref(dout, x, axis=None, keepdims=False):
+    """Routes dout to the maxima, split evenly among ties (as torch.amax)."""
+    y = x.max(axis=axis, keepdims=True)
+    hit = x == y
+    share = hit / hit.sum(axis=axis, keepdims=True)
+    d = dout.reshape(y.shape) if axis is not None or keepdims else dout
+    return share * d
+
+
+defop("max_grad", REDUCTION, _max_grad_shape, max_grad_ref,
+      doc="gradient of max(x): dout routed to the maxima", axis=None, keepdims=False)
+
+
+def _ce_grad_shape(ts, a):
+    _ce_check(ts[:2], a)
+    if ts[2].shape != ():
+        _fail(f"dout must be a scalar, found {list(ts[2].shape)}")
+    return TensorType(ts[0].shape)
+
+
+def cross_entropy_grad_ref(logits, labels, dout, ignore_index=-100):
+    """(softmax - onehot) / count on kept rows, zero on ignored ones."""
+    flat = softmax_ref(logits).reshape(-1, logits.shape[-1])
+    lab = labels.reshape(-1).astype(np.int64)
+    keep = lab != ignore_index
+    rows = np.nonzero(keep)[0]
+    flat[rows, lab[rows]] -= 1.0
+    flat *= keep[:, None] * (dout / max(int(keep.sum()), 1))
+    return flat.reshape(logits.shape)
+
+
+defop("cross_entropy_grad", REDUCTION, _ce_grad_shape, cross_entropy_grad_ref,
+      doc="d cross_entropy / d logits, scaled by the scalar dout", ignore_index=-100)
+
+
+def _embedding_grad_shape(ts, a):
+    dout, ids = ts
+    if ids.dtype != "i32" or dout.shape[:-1] != ids.shape:
+        _fail(f"dout {list(dout.shape)} must be ids {list(ids.shape)} + [dim]")
+    return TensorType((a["vocab"], dout.shape[-1]))
+
+
+def embedding_grad_ref(dout, ids, vocab):
+    table = np.zeros((vocab, dout.shape[-1]), dtype=dout.dtype)
+    np.add.at(table, np.asarray(ids).reshape(-1).astype(np.int64), dout.reshape(-1, dout.shape[-1]))
+    return table
+
+
+defop("embedding_grad", GATHER, _embedding_grad_shape, embedding_grad_ref,
+      doc="scatter-add of dout rows into a [vocab, dim] table", vocab=1)
+
+
+def _conv_windows(shape, kernel, stride):
+    """Index tuples of every kernel offset into a padded input: x[win] lines up with
+    the output grid."""
+    out = shape[2:]
+    for k in np.ndindex(*kernel):
+        yield k, (slice(None), slice(None)) + tuple(
+            slice(k[i], k[i] + stride[i] * (out[i] - 1) + 1, stride[i]) for i in range(len(kernel)))
+
+
+def _conv_input_grad_shape(ts, a):
+    _require_float(ts)
+    return TensorType(tuple(a["input_shape"]))
+
+
+def conv_input_grad_ref(dout, w, stride, padding, input_shape):
+    nd = len(stride)
+    padded = [input_shape[0], input_shape[1]] + [input_shape[2 + i] + 2 * padding[i] for i in range(nd)]
+    dx = np.zeros(padded, dtype=dout.dtype)
+    for k, win in _conv_windows(dout.shape, w.shape[2:], stride):
+        dx[win] += np.einsum("no...,oc->nc...", dout, w[(slice(None), slice(None)) + k])
+    crop = (slice(None), slice(None)) + tuple(slice(p, p + n) for p, n in zip(padding, input_shape[2:]))
+    return np.ascontiguousarray(dx[crop])
+
+
+def _conv_weight_grad_shape(ts, a):
+    _require_float(ts)
+    x, dout = ts
+    return TensorType((dout.shape[1], x.shape[1]) + tuple(a["kernel"]))
+
+
+def conv_weight_grad_ref(x, dout, stride, padding, kernel):
+    xp = np.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in padding])
+    dw = np.zeros((dout.shape[1], x.shape[1]) + tuple(kernel), dtype=dout.dtype)
+    for k, win in _conv_windows(dout.shape, kernel, stride):
+        summed = [0] + list(range(2, dout.ndim))  # batch and output positions
+        dw[(slice(None), slice(None)) + k] = np.tensordot(dout, xp[win], axes=(summed, summed))
+    return dw
+
+
+defop("conv_input_grad", CONV, _conv_input_grad_shape, conv_input_grad_ref,
+      doc="d conv / d x: the transposed convolution of dout with w", stride=(1,), padding=(0,),
+      input_shape=())
+defop("conv_weight_grad", CONV, _conv_weight_grad_shape, conv_weight_grad_ref,
+      doc="d conv / d w: correlation of the padded input with dout", stride=(1,), padding=(0,), kernel=())
+
+# Ops above that exist only for gradients; autodiff does not differentiate them again.
+BACKWARD_OPS = ("relu_grad", "abs_grad", "gelu_grad", "max_grad", "cross_entropy_grad",
+                "embedding_grad", "conv_input_grad", "conv_weight_grad")

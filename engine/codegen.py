@@ -1,0 +1,554 @@
+"""WGSL for one dispatch: kernel archetypes as templates in ``shaders/``.
+
+There is no shader per op. Each archetype (pointwise DAG, tiled matmul with epilogue,
+row reduction, scalar loss, sum_to, copy, gather) is one template; ``kernel_for`` fills
+it in for a node and returns a ``Kernel``: the WGSL source, the binding layout, the
+per-dispatch parameter words ("meta": shapes, strides, eps... as u32, floats as their
+bits) and the workgroup counts. Shapes live in meta, not in the source, so nodes of
+the same kind share one compiled pipeline (the runtime caches pipelines by source).
+
+Binding layout of every kernel: 0 = meta (uniform), 1..k = the node's operands in
+order (read-only storage), k+1 = the output (read-write storage).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import DeviceError
+from .graph import Graph, Node
+from .ops import OPS
+from .paths import shader_dir
+
+MAX_WORKGROUPS = 65535
+WG = 256          # threads per workgroup of the 1-D archetypes
+TILE = 16         # matmul tile
+
+
+class UnsupportedOpError(DeviceError):
+    """The graph uses an op that has no GPU kernel yet."""
+
+
+@dataclass
+class Kernel:
+    name: str
+    archetype: str
+    source: str
+    operand_types: list[str]          # WGSL element type of each operand binding
+    out_type: str
+    meta: list[int]
+    workgroups: tuple[int, int, int]
+    meta_vec4: int = 1
+    notes: dict = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- helpers
+
+@functools.lru_cache(maxsize=None)
+def _template(name: str) -> str:
+    return (shader_dir() / name).read_text()
+
+
+def _render(name: str, **subs) -> str:
+    text = _template(name)
+    for k, v in subs.items():
+        text = text.replace("{{" + k + "}}", str(v))
+    return text
+
+
+def f32_bits(v: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", float(v)))[0]
+
+
+def i32_bits(v: int) -> int:
+    return int(v) & 0xFFFFFFFF
+
+
+def contiguous_strides(shape) -> list[int]:
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    return strides[::-1]
+
+
+def broadcast_strides(shape, out_shape) -> list[int]:
+    """Strides that read an operand of ``shape`` at each index of ``out_shape``."""
+    r = len(out_shape)
+    padded = (1,) * (r - len(shape)) + tuple(shape)
+    strides = contiguous_strides(padded)
+    return [0 if padded[d] == 1 and out_shape[d] != 1 else strides[d] for d in range(r)]
+
+
+def grid_1d(groups: int) -> tuple[int, int, int]:
+    """A 1-D count of workgroups folded into x and y (each at most 65535)."""
+    groups = max(1, groups)
+    if groups <= MAX_WORKGROUPS:
+        return (groups, 1, 1)
+    y = -(-groups // MAX_WORKGROUPS)
+    if y > MAX_WORKGROUPS:
+        raise DeviceError(f"{groups} workgroups do not fit a 65535 x 65535 grid")
+    return (-(-groups // y), y, 1)
+
+
+def _wgsl_type(dtype: str) -> str:
+    return "i32" if dtype == "i32" else "f32"
+
+
+def _bindings(names: list[str], types: list[str], out_type: str) -> str:
+    lines = [f"@group(0) @binding({i + 1}) var<storage, read> {n}: array<{t}>;"
+             for i, (n, t) in enumerate(zip(names, types))]
+    lines.append(f"@group(0) @binding({len(names) + 1}) var<storage, read_write> out: array<{out_type}>;")
+    return "\n".join(lines)
+
+
+def _finish(name, archetype, template, operand_names, operand_types, out_type, meta, workgroups, **subs):
+    meta = list(meta) or [0]
+    n4 = 1
+    while n4 * 4 < len(meta):
+        n4 *= 2
+    prelude = _render("common.wgsl", META_N=n4)
+    source = _render(template, PRELUDE=prelude,
+                     BINDINGS=_bindings(operand_names, operand_types, out_type), **subs)
+    return Kernel(name, archetype, source, operand_types, out_type, meta, workgroups, n4)
+
+
+# ---------------------------------------------------------------- pointwise
+
+# One WGSL expression per elementwise op; {0}, {1} are the operands.
+POINTWISE_EXPR = {
+    "neg": "(-{0})",
+    "exp": "exp({0})",
+    "log": "log({0})",
+    "sqrt": "sqrt({0})",
+    "rsqrt": "(1.0 / sqrt({0}))",
+    "reciprocal": "(1.0 / {0})",
+    "abs": "abs({0})",
+    "relu": "max({0}, 0.0)",
+    "sigmoid": "sigmoid_({0})",
+    "tanh": "tanh_({0})",
+    "silu": "({0} * sigmoid_({0}))",
+    "stop_gradient": "{0}",
+    "add": "({0} + {1})",
+    "sub": "({0} - {1})",
+    "mul": "({0} * {1})",
+    "div": "({0} / {1})",
+    "bias_add": "({0} + {1})",
+    "swiglu": "({0} * sigmoid_({0}) * {1})",
+}
+
+ACTIVATION_EXPR = {"none": "x", "relu": "max(x, 0.0)", "silu": "x * sigmoid_(x)",
+                   "gelu": "gelu_(x)", "gelu_tanh": "gelu_tanh_(x)"}
+
+
+def _expr(op: str, args: list[str], attrs: dict, consts: list[float]) -> str:
+    if op == "gelu":
+        return f"gelu_tanh_({args[0]})" if attrs.get("approximate") == "tanh" else f"gelu_({args[0]})"
+    if op == "pow":
+        e = float(attrs["exponent"])
+        if e == 1.0:
+            return args[0]
+        if e == 2.0:
+            return f"({args[0]} * {args[0]})"
+        consts.append(e)
+        c = f"c{len(consts) - 1}"
+        if e == int(e):
+            return f"pow_int_({args[0]}, {c})"
+        return f"pow({args[0]}, {c})"
+    if op not in POINTWISE_EXPR:
+        raise UnsupportedOpError(f"no GPU kernel for op {op!r} inside a pointwise program yet")
+    return POINTWISE_EXPR[op].format(*args)
+
+
+def _pointwise(graph: Graph, node: Node) -> Kernel:
+    if node.op == "pointwise":
+        program = node.attrs["program"]
+    else:
+        attrs = tuple((k, v) for k, v in node.attrs.items())
+        program = ((node.op, tuple(("in", i) for i in range(len(node.inputs))), attrs),)
+    out_shape = node.shape
+    rank = len(out_shape)
+    operands = [graph[i] for i in node.inputs]
+    meta = [node.size] + list(out_shape)
+    offsets, loads = [], []
+    need_coords = False
+    for k, x in enumerate(operands):
+        if x.shape == out_shape:
+            loads.append(f"    let a{k} = in{k}[idx];")
+            meta += [0] * rank
+        else:
+            need_coords = True
+            meta += broadcast_strides(x.shape, out_shape)
+            offsets.append(k)
+            loads.append(f"    let a{k} = in{k}[o{k}];")
+    off_lines = []
+    if need_coords:
+        off_lines += [f"    var o{k} = 0u;" for k in offsets]
+        off_lines.append("    var rem = idx;")
+        off_lines.append("    for (var d = i32(RANK) - 1; d >= 0; d = d - 1) {")
+        off_lines.append("        let n = m(1u + u32(d));")
+        off_lines.append("        let c = rem % n;")
+        off_lines.append("        rem = rem / n;")
+        for k in offsets:
+            off_lines.append(f"        o{k} = o{k} + c * m({1 + rank * (k + 1)}u + u32(d));")
+        off_lines.append("    }")
+    consts: list[float] = []
+    body = []
+    for j, (op, args, attrs) in enumerate(program):
+        vals = []
+        for kind, v in args:
+            if kind == "in":
+                vals.append(f"a{v}")
+            elif kind == "t":
+                vals.append(f"t{v}")
+            else:
+                consts.append(float(v))
+                vals.append(f"c{len(consts) - 1}")
+        body.append(f"    let t{j}: f32 = {_expr(op, vals, dict(attrs), consts)};")
+    cbase = len(meta)
+    const_lines = [f"    let c{i} = mf({cbase + i}u);" for i in range(len(consts))]
+    meta += [f32_bits(c) for c in consts]
+    names = [f"in{k}" for k in range(len(operands))]
+    return _finish(f"pointwise:{node.op}", "pointwise", "pointwise.wgsl", names,
+                   ["f32"] * len(operands), "f32", meta, grid_1d(-(-node.size // WG)),
+                   RANK=rank, OFFSETS="\n".join(off_lines), LOADS="\n".join(const_lines + loads),
+                   BODY="\n".join(body), RESULT=f"t{len(program) - 1}")
+
+
+# ---------------------------------------------------------------- matmul
+
+def _matmul(graph: Graph, node: Node) -> Kernel:
+    a, b = graph[node.inputs[0]], graph[node.inputs[1]]
+    attrs = node.attrs
+    ta, tb = attrs.get("transpose_a", False), attrs.get("transpose_b", False)
+    norm = node.op == "norm_matmul"
+    if norm:
+        # inputs: x, w, b  ->  A = x (prologue * w[k], epilogue * rsqrt(mean x^2 + eps)), B = b
+        w = graph[node.inputs[1]]
+        b = graph[node.inputs[2]]
+        extras = []
+    else:
+        extras = [graph[i] for i in node.inputs[2:]]
+    out = node.shape
+    batch = out[:-2]
+    m_, n_ = out[-2:]
+    k_ = a.shape[-2] if ta else a.shape[-1]
+    br = len(batch)
+    nbatch = math.prod(batch)
+    eps = attrs.get("eps", 0.0) if norm else 0.0
+    meta = [m_, n_, k_, nbatch, f32_bits(eps)] + list(batch)
+
+    def op_words(shape, s_row_axis, s_col_axis):
+        # batch strides (broadcast) + strides for logical (row, col)
+        padded = (1,) * (br + 2 - len(shape)) + tuple(shape)
+        strides = contiguous_strides(padded)
+        bs = [0 if padded[d] == 1 and batch[d] != 1 else strides[d] for d in range(br)]
+        return bs + [strides[br + s_row_axis] if padded[br + s_row_axis] != 1 else 0,
+                     strides[br + s_col_axis] if padded[br + s_col_axis] != 1 else 0]
+
+    # A is (m, k): stored [.., m, k] or [.., k, m] when transposed
+    meta += op_words(a.shape, 1, 0) if ta else op_words(a.shape, 0, 1)
+    meta += op_words(b.shape, 1, 0) if tb else op_words(b.shape, 0, 1)
+    for e in extras:
+        meta += op_words(e.shape, 0, 1)
+
+    names, types = ["a_in", "b_in"], ["f32", "f32"]
+    epi = []
+    prologue = ""
+    act = "x"
+    if norm:
+        names, types = ["a_in", "w_in", "b_in"], ["f32"] * 3
+        prologue = " * w_in[ka]"
+        epi += ["    var ss = 0.0;",
+                "    for (var k = 0u; k < K; k = k + 1u) {",
+                "        let xv = a_in[a0 + row * sam + k * sak];",
+                "        ss = ss + xv * xv;",
+                "    }",
+                "    v = v * inverseSqrt(ss / f32(K) + mf(4u));"]
+    else:
+        act = ACTIVATION_EXPR[attrs.get("activation", "none")]
+        j = 2
+        for role in ("add", "residual"):
+            if not attrs.get("has_" + role, False):
+                continue
+            nm = f"{role}_in"
+            names.append(nm)
+            types.append("f32")
+            line = f"    v = v + {nm}[boff(b, {j}u) + row * srow({j}u) + col * scol({j}u)];"
+            if role == "add":
+                epi.append(line)
+                epi.append("    v = act(v);")
+            else:
+                if not attrs.get("has_add", False):
+                    epi.append("    v = act(v);")
+                epi.append(line)
+            j += 1
+        if not epi:
+            epi.append("    v = act(v);")
+    gx, gy = -(-n_ // TILE), -(-m_ // TILE)
+    if max(gx, gy, nbatch) > MAX_WORKGROUPS:
+        raise DeviceError(f"{graph.format_node(node)}: matmul grid {gx} x {gy} x {nbatch} exceeds "
+                          f"{MAX_WORKGROUPS} workgroups per dimension")
+    return _finish(f"matmul:{node.op}", "matmul", "matmul.wgsl", names, types, "f32", meta,
+                   (gx, gy, max(nbatch, 1)), BR=br, ACTIVATION=act, A_PROLOGUE=prologue,
+                   EPILOGUE="\n".join(epi))
+
+
+# ---------------------------------------------------------------- reductions
+
+_ROW_MODES = {
+    "sum": """    var s = 0.0;
+    for (var i = t; i < N; i = i + 256u) { s = s + x[base + i]; }
+    s = wg_sum(s, t);
+    if (t == 0u) { out[row] = s; }""",
+    "mean": """    var s = 0.0;
+    for (var i = t; i < N; i = i + 256u) { s = s + x[base + i]; }
+    s = wg_sum(s, t);
+    if (t == 0u) { out[row] = s / f32(N); }""",
+    "max": """    var s = -3.4028235e38;
+    for (var i = t; i < N; i = i + 256u) { s = max(s, x[base + i]); }
+    s = wg_max(s, t);
+    if (t == 0u) { out[row] = s; }""",
+    "softmax": """    var mx = -3.4028235e38;
+    for (var i = t; i < N; i = i + 256u) { mx = max(mx, x[base + i]); }
+    mx = wg_max(mx, t);
+    var s = 0.0;
+    for (var i = t; i < N; i = i + 256u) { s = s + exp(x[base + i] - mx); }
+    s = wg_sum(s, t);
+    let inv = 1.0 / s;
+    for (var i = t; i < N; i = i + 256u) { out[base + i] = exp(x[base + i] - mx) * inv; }""",
+    "log_softmax": """    var mx = -3.4028235e38;
+    for (var i = t; i < N; i = i + 256u) { mx = max(mx, x[base + i]); }
+    mx = wg_max(mx, t);
+    var s = 0.0;
+    for (var i = t; i < N; i = i + 256u) { s = s + exp(x[base + i] - mx); }
+    s = wg_sum(s, t);
+    let lse = mx + log(s);
+    for (var i = t; i < N; i = i + 256u) { out[base + i] = x[base + i] - lse; }""",
+    "layer_norm": """    var s = 0.0;
+    for (var i = t; i < N; i = i + 256u) { s = s + x[base + i]; }
+    let mu = wg_sum(s, t) / f32(N);
+    var q = 0.0;
+    for (var i = t; i < N; i = i + 256u) { let d = x[base + i] - mu; q = q + d * d; }
+    let r = inverseSqrt(wg_sum(q, t) / f32(N) + eps);
+    for (var i = t; i < N; i = i + 256u) { out[base + i] = (x[base + i] - mu) * r * w[i] + bias[i]; }""",
+    "rms_norm": """    var q = 0.0;
+    for (var i = t; i < N; i = i + 256u) { let v = x[base + i]; q = q + v * v; }
+    let r = inverseSqrt(wg_sum(q, t) / f32(N) + eps);
+    for (var i = t; i < N; i = i + 256u) { out[base + i] = x[base + i] * r * w[i]; }""",
+}
+
+_ROW_OPERANDS = {"layer_norm": ["x", "w", "bias"], "rms_norm": ["x", "w"]}
+
+
+def _row_reduce(graph: Graph, node: Node) -> Kernel:
+    x = graph[node.inputs[0]]
+    if node.op in ("sum", "mean", "max") and node.attrs.get("axis") is None:
+        rows, n = 1, x.size
+    else:
+        n = x.shape[-1] if x.shape else 1
+        rows = x.size // max(n, 1)
+    eps = node.attrs.get("eps", 0.0)
+    names = _ROW_OPERANDS.get(node.op, ["x"])
+    return _finish(f"reduce:{node.op}", "reduction", "reduce_row.wgsl", names, ["f32"] * len(names),
+                   "f32", [rows, n, f32_bits(eps)], grid_1d(rows), MODE=_ROW_MODES[node.op])
+
+
+_LOSS_MODES = {
+    "cross_entropy": """    let rows = m(0u);
+    let C = m(1u);
+    let ignore = mi(2u);
+    var loss = 0.0;
+    var cnt = 0.0;
+    for (var r = t; r < rows; r = r + 256u) {
+        let label = labels[r];
+        if (label == ignore) { continue; }
+        let base = r * C;
+        var mx = -3.4028235e38;
+        for (var i = 0u; i < C; i = i + 1u) { mx = max(mx, logits[base + i]); }
+        var s = 0.0;
+        for (var i = 0u; i < C; i = i + 1u) { s = s + exp(logits[base + i] - mx); }
+        let li = u32(clamp(label, 0, i32(C) - 1));
+        loss = loss + mx + log(s) - logits[base + li];
+        cnt = cnt + 1.0;
+    }
+    loss = wg_sum(loss, t);
+    cnt = wg_sum(cnt, t);
+    if (t == 0u) { out[0] = loss / max(cnt, 1.0); }""",
+    "mse_loss": """    let total = m(1u);
+    var s = 0.0;
+    for (var i = t; i < total; i = i + 256u) { let d = pred[i] - tgt[i]; s = s + d * d; }
+    s = wg_sum(s, t);
+    if (t == 0u) { out[0] = s / f32(total); }""",
+}
+
+
+def _loss(graph: Graph, node: Node) -> Kernel:
+    x = graph[node.inputs[0]]
+    if node.op == "cross_entropy":
+        c = x.shape[-1]
+        meta = [x.size // c, c, i32_bits(node.attrs.get("ignore_index", -100))]
+        names, types = ["logits", "labels"], ["f32", "i32"]
+    else:
+        meta = [1, x.size, 0]
+        names, types = ["pred", "tgt"], ["f32", "f32"]
+    return _finish(f"loss:{node.op}", "reduction", "loss.wgsl", names, types, "f32", meta, (1, 1, 1),
+                   MODE=_LOSS_MODES[node.op])
+
+
+def _sum_to(graph: Graph, node: Node) -> Kernel:
+    x = graph[node.inputs[0]]
+    r = len(x.shape)
+    out_p = (1,) * (r - len(node.shape)) + tuple(node.shape)
+    xs = contiguous_strides(x.shape)
+    kept = [xs[d] if out_p[d] == x.shape[d] else 0 for d in range(r)]
+    red = [x.shape[d] if out_p[d] != x.shape[d] else 1 for d in range(r)]
+    meta = [node.size, math.prod(red)] + list(out_p) + kept + red + xs
+    return _finish("sum_to", "reduction", "sum_to.wgsl", ["x"], ["f32"], "f32", meta,
+                   grid_1d(-(-node.size // WG)), RANK=r)
+
+
+# ---------------------------------------------------------------- copies
+
+def _copy(graph: Graph, node: Node) -> Kernel:
+    out = node.shape
+    r = len(out)
+    operands = [graph[i] for i in node.inputs]
+    a = node.attrs
+    pieces = []  # (start, len, base, strides) along `axis`
+    axis = 0
+    if node.op == "transpose":
+        xs = contiguous_strides(operands[0].shape)
+        pieces.append((0, out[0] if r else 1, 0, [xs[p] for p in a["perm"]]))
+    elif node.op == "broadcast_to":
+        pieces.append((0, out[0] if r else 1, 0, broadcast_strides(operands[0].shape, out)))
+    elif node.op == "slice":
+        axis = a["axis"] % r
+        xs = contiguous_strides(operands[0].shape)
+        pieces.append((0, out[axis], a["start"] * xs[axis], xs))
+    elif node.op == "pad":
+        axis = a["axis"] % r
+        xs = contiguous_strides(operands[0].shape)
+        pieces.append((a["before"], operands[0].shape[axis], 0, xs))
+    elif node.op == "concat":
+        axis = a["axis"] % r
+        start = 0
+        for x in operands:
+            pieces.append((start, x.shape[axis], 0, contiguous_strides(x.shape)))
+            start += x.shape[axis]
+    if r == 0:  # a scalar: one element, one piece
+        r, out, pieces = 1, (1,), [(0, 1, 0, [0])]
+    meta = [node.size] + list(out)
+    lines = []
+    for k, (start, ln, base, strides) in enumerate(pieces):
+        meta += [start, ln, base] + list(strides)
+        lines.append(f"    if (c >= {start}u && c < {start + ln}u) "
+                     f"{{ out[idx] = in{k}[piece_offset({k}u, idx)]; return; }}")
+    t = _wgsl_type(node.dtype)
+    names = [f"in{k}" for k in range(len(operands))]
+    return _finish(f"copy:{node.op}", "copy", "copy.wgsl", names,
+                   [_wgsl_type(x.dtype) for x in operands], t, meta, grid_1d(-(-node.size // WG)),
+                   RANK=r, AXIS=axis, PIECES="\n".join(lines), ZERO=f"{t}(0)")
+
+
+def _embedding(graph: Graph, node: Node) -> Kernel:
+    table = graph[node.inputs[0]]
+    meta = [node.size, table.shape[1], table.shape[0]]
+    return _finish("gather:embedding", "gather", "embedding.wgsl", ["table", "ids"], ["f32", "i32"],
+                   "f32", meta, grid_1d(-(-node.size // WG)))
+
+
+# ---------------------------------------------------------------- rope, conv, attention
+
+def _rope(graph: Graph, node: Node) -> Kernel:
+    b, t, w = node.shape
+    a = node.attrs
+    d = w // a["num_heads"]
+    inv = 1.0 / float(a["base"]) ** (np.arange(0, d, 2, dtype=np.float64) / d)
+    meta = [node.size, t, w, d, int(a["offset"]), int(bool(a.get("inverse", False)))]
+    meta += [f32_bits(v) for v in inv]
+    return _finish("rope", "pointwise", "rope.wgsl", ["x"], ["f32"], "f32", meta,
+                   grid_1d(-(-node.size // WG)))
+
+
+def _conv(graph: Graph, node: Node) -> Kernel:
+    x, w = graph[node.inputs[0]], graph[node.inputs[1]]
+    a = node.attrs
+    if node.op == "conv1d":
+        hw, k, out_sp = (1, x.shape[2]), (1, w.shape[2]), (1, node.shape[2])
+        stride, pad = (1, a["stride"][0]), (0, a["padding"][0])
+    else:
+        hw, k, out_sp = x.shape[2:], w.shape[2:], node.shape[2:]
+        stride, pad = tuple(a["stride"]), tuple(a["padding"])
+    meta = [node.size, x.shape[1], w.shape[0], *hw, *k, *out_sp, *stride, *pad]
+    has_bias = len(node.inputs) == 3
+    names = ["x", "w"] + (["bias"] if has_bias else [])
+    return _finish(f"conv:{node.op}", "conv", "conv.wgsl", names, ["f32"] * len(names), "f32", meta,
+                   grid_1d(-(-node.size // WG)),
+                   BIAS=" + bias[(idx / (OW * OH)) % O]" if has_bias else "")
+
+
+def _attention(graph: Graph, node: Node) -> Kernel:
+    q, k = graph[node.inputs[0]], graph[node.inputs[1]]
+    a = node.attrs
+    h = a["num_heads"]
+    hkv = a.get("num_kv_heads") or h
+    bsz, t, w = q.shape
+    d = w // h
+    scale = a.get("scale")
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    total = bsz * h * t
+    meta = [total, t, k.shape[1], h, hkv, int(bool(a.get("causal"))), f32_bits(scale)]
+    return _finish("attention", "attention", "attention.wgsl", ["q", "k", "v"], ["f32"] * 3, "f32",
+                   meta, grid_1d(-(-total // 64)), D=d,
+                   SCORE=" + ".join(f"qv[{i}] * k[kb + {i}u]" for i in range(d)),
+                   ACCUMULATE="\n".join(f"        acc[{i}] = acc[{i}] * corr + p * v[kb + {i}u];"
+                                         for i in range(d)))
+
+
+# ---------------------------------------------------------------- dispatch table
+
+_BUILDERS = {}
+for _op in list(POINTWISE_EXPR) + ["gelu", "pow", "pointwise"]:
+    _BUILDERS[_op] = _pointwise
+for _op in ("matmul", "fused_matmul", "norm_matmul"):
+    _BUILDERS[_op] = _matmul
+for _op in _ROW_MODES:
+    _BUILDERS[_op] = _row_reduce
+for _op in _LOSS_MODES:
+    _BUILDERS[_op] = _loss
+_BUILDERS["sum_to"] = _sum_to
+for _op in ("transpose", "broadcast_to", "slice", "pad", "concat"):
+    _BUILDERS[_op] = _copy
+_BUILDERS["embedding"] = _embedding
+_BUILDERS["rope"] = _rope
+_BUILDERS["conv1d"] = _BUILDERS["conv2d"] = _conv
+_BUILDERS["attention"] = _attention
+
+
+def supported_ops() -> list[str]:
+    return sorted(_BUILDERS)
+
+
+def unsupported_ops() -> list[str]:
+    return sorted(n for n, d in OPS.items() if n not in _BUILDERS and d.archetype not in ("source", "view"))
+
+
+def kernel_for(graph: Graph, node: Node) -> Kernel:
+    """The kernel that runs ``node`` (one dispatch)."""
+    builder = _BUILDERS.get(node.op)
+    if builder is None:
+        raise UnsupportedOpError(
+            f"no GPU kernel for op {node.op!r} yet ({graph.format_node(node)}); "
+            f"run it with the reference backend (--backend reference)")
+    if node.op == "pointwise":
+        for op, _, _ in node.attrs["program"]:
+            if op not in POINTWISE_EXPR and op not in ("gelu", "pow"):
+                raise UnsupportedOpError(f"no GPU kernel for op {op!r} inside the pointwise program "
+                                         f"of {graph.format_node(node)} yet")
+    return builder(graph, node)

@@ -1,0 +1,55 @@
+// Shared prelude of every generated kernel: the per-dispatch parameter block
+// ("meta", u32 words in a uniform buffer; floats stored as their bits) and the
+// math helpers the pointwise expression table uses.
+
+@group(0) @binding(0) var<uniform> params:  array<vec4<u32>, {{META_N}}>;
+
+fn m(i: u32) -> u32 { return params[i >> 2u][i & 3u]; }
+fn mf(i: u32) -> f32 { return bitcast<f32>(m(i)); }
+fn mi(i: u32) -> i32 { return bitcast<i32>(m(i)); }
+
+// Flat thread index of a 1-D grid folded into 2-D (at most 65535 workgroups per axis).
+fn flat_index(wg: vec3<u32>, nwg: vec3<u32>, lid: vec3<u32>, size: u32) -> u32 {
+    return (wg.y * nwg.x + wg.x) * size + lid.x;
+}
+
+fn sigmoid_(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
+
+// tanh with full relative accuracy near 0 and no overflow for large |x|.
+fn tanh_(x: f32) -> f32 {
+    let a = abs(x);
+    if (a < 0.5) {
+        let x2 = x * x;
+        return x * (1.0 + x2 * (-0.33333333333 + x2 * (0.13333333333 + x2 * (-0.053968253968
+            + x2 * (0.021869488536 + x2 * -0.0088632355299)))));
+    }
+    let e = exp(-2.0 * min(a, 20.0));
+    return sign(x) * (1.0 - e) / (1.0 + e);
+}
+
+// erfc with fractional error < 1.2e-7 everywhere (Numerical Recipes' erfcc, a
+// Chebyshev fit); gelu uses it directly so its relative error stays small for x < 0.
+fn erfc_(x: f32) -> f32 {
+    let z = abs(x);
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let p = -1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806
+        + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))))));
+    let r = t * exp(-z * z + p);
+    return select(2.0 - r, r, x >= 0.0);
+}
+
+fn erf_(x: f32) -> f32 { return 1.0 - erfc_(x); }
+
+fn gelu_(x: f32) -> f32 { return 0.5 * x * erfc_(-0.70710678118654752 * x); }
+
+fn gelu_tanh_(x: f32) -> f32 {
+    // 0.5 * (1 + tanh(u)) == sigmoid(2u): no cancellation for x << 0
+    return x * sigmoid_(1.5957691216057308 * (x + 0.044715 * x * x * x));
+}
+
+fn pow_int_(x: f32, e: f32) -> f32 {
+    // x ** e for an integral exponent, negative bases included (as numpy).
+    let r = pow(abs(x), e);
+    let odd = (i32(abs(e)) & 1) == 1;
+    return select(r, -r, odd && x < 0.0);
+}

@@ -1,0 +1,75 @@
+// Tiled matmul archetype: C[b] = epilogue(prologue(A[b]) @ B[b]), 16x16 output tile per
+// workgroup, one output per thread, K in steps of 16 through workgroup memory.
+// Transposes and batch broadcasting are strides: operand (row, col) of batch b lives at
+// boff(b, operand) + row * s_row + col * s_col.
+// meta: [M, N, K, nbatch, eps, batch_shape[BR], per operand: batch_strides[BR], s_row, s_col]
+// operands: 0 = A, 1 = B, then the epilogue operands (add, residual).
+
+{{PRELUDE}}
+
+{{BINDINGS}}
+
+const BR: u32 = {{BR}}u;
+const TS: u32 = 16u;
+
+var<workgroup> As: array<array<f32, 16>, 16>;
+var<workgroup> Bs: array<array<f32, 16>, 16>;
+
+fn op_base(op: u32) -> u32 { return 5u + BR + op * (BR + 2u); }
+
+fn boff(b: u32, op: u32) -> u32 {
+    var rem = b;
+    var off = 0u;
+    let base = op_base(op);
+    for (var d = i32(BR) - 1; d >= 0; d = d - 1) {
+        let n = m(5u + u32(d));
+        off = off + (rem % n) * m(base + u32(d));
+        rem = rem / n;
+    }
+    return off;
+}
+
+fn srow(op: u32) -> u32 { return m(op_base(op) + BR); }
+fn scol(op: u32) -> u32 { return m(op_base(op) + BR + 1u); }
+
+fn act(x: f32) -> f32 { return {{ACTIVATION}}; }
+
+@compute @workgroup_size(16, 16)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let M = m(0u);
+    let N = m(1u);
+    let K = m(2u);
+    let b = wg.z;
+    let row = wg.y * TS + lid.y;
+    let col = wg.x * TS + lid.x;
+    let a0 = boff(b, 0u);
+    let b0 = boff(b, 1u);
+    let sam = srow(0u);
+    let sak = scol(0u);
+    let sbk = srow(1u);
+    let sbn = scol(1u);
+    var acc = 0.0;
+    for (var k0 = 0u; k0 < K; k0 = k0 + TS) {
+        let ka = k0 + lid.x;
+        var av = 0.0;
+        if (row < M && ka < K) {
+            av = a_in[a0 + row * sam + ka * sak]{{A_PROLOGUE}};
+        }
+        As[lid.y][lid.x] = av;
+        let kb = k0 + lid.y;
+        var bv = 0.0;
+        if (kb < K && col < N) {
+            bv = b_in[b0 + kb * sbk + col * sbn];
+        }
+        Bs[lid.y][lid.x] = bv;
+        workgroupBarrier();
+        for (var kk = 0u; kk < TS; kk = kk + 1u) {
+            acc = acc + As[lid.y][kk] * Bs[kk][lid.x];
+        }
+        workgroupBarrier();
+    }
+    if (row >= M || col >= N) { return; }
+    var v = acc;
+{{EPILOGUE}}
+    out[(b * M + row) * N + col] = v;
+}

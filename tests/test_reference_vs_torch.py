@@ -1,0 +1,767 @@
+"""The numpy reference executor against PyTorch, op by op.
+
+Every op of ``engine.ops.OPS`` (sources aside) is built into a small graph with the
+public builders (or ``Graph.apply`` for the fused ops, which have no sugar), run by
+``reference.run`` and compared with an independent PyTorch CPU computation on the
+same random inputs. ``test_every_op_has_a_torch_case`` fails when an op is added
+without a case here.
+
+Tolerances. In float32 the issue asks for a relative error under 1e-5. We measure it
+as ``max|ours - torch| / max|torch|``: normalising by the largest magnitude of the
+result, not element by element, because both sides round differently (numpy and
+torch sum in different orders, use different exp/erf kernels), and an output element
+that is small through cancellation (a layer-norm output near 0, a difference of two
+close numbers) carries an absolute error of a few ulps of the *large* intermediate
+values, so its own relative error means nothing. 1e-5 is ~80 float32 ulps of the
+largest value, enough for the sums of up to a few hundred terms used here and far
+below what any real mistake (a wrong axis, a missing scale, an off-by-one mask)
+produces. To still catch mistakes that only touch small elements, each case also runs
+in float64 on both sides and must agree element by element to ``rtol=1e-9`` (plus
+an ``atol`` of 1e-12 of the largest magnitude for elements that are exactly 0 on one
+side).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine import reference
+from engine.graph import Graph
+from engine.ops import OPS, SOURCE
+
+F32_REL_TOL = 1e-5
+F64_RTOL = 1e-9
+
+
+# ---------------------------------------------------------------- harness
+
+@dataclass
+class Case:
+    """One comparison: named input arrays, a graph builder over their nodes, and the
+    PyTorch computation over the same arrays as tensors."""
+
+    id: str
+    arrays: dict[str, np.ndarray]
+    build: Callable[..., int]
+    torch_fn: Callable[..., torch.Tensor]
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    scale = max(float(np.abs(want).max(initial=0.0)), 1e-6)
+    return float(np.abs(got.astype(np.float64) - want.astype(np.float64)).max(initial=0.0)) / scale
+
+
+def build_graph(case: Case) -> Graph:
+    g = Graph(case.id)
+    nodes = {name: g.input(name, a.shape, "i32" if a.dtype.kind in "iu" else "f32")
+             for name, a in case.arrays.items()}
+    g.output("y", case.build(g, **nodes))
+    return g
+
+
+def to_torch(array: np.ndarray, float_dtype: torch.dtype) -> torch.Tensor:
+    """Indices as int64 (what torch's index ops take), floats as ``float_dtype``: in
+    float64 mode both sides see the same float32-valued inputs, widened."""
+    if array.dtype.kind in "iu":
+        return torch.from_numpy(array.astype(np.int64))
+    return torch.from_numpy(array).to(float_dtype)
+
+
+def run_torch(case: Case, dtype: torch.dtype) -> np.ndarray:
+    tensors = {k: to_torch(v, dtype) for k, v in case.arrays.items()}
+    with torch.no_grad():
+        return case.torch_fn(**tensors).numpy()
+
+
+def check_case(case: Case) -> None:
+    g = build_graph(case)
+    ours32 = reference.run(g, case.arrays, {}, dtype=np.float32)["y"]
+    torch32 = run_torch(case, torch.float32)
+    assert ours32.shape == torch32.shape == g[g.outputs["y"]].shape
+    assert ours32.dtype == np.float32
+    assert np.isfinite(ours32).all()
+    err = relative_error(ours32, torch32)
+    assert err < F32_REL_TOL, f"{case.id}: float32 relative error {err:.3g}"
+
+    ours64 = reference.run(g, case.arrays, {}, dtype=np.float64)["y"]
+    torch64 = run_torch(case, torch.float64)
+    assert ours64.dtype == np.float64
+    scale = max(float(np.abs(torch64).max(initial=0.0)), 1e-300)
+    np.testing.assert_allclose(ours64, torch64, rtol=F64_RTOL, atol=1e-12 * scale, err_msg=case.id)
+
+
+def rng_for(name: str) -> np.random.Generator:
+    """A generator seeded by the case name, so each case is reproducible on its own."""
+    return np.random.default_rng(zlib.crc32(name.encode()))
+
+
+def normal(rng, *shape, scale=1.0) -> np.ndarray:
+    return np.asarray(rng.standard_normal(shape) * scale, dtype=np.float32)
+
+
+def positive(rng, *shape) -> np.ndarray:
+    return np.asarray(rng.uniform(0.2, 3.0, shape), dtype=np.float32)
+
+
+def away_from_zero(rng, *shape) -> np.ndarray:
+    return np.asarray(rng.choice([-1.0, 1.0], shape) * rng.uniform(0.5, 2.0, shape), dtype=np.float32)
+
+
+def dims(rng, n, lo=1, hi=6) -> tuple[int, ...]:
+    return tuple(int(v) for v in rng.integers(lo, hi + 1, n))
+
+
+CASES: list[Case] = []
+
+
+def case(fn):
+    """Register ``fn(rng) -> Case | list[Case]`` under its name."""
+    made = fn(rng_for(fn.__name__))
+    for i, c in enumerate(made if isinstance(made, list) else [made]):
+        c.id = f"{fn.__name__.removesuffix('_cases')}[{c.id or i}]"
+        CASES.append(c)
+    return fn
+
+
+# ---------------------------------------------------------------- elementwise
+
+UNARY_TORCH = {  # op: (torch function, input domain)
+    "neg": (torch.neg, normal),
+    "exp": (torch.exp, normal),
+    "log": (torch.log, positive),
+    "sqrt": (torch.sqrt, positive),
+    "rsqrt": (torch.rsqrt, positive),
+    "reciprocal": (torch.reciprocal, away_from_zero),
+    "abs": (torch.abs, normal),
+    "relu": (F.relu, normal),
+    "sigmoid": (torch.sigmoid, lambda rng, *s: normal(rng, *s, scale=3.0)),
+    "tanh": (torch.tanh, normal),
+    "silu": (F.silu, lambda rng, *s: normal(rng, *s, scale=3.0)),
+    "stop_gradient": (torch.Tensor.detach, normal),
+}
+
+
+@case
+def unary_cases(rng):
+    return [Case(op, {"x": domain(rng, *dims(rng, 3))},
+                 (lambda op: lambda g, x: getattr(g, op)(x))(op),
+                 (lambda fn: lambda x: fn(x))(fn))
+            for op, (fn, domain) in UNARY_TORCH.items()]
+
+
+@case
+def gelu_cases(rng):
+    return [Case(form, {"x": normal(rng, *dims(rng, 2), scale=3.0)},
+                 (lambda form: lambda g, x: g.gelu(x, approximate=form))(form),
+                 (lambda form: lambda x: F.gelu(x, approximate=form))(form))
+            for form in ("none", "tanh")]
+
+
+@case
+def pow_cases(rng):
+    return [Case(str(e), {"x": positive(rng, *dims(rng, 3))},
+                 (lambda e: lambda g, x: g.pow(x, e))(e),
+                 (lambda e: lambda x: torch.pow(x, e))(e))
+            for e in (2.0, 3.0, 0.5, -1.5)]
+
+
+BINARY_BUILDERS = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div}
+
+
+@case
+def binary_cases(rng):
+    """Fixed broadcasting patterns; the hypothesis test below draws random ones."""
+    patterns = [((3, 4), (3, 4)), ((2, 1, 4), (3, 1)), ((5,), (2, 3, 5)), ((1, 1), (4, 1, 3)), ((), (2, 3))]
+    out = []
+    for op, fn in BINARY_BUILDERS.items():
+        for sa, sb in patterns:
+            b = away_from_zero(rng, *sb) if op == "div" else normal(rng, *sb)
+            out.append(Case(f"{op}{list(sa)}{list(sb)}", {"a": normal(rng, *sa), "b": b},
+                            (lambda op: lambda g, a, b: getattr(g, op)(a, b))(op),
+                            (lambda fn: lambda a, b: fn(a, b))(fn)))
+    return out
+
+
+@case
+def bias_add_cases(rng):
+    n, c = dims(rng, 2, 2, 7)
+    return Case("", {"x": normal(rng, 2, n, c), "b": normal(rng, c)},
+                lambda g, x, b: g.bias_add(x, b), lambda x, b: x + b)
+
+
+@case
+def swiglu_cases(rng):
+    return Case("", {"gate": normal(rng, 3, 8, scale=2.0), "up": normal(rng, 3, 8)},
+                lambda g, gate, up: g.apply("swiglu", gate, up), lambda gate, up: F.silu(gate) * up)
+
+
+# tanh(a * b + 0.5) - exp(c) / 2, with c broadcast
+POINTWISE_PROGRAM = (
+    ("mul", (("in", 0), ("in", 1)), ()),
+    ("add", (("t", 0), ("c", 0.5)), ()),
+    ("tanh", (("t", 1),), ()),
+    ("exp", (("in", 2),), ()),
+    ("div", (("t", 3), ("c", 2.0)), ()),
+    ("sub", (("t", 2), ("t", 4)), ()),
+    ("gelu", (("t", 5),), (("approximate", "tanh"),)),
+)
+
+
+@case
+def pointwise_cases(rng):
+    return Case("", {"a": normal(rng, 2, 3, 4), "b": normal(rng, 3, 4), "c": normal(rng, 2, 1, 1)},
+                lambda g, a, b, c: g.apply("pointwise", a, b, c, program=POINTWISE_PROGRAM),
+                lambda a, b, c: F.gelu(torch.tanh(a * b + 0.5) - torch.exp(c) / 2.0, approximate="tanh"))
+
+
+# ---------------------------------------------------------------- reductions and norms
+
+REDUCE_TORCH = {"sum": torch.sum, "mean": torch.mean, "max": torch.amax}
+
+
+def reduce_case(op, x, axis, keepdims) -> Case:
+    """axis=None reduces everything: torch spells it as the tuple of all axes."""
+    return Case(f"{op} axis={axis} keepdims={keepdims} {list(x.shape)}", {"x": x},
+                lambda g, x: getattr(g, op)(x, axis=axis, keepdims=keepdims),
+                lambda x: REDUCE_TORCH[op](x, dim=tuple(range(x.ndim)) if axis is None else axis, keepdim=keepdims))
+
+
+@case
+def reductions_cases(rng):
+    return [reduce_case(op, normal(rng, *dims(rng, 3)), axis, keepdims)
+            for op in REDUCE_TORCH for axis in (None, -1, 2) for keepdims in (False, True)]
+
+
+def torch_sum_to(target):
+    """Tensor.sum_to_size keeps the rank, so sum to the target padded with leading
+    1s, then drop them."""
+    def fn(x):
+        return x.sum_to_size((1,) * (x.ndim - len(target)) + target).reshape(target)
+    return fn
+
+
+@case
+def sum_to_cases(rng):
+    """The gradient of broadcasting."""
+    return [Case(str(target), {"x": normal(rng, 2, 3, 4)},
+                 (lambda t: lambda g, x: g.apply("sum_to", x, shape=t))(target), torch_sum_to(target))
+            for target in [(3, 4), (1, 3, 1), (4,), (3, 1), (2, 3, 4), ()]]
+
+
+@case
+def softmax_cases(rng):
+    return [Case(f"{op}{list(s)}", {"x": normal(rng, *s, scale=3.0)},
+                 (lambda op: lambda g, x: getattr(g, op)(x))(op),
+                 (lambda fn: lambda x: fn(x, dim=-1))(fn))
+            for op, fn in (("softmax", F.softmax), ("log_softmax", F.log_softmax))
+            for s in ((4, 7), (2, 3, 1), (5,))]
+
+
+@case
+def layer_norm_cases(rng):
+    out = []
+    for eps in (1e-5, 1e-3):
+        n, c = dims(rng, 2, 2, 9)
+        out.append(Case(f"eps={eps}", {"x": normal(rng, 2, n, c, scale=2.0) + 1.0, "w": normal(rng, c), "b": normal(rng, c)},
+                        (lambda eps: lambda g, x, w, b: g.layer_norm(x, w, b, eps=eps))(eps),
+                        (lambda eps: lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b, eps))(eps)))
+    return out
+
+
+@case
+def rms_norm_cases(rng):
+    return [Case(f"eps={eps}", {"x": normal(rng, 3, 2, 10), "w": normal(rng, 10)},
+                 (lambda eps: lambda g, x, w: g.rms_norm(x, w, eps=eps))(eps),
+                 (lambda eps: lambda x, w: F.rms_norm(x, x.shape[-1:], w, eps))(eps))
+            for eps in (1e-6, 1e-2)]
+
+
+@case
+def group_norm_cases(rng):
+    out = []
+    for shape, groups in (((2, 6, 5), 3), ((2, 8, 3, 4), 2), ((1, 4, 7), 4), ((3, 4, 5), 1)):
+        arrays = {"x": normal(rng, *shape, scale=2.0), "w": normal(rng, shape[1]), "b": normal(rng, shape[1])}
+        out.append(Case(f"{list(shape)}/{groups}", dict(arrays),
+                        (lambda k: lambda g, x, w, b: g.group_norm(x, w, b, k))(groups),
+                        (lambda k: lambda x, w, b: F.group_norm(x, k, w, b, 1e-5))(groups)))
+        out.append(Case(f"{list(shape)}/{groups} silu", dict(arrays),
+                        (lambda k: lambda g, x, w, b: g.apply("group_norm", x, w, b, num_groups=k, activation="silu"))(groups),
+                        (lambda k: lambda x, w, b: F.silu(F.group_norm(x, k, w, b, 1e-5)))(groups)))
+    return out
+
+
+# ---------------------------------------------------------------- losses
+
+def torch_int_cross_entropy(ignore_index):
+    def fn(logits, labels):
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=ignore_index)
+    return fn
+
+
+@case
+def cross_entropy_cases(rng):
+    out = []
+    for batch, ignore_index in (((6,), -100), ((2, 5), -100), ((3, 4), 0), ((2, 3), 7)):
+        classes = 7
+        labels = rng.integers(0, classes, batch).astype(np.int32)
+        ignored = rng.random(batch) < 0.3
+        labels[ignored] = ignore_index
+        out.append(Case(f"{list(batch)} ignore={ignore_index}",
+                        {"logits": normal(rng, *batch, classes, scale=2.0), "labels": labels},
+                        (lambda ii: lambda g, logits, labels: g.cross_entropy_loss(logits, labels, ignore_index=ii))(ignore_index),
+                        torch_int_cross_entropy(ignore_index)))
+    # every position ignored but one: the mean is over that one position
+    labels = np.full((3, 4), -100, np.int32)
+    labels[1, 2] = 5
+    out.append(Case("all ignored but one", {"logits": normal(rng, 3, 4, 9, scale=2.0), "labels": labels},
+                    lambda g, logits, labels: g.cross_entropy_loss(logits, labels),
+                    torch_int_cross_entropy(-100)))
+    return out
+
+
+@case
+def soft_cross_entropy_cases(rng):
+    out = []
+    for shape in ((5, 6), (2, 3, 4)):
+        targets = rng.random(shape)
+        targets = (targets / targets.sum(-1, keepdims=True)).astype(np.float32)
+        out.append(Case(str(list(shape)), {"logits": normal(rng, *shape, scale=2.0), "targets": targets},
+                        lambda g, logits, targets: g.cross_entropy_loss(logits, targets),
+                        lambda logits, targets: F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                                targets.reshape(-1, targets.shape[-1]))))
+    return out
+
+
+@case
+def mse_and_bce_cases(rng):
+    s = dims(rng, 2, 2, 6)
+    return [Case("mse", {"p": normal(rng, *s), "t": normal(rng, *s)},
+                 lambda g, p, t: g.mse_loss(p, t), lambda p, t: F.mse_loss(p, t)),
+            Case("bce", {"p": normal(rng, *s, scale=4.0), "t": rng.random(s).astype(np.float32)},
+                 lambda g, p, t: g.bce_loss(p, t), lambda p, t: F.binary_cross_entropy_with_logits(p, t)),
+            Case("bce hard", {"p": normal(rng, 7, scale=30.0), "t": (rng.random(7) < 0.5).astype(np.float32)},
+                 lambda g, p, t: g.bce_loss(p, t), lambda p, t: F.binary_cross_entropy_with_logits(p, t))]
+
+
+# ---------------------------------------------------------------- matmul family
+
+def torch_matmul(ta, tb):
+    return lambda a, b: torch.matmul(a.mT if ta else a, b.mT if tb else b)
+
+
+def matmul_operands(rng, batch_a, batch_b, m, k, n, ta, tb):
+    a = normal(rng, *batch_a, *((k, m) if ta else (m, k)))
+    b = normal(rng, *batch_b, *((n, k) if tb else (k, n)))
+    return a, b
+
+
+@case
+def matmul_cases(rng):
+    out = []
+    for ta in (False, True):
+        for tb in (False, True):
+            for batch_a, batch_b in (((), ()), ((2,), ()), ((3, 1), (2,))):
+                a, b = matmul_operands(rng, batch_a, batch_b, *dims(rng, 3, 1, 9), ta, tb)
+                out.append(Case(f"ta={ta} tb={tb} {list(a.shape)}@{list(b.shape)}", {"a": a, "b": b},
+                                (lambda ta, tb: lambda g, a, b: g.matmul(a, b, transpose_a=ta, transpose_b=tb))(ta, tb),
+                                torch_matmul(ta, tb)))
+    return out
+
+
+TORCH_ACTIVATIONS = {"none": lambda y: y, "relu": F.relu, "silu": F.silu, "gelu": F.gelu,
+                     "gelu_tanh": lambda y: F.gelu(y, approximate="tanh")}
+
+
+@case
+def fused_matmul_cases(rng):
+    out = []
+    for activation, act in TORCH_ACTIVATIONS.items():
+        for has_add, has_residual in ((False, False), (True, False), (True, True), (False, True)):
+            tb = has_add
+            a, b = matmul_operands(rng, (2,), (), 3, 5, 4, False, tb)
+            arrays = {"a": a, "b": b}
+            if has_add:
+                arrays["add"] = normal(rng, 4)
+            if has_residual:
+                arrays["res"] = normal(rng, 2, 3, 4)
+            names = list(arrays)
+
+            def build(g, *, _a=activation, _add=has_add, _res=has_residual, _tb=tb, _names=tuple(names), **nodes):
+                return g.apply("fused_matmul", *(nodes[k] for k in _names), transpose_b=_tb,
+                               activation=_a, has_add=_add, has_residual=_res)
+
+            def torch_fn(a, b, add=None, res=None, _act=act, _tb=tb):
+                y = torch.matmul(a, b.mT if _tb else b)
+                y = _act(y + add if add is not None else y)
+                return y + res if res is not None else y
+
+            out.append(Case(f"{activation} add={has_add} residual={has_residual}", arrays, build, torch_fn))
+    return out
+
+
+@case
+def norm_matmul_cases(rng):
+    return [Case(f"tb={tb}", {"x": normal(rng, 2, 3, 6), "w": normal(rng, 6),
+                              "b": normal(rng, *((5, 6) if tb else (6, 5)))},
+                 (lambda tb: lambda g, x, w, b: g.apply("norm_matmul", x, w, b, transpose_b=tb))(tb),
+                 (lambda tb: lambda x, w, b: torch.matmul(F.rms_norm(x, x.shape[-1:], w, 1e-6), b.mT if tb else b))(tb))
+            for tb in (False, True)]
+
+
+# ---------------------------------------------------------------- attention, rope
+
+def heads_first(x, heads):
+    b, t, width = x.shape
+    return x.reshape(b, t, heads, width // heads).transpose(1, 2)
+
+
+def torch_attention(heads, kv_heads, causal, scale):
+    def fn(q, k, v):
+        o = F.scaled_dot_product_attention(heads_first(q, heads), heads_first(k, kv_heads), heads_first(v, kv_heads),
+                                           is_causal=causal, scale=scale, enable_gqa=kv_heads != heads)
+        b, h, t, d = o.shape
+        return o.transpose(1, 2).reshape(b, t, h * d)
+    return fn
+
+
+@case
+def attention_cases(rng):
+    out = []
+    for heads, kv_heads, tq, tk, causal, scale in (
+            (2, 2, 5, 5, False, None), (2, 2, 5, 5, True, None), (4, 2, 6, 6, True, None),
+            (4, 1, 3, 7, False, 0.3), (3, 3, 3, 6, True, None), (2, 2, 1, 1, True, None), (1, 1, 4, 4, False, None)):
+        d, b = 4, 2
+        arrays = {"q": normal(rng, b, tq, heads * d), "k": normal(rng, b, tk, kv_heads * d),
+                  "v": normal(rng, b, tk, kv_heads * d)}
+        out.append(Case(f"h={heads} kv={kv_heads} tq={tq} tk={tk} causal={causal} scale={scale}", arrays,
+                        (lambda h, kv, c, s: lambda g, q, k, v: g.attention(q, k, v, h, kv, c, s))(heads, kv_heads, causal, scale),
+                        torch_attention(heads, kv_heads, causal, scale)))
+    return out
+
+
+def torch_rope(heads, base, offset, inverse):
+    """Rotate-half RoPE (Llama/NeoX): pair i with i + d/2, angle = position * base^(-2i/d)."""
+    def fn(x):
+        b, t, width = x.shape
+        d = width // heads
+        xh = x.reshape(b, t, heads, d)
+        freqs = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+        angles = torch.arange(offset, offset + t, dtype=torch.float64)[:, None] * freqs[None, :]
+        cos = torch.cat([angles.cos()] * 2, -1)[None, :, None, :].to(x.dtype)
+        sin = torch.cat([angles.sin()] * 2, -1)[None, :, None, :].to(x.dtype)
+        rotated = torch.cat([-xh[..., d // 2:], xh[..., : d // 2]], -1)
+        return (xh * cos + rotated * (-sin if inverse else sin)).reshape(b, t, width)
+    return fn
+
+
+@case
+def rope_cases(rng):
+    out = []
+    for heads, d, t, base, offset, inverse in ((2, 4, 5, 10000.0, 0, False), (3, 8, 6, 500.0, 7, False),
+                                               (1, 2, 3, 10000.0, 0, False), (2, 6, 4, 10000.0, 3, True)):
+        arrays = {"x": normal(rng, 2, t, heads * d)}
+        if inverse:
+            build = (lambda h, bs, o: lambda g, x: g.apply("rope", x, num_heads=h, base=bs, offset=o, inverse=True))(heads, base, offset)
+        else:
+            build = (lambda h, bs, o: lambda g, x: g.rope(x, h, base=bs, offset=o))(heads, base, offset)
+        out.append(Case(f"h={heads} d={d} base={base} offset={offset} inverse={inverse}", arrays, build,
+                        torch_rope(heads, base, offset, inverse)))
+    return out
+
+
+# ---------------------------------------------------------------- convolution
+
+@case
+def conv1d_cases(rng):
+    out = []
+    for (n, c, length), (o, k), stride, padding, bias in (
+            ((2, 3, 10), (4, 3), 1, 0, True), ((1, 2, 9), (3, 3), 2, 1, True), ((2, 4, 5), (2, 5), 1, 2, False),
+            ((3, 1, 7), (2, 1), 3, 0, True)):
+        arrays = {"x": normal(rng, n, c, length), "w": normal(rng, o, c, k)}
+        if bias:
+            arrays["b"] = normal(rng, o)
+        out.append(Case(f"{list(arrays['x'].shape)}*{list(arrays['w'].shape)} s={stride} p={padding} bias={bias}", arrays,
+                        (lambda s, p: lambda g, x, w, b=None: g.conv1d(x, w, b, stride=s, padding=p))(stride, padding),
+                        (lambda s, p: lambda x, w, b=None: F.conv1d(x, w, b, stride=s, padding=p))(stride, padding)))
+    return out
+
+
+@case
+def conv2d_cases(rng):
+    out = []
+    for (n, c, h, w), (o, kh, kw), stride, padding, bias in (
+            ((2, 3, 6, 5), (4, 3, 3), 1, 1, True), ((1, 2, 7, 8), (3, 3, 2), (2, 3), (1, 0), True),
+            ((2, 1, 5, 5), (2, 5, 5), 1, 0, False), ((1, 3, 4, 6), (2, 1, 1), 2, 0, True)):
+        arrays = {"x": normal(rng, n, c, h, w), "w": normal(rng, o, c, kh, kw)}
+        if bias:
+            arrays["b"] = normal(rng, o)
+        out.append(Case(f"{[n, c, h, w]}*{[o, c, kh, kw]} s={stride} p={padding} bias={bias}", arrays,
+                        (lambda s, p: lambda g, x, w, b=None: g.conv2d(x, w, b, stride=s, padding=p))(stride, padding),
+                        (lambda s, p: lambda x, w, b=None: F.conv2d(x, w, b, stride=s, padding=p))(stride, padding)))
+    return out
+
+
+# ---------------------------------------------------------------- data movement, embedding
+
+@case
+def embedding_cases(rng):
+    vocab, dim = 11, 5
+    ids = rng.integers(0, vocab, (3, 4)).astype(np.int32)
+    ids[0, 0], ids[-1, -1] = 0, vocab - 1
+    return Case("", {"table": normal(rng, vocab, dim), "ids": ids},
+                lambda g, table, ids: g.embedding(table, ids), lambda table, ids: F.embedding(ids, table))
+
+
+@case
+def reshape_cases(rng):
+    return [Case(str(shape), {"x": normal(rng, 2, 3, 4)},
+                 (lambda s: lambda g, x: g.reshape(x, s))(shape),
+                 (lambda s: lambda x: x.reshape(s))(shape))
+            for shape in ((6, 4), (-1, 2), (2, -1, 3), (24,), (1, 24, 1))]
+
+
+@case
+def transpose_cases(rng):
+    cases = [Case(str(perm), {"x": normal(rng, 2, 3, 4, 5)},
+                  (lambda p: lambda g, x: g.permute(x, p))(perm),
+                  (lambda p: lambda x: x.permute(p))(perm))
+             for perm in ((0, 1, 3, 2), (3, 0, 2, 1), (0, 1, 2, 3))]
+    cases.append(Case("default swaps the last two", {"x": normal(rng, 3, 4, 5)},
+                      lambda g, x: g.transpose(x), lambda x: x.transpose(-1, -2)))
+    return cases
+
+
+@case
+def concat_cases(rng):
+    return [Case(f"axis={axis}", {"a": normal(rng, 2, 3, 4), "b": normal(rng, *shape_b), "c": normal(rng, *shape_c)},
+                 (lambda ax: lambda g, a, b, c: g.concat([a, b, c], axis=ax))(axis),
+                 (lambda ax: lambda a, b, c: torch.cat([a, b, c], dim=ax))(axis))
+            for axis, shape_b, shape_c in ((0, (1, 3, 4), (3, 3, 4)), (1, (2, 5, 4), (2, 1, 4)), (-1, (2, 3, 2), (2, 3, 1)))]
+
+
+@case
+def slice_cases(rng):
+    return [Case(f"axis={axis} [{start}:{stop}]", {"x": normal(rng, 4, 5, 6)},
+                 (lambda a, s, e: lambda g, x: g.slice(x, a, s, e))(axis, start, stop),
+                 (lambda a, s, e: lambda x: x.narrow(a, s, e - s))(axis, start, stop))
+            for axis, start, stop in ((0, 1, 3), (1, 0, 5), (2, 5, 6), (-1, 2, 4), (-2, 3, 4))]
+
+
+def torch_pad(axis, before, after):
+    def fn(x):
+        ax = axis % x.ndim
+        widths = [0, 0] * (x.ndim - 1 - ax) + [before, after]
+        return F.pad(x, widths)
+    return fn
+
+
+@case
+def pad_cases(rng):
+    return [Case(f"axis={axis} ({before}, {after})", {"x": normal(rng, 2, 3, 4)},
+                 (lambda a, b, e: lambda g, x: g.apply("pad", x, axis=a, before=b, after=e))(axis, before, after),
+                 torch_pad(axis, before, after))
+            for axis, before, after in ((0, 1, 2), (1, 0, 3), (2, 2, 0), (-1, 1, 1))]
+
+
+@case
+def broadcast_to_cases(rng):
+    return [Case(f"{list(src)}->{list(dst)}", {"x": normal(rng, *src)},
+                 (lambda d: lambda g, x: g.apply("broadcast_to", x, shape=d))(dst),
+                 (lambda d: lambda x: torch.broadcast_to(x, d))(dst))
+            for src, dst in (((3, 1), (2, 3, 4)), ((4,), (3, 4)), ((), (2, 2)), ((2, 3), (2, 3)))]
+
+
+# ---------------------------------------------------------------- backward ops (against torch.autograd)
+
+def torch_vjp(forward, wrt, shape=None):
+    """What a backward op computes, by torch.autograd: the gradient of
+    ``forward(**tensors)`` with respect to ``tensors[wrt]``, contracted with ``dout``.
+    With ``shape``, ``wrt`` is not an operand of the op: ``forward`` is linear in it
+    (a convolution in x or w, an embedding in its table), so zeros of that shape give
+    the same gradient as any other value."""
+    def fn(dout, **tensors):
+        value = tensors[wrt] if shape is None else torch.zeros(shape, dtype=dout.dtype)
+        with torch.enable_grad():
+            leaf = value.clone().requires_grad_(True)
+            (grad,) = torch.autograd.grad(forward(**{**tensors, wrt: leaf}), leaf, dout)
+        return grad
+    return fn
+
+
+@case
+def pointwise_grad_cases(rng):
+    forwards = {"relu_grad": ({}, F.relu), "abs_grad": ({}, torch.abs), "gelu_grad": ({}, F.gelu),
+                "gelu_grad tanh": ({"approximate": "tanh"}, lambda x: F.gelu(x, approximate="tanh"))}
+    out = []
+    for label, (attrs, forward) in forwards.items():
+        s = dims(rng, 3)
+        op = label.split()[0]
+        out.append(Case(label, {"dout": normal(rng, *s), "x": normal(rng, *s, scale=2.0)},
+                        (lambda op, attrs: lambda g, dout, x: g.apply(op, dout, x, **attrs))(op, attrs),
+                        torch_vjp((lambda f: lambda x: f(x))(forward), "x")))
+    return out
+
+
+@case
+def max_grad_cases(rng):
+    """Small integers as values, so maxima tie: the gradient is split among them."""
+    out = []
+    for axis, keepdims in ((None, False), (-1, False), (-1, True), (None, True)):
+        x = rng.integers(0, 3, (3, 2, 5)).astype(np.float32)
+        reduced = np.amax(x, axis=axis, keepdims=keepdims)
+        out.append(Case(f"axis={axis} keepdims={keepdims}", {"dout": normal(rng, *reduced.shape), "x": x},
+                        (lambda a, k: lambda g, dout, x: g.apply("max_grad", dout, x, axis=a, keepdims=k))(axis, keepdims),
+                        torch_vjp((lambda a, k: lambda x: torch.amax(
+                            x, dim=tuple(range(x.ndim)) if a is None else a, keepdim=k))(axis, keepdims), "x")))
+    return out
+
+
+@case
+def cross_entropy_grad_cases(rng):
+    out = []
+    for label, batch, ignored in (("some ignored", (2, 5), 0.3), ("none ignored", (6,), 0.0), ("all but one", (4,), 1.0)):
+        labels = rng.integers(0, 7, batch).astype(np.int32)
+        drop = rng.random(batch) < ignored
+        drop.reshape(-1)[0] = False
+        labels[drop] = -100
+        arrays = {"logits": normal(rng, *batch, 7, scale=2.0), "labels": labels, "dout": np.float32(rng.uniform(0.5, 2))}
+        out.append(Case(label, {k: np.asarray(v) for k, v in arrays.items()},
+                        lambda g, logits, labels, dout: g.apply("cross_entropy_grad", logits, labels, dout),
+                        torch_vjp(lambda logits, labels: torch_int_cross_entropy(-100)(logits, labels), "logits")))
+    return out
+
+
+@case
+def embedding_grad_cases(rng):
+    vocab, dim = 6, 3
+    ids = rng.integers(0, vocab, (3, 5)).astype(np.int32)  # 15 ids over 6 rows: repeats accumulate
+    return Case("", {"dout": normal(rng, 3, 5, dim), "ids": ids},
+                lambda g, dout, ids: g.apply("embedding_grad", dout, ids, vocab=vocab),
+                torch_vjp(lambda ids, table: F.embedding(ids, table), "table", shape=(vocab, dim)))
+
+
+CONV_GRAD_SETTINGS = (  # input shape, weight shape, stride, padding
+    ((2, 3, 10), (4, 3, 3), (2,), (0,)),   # stride leaves the last input column unused
+    ((1, 2, 7), (3, 2, 2), (1,), (1,)),
+    ((2, 2, 6, 5), (3, 2, 3, 2), (1, 2), (1, 0)),
+    ((1, 3, 5, 5), (2, 3, 3, 3), (2, 2), (1, 1)),
+)
+TORCH_CONV = {1: F.conv1d, 2: F.conv2d}
+
+
+def conv_out_shape(x_shape, w_shape, stride, padding):
+    spatial = [(n + 2 * p - k) // s + 1 for n, k, s, p in zip(x_shape[2:], w_shape[2:], stride, padding)]
+    return (x_shape[0], w_shape[0], *spatial)
+
+
+@case
+def conv_input_grad_cases(rng):
+    out = []
+    for x_shape, w_shape, stride, padding in CONV_GRAD_SETTINGS:
+        conv = TORCH_CONV[len(stride)]
+        arrays = {"dout": normal(rng, *conv_out_shape(x_shape, w_shape, stride, padding)), "w": normal(rng, *w_shape)}
+        out.append(Case(f"{list(x_shape)} s={stride} p={padding}", arrays,
+                        (lambda xs, s, p: lambda g, dout, w: g.apply(
+                            "conv_input_grad", dout, w, stride=s, padding=p, input_shape=xs))(x_shape, stride, padding),
+                        torch_vjp((lambda c, s, p: lambda x, w: c(x, w, stride=s, padding=p))(conv, stride, padding),
+                                  "x", shape=x_shape)))
+    return out
+
+
+@case
+def conv_weight_grad_cases(rng):
+    out = []
+    for x_shape, w_shape, stride, padding in CONV_GRAD_SETTINGS:
+        conv = TORCH_CONV[len(stride)]
+        arrays = {"x": normal(rng, *x_shape), "dout": normal(rng, *conv_out_shape(x_shape, w_shape, stride, padding))}
+        out.append(Case(f"{list(w_shape)} s={stride} p={padding}", arrays,
+                        (lambda k, s, p: lambda g, x, dout: g.apply(
+                            "conv_weight_grad", x, dout, stride=s, padding=p, kernel=k))(w_shape[2:], stride, padding),
+                        torch_vjp((lambda c, s, p: lambda x, w: c(x, w, stride=s, padding=p))(conv, stride, padding),
+                                  "w", shape=w_shape)))
+    return out
+
+
+# ---------------------------------------------------------------- the tests
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_reference_matches_torch(case):
+    check_case(case)
+
+
+def test_every_op_has_a_torch_case():
+    """The coverage table: the ops that appear in the graphs of the cases above."""
+    covered = {node.op for c in CASES for node in build_graph(c).nodes}
+    expected = {name for name, opdef in OPS.items() if opdef.archetype != SOURCE}
+    missing = sorted(expected - covered)
+    assert not missing, f"ops without a PyTorch comparison in {__name__}: {missing}"
+
+
+# ---------------------------------------------------------------- random shapes (hypothesis)
+
+HYPOTHESIS = settings(max_examples=25, deadline=None)
+
+
+@st.composite
+def broadcast_pair(draw):
+    """Two shapes that broadcast: a full shape, each operand dropping leading axes and
+    turning some axes into length 1."""
+    full = draw(st.lists(st.integers(1, 5), min_size=0, max_size=4))
+
+    def operand():
+        rank = draw(st.integers(0, len(full)))
+        tail = full[len(full) - rank:]
+        return tuple(1 if draw(st.booleans()) else n for n in tail)
+
+    return operand(), operand()
+
+
+@HYPOTHESIS
+@given(op=st.sampled_from(sorted(BINARY_BUILDERS)), shapes=broadcast_pair(), seed=st.integers(0, 2**32 - 1))
+def test_binary_broadcasting_random_shapes(op, shapes, seed):
+    rng = np.random.default_rng(seed)
+    sa, sb = shapes
+    b = away_from_zero(rng, *sb) if op == "div" else normal(rng, *sb)
+    check_case(Case(op, {"a": normal(rng, *sa), "b": b},
+                    lambda g, a, b: getattr(g, op)(a, b), lambda a, b: BINARY_BUILDERS[op](a, b)))
+
+
+@HYPOTHESIS
+@given(batch=st.lists(st.integers(1, 3), max_size=2), mkn=st.tuples(*[st.integers(1, 12)] * 3),
+       flags=st.tuples(st.booleans(), st.booleans(), st.booleans(), st.booleans()), seed=st.integers(0, 2**32 - 1))
+def test_matmul_random_shapes(batch, mkn, flags, seed):
+    """Batch axes broadcast: each operand keeps or drops each batch axis, or has it length 1."""
+    rng = np.random.default_rng(seed)
+    ta, tb, a_ones, b_drop = flags
+    batch_a = tuple(1 if a_ones else n for n in batch)
+    batch_b = tuple(batch[1:]) if b_drop else tuple(batch)
+    a, b = matmul_operands(rng, batch_a, batch_b, *mkn, ta, tb)
+    check_case(Case("matmul", {"a": a, "b": b},
+                    lambda g, a, b: g.matmul(a, b, transpose_a=ta, transpose_b=tb), torch_matmul(ta, tb)))
+
+
+@HYPOTHESIS
+@given(op=st.sampled_from(sorted(REDUCE_TORCH)), shape=st.lists(st.integers(1, 7), min_size=1, max_size=4),
+       axis=st.sampled_from([None, -1]), keepdims=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_reductions_random_shapes(op, shape, axis, keepdims, seed):
+    check_case(reduce_case(op, normal(np.random.default_rng(seed), *shape), axis, keepdims))
+
+
+@HYPOTHESIS
+@given(shape=st.lists(st.integers(1, 9), min_size=1, max_size=3), seed=st.integers(0, 2**32 - 1))
+def test_softmax_and_norms_random_shapes(shape, seed):
+    rng = np.random.default_rng(seed)
+    c = shape[-1]
+    arrays = {"x": normal(rng, *shape, scale=3.0), "w": normal(rng, c), "b": normal(rng, c)}
+    check_case(Case("log_softmax", {"x": arrays["x"]}, lambda g, x: g.log_softmax(x), lambda x: F.log_softmax(x, -1)))
+    check_case(Case("layer_norm", arrays, lambda g, x, w, b: g.layer_norm(x, w, b),
+                    lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b, 1e-5)))

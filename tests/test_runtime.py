@@ -1,0 +1,432 @@
+"""GPU runtime on lavapipe: every generated kernel against the numpy reference.
+
+Shapes are deliberately not multiples of the tile (16) or workgroup (256) sizes.
+Relative error = max |gpu - ref| / max |ref| against a float64 reference.
+"""
+
+import numpy as np
+import pytest
+
+from engine import Graph, reference
+from engine import codegen, runtime
+from engine.compile import compile_plan
+from engine.errors import DeviceError, MeganeuraError, ShapeError
+from engine.runtime import build_inference_session
+
+TOL = 1e-4
+
+
+def rel_err(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert a.shape == b.shape, (a.shape, b.shape)
+    scale = max(np.abs(b).max(initial=0.0), 1e-30)
+    return np.abs(a - b).max(initial=0.0) / scale
+
+
+def feeds(g, seed=0, positive=False):
+    rng = np.random.default_rng(seed)
+    inputs, params = {}, {}
+    for k, v in g.inputs.items():
+        n = g[v]
+        if n.dtype == "i32":
+            inputs[k] = rng.integers(0, 7, n.shape).astype(np.int32)
+        elif positive:
+            inputs[k] = rng.uniform(0.3, 2.0, n.shape)
+        else:
+            inputs[k] = rng.standard_normal(n.shape)
+    for k, v in g.parameters.items():
+        params[k] = rng.standard_normal(g[v].shape) * 0.5
+    return inputs, params
+
+
+def check(g, inputs=None, params=None, positive=False, tol=TOL):
+    if inputs is None:
+        inputs, params = feeds(g, positive=positive)
+    s = build_inference_session(g)
+    s.set_inputs(inputs)
+    s.set_parameters(params or {})
+    s.run()
+    ref = reference.run(g, inputs, params or {}, np.float64)
+    errs = {k: rel_err(s.read_output(k), ref[k]) for k in g.outputs}
+    bad = {k: e for k, e in errs.items() if not e < tol}
+    assert not bad, f"relative errors over {tol}: {bad}"
+    return s
+
+
+# ---------------------------------------------------------------- pointwise
+
+UNARY_ANY = ["neg", "exp", "abs", "relu", "sigmoid", "tanh", "silu", "stop_gradient"]
+UNARY_POS = ["log", "sqrt", "rsqrt", "reciprocal"]
+
+
+def test_unary_ops():
+    g = Graph("unary")
+    x = g.input("x", [7, 45])
+    p = g.input("p", [7, 45])
+    for op in UNARY_ANY:
+        g.output(op, g.apply(op, x))
+    for op in UNARY_POS:
+        g.output(op, g.apply(op, p))
+    for e in (2.0, 3.0):
+        g.output(f"pow{e}", g.pow(x, e))
+    for e in (0.5, -1.5, -1.0, -2.0):
+        g.output(f"pow{e}", g.pow(p, e))
+    rng = np.random.default_rng(1)
+    xs = rng.standard_normal((7, 45)) * 3
+    xs[0, :5] = [1e-4, -1e-4, 0.0, 30.0, -30.0]
+    check(g, {"x": xs, "p": rng.uniform(0.3, 3.0, (7, 45))}, {})
+
+
+def test_gelu_both_forms_accurate_everywhere():
+    g = Graph("gelu")
+    x = g.input("x", [1001])
+    g.output("erf", g.gelu(x))
+    g.output("tanh", g.gelu(x, "tanh"))
+    xs = np.concatenate([np.linspace(-9, 9, 901), np.geomspace(1e-6, 1, 50), -np.geomspace(1e-6, 1, 50)])
+    s = check(g, {"x": xs}, {})
+    # Elementwise relative accuracy too, against tail-accurate forms (the reference's
+    # 1 + erf(x) and 1 + tanh(u) cancel for x << 0; the kernels do not).
+    from scipy import special
+    exact = {"erf": 0.5 * xs * special.erfc(-xs / np.sqrt(2.0)),
+             "tanh": xs * special.expit(2 * np.sqrt(2 / np.pi) * (xs + 0.044715 * xs ** 3))}
+    for k, want in exact.items():
+        gpu = s.read_output(k).astype(np.float64)
+        big = np.abs(want) > 1e-30
+        assert (np.abs(gpu - want)[big] / np.abs(want[big])).max() < 1e-4, k
+
+
+def test_binary_broadcasting_and_bias_swiglu():
+    g = Graph("binary")
+    a = g.input("a", [3, 1, 5])
+    b = g.input("b", [4, 5])
+    c = g.input("c", [3, 4, 5])
+    bias = g.parameter("bias", [5])
+    for op in ("add", "sub", "mul"):
+        g.output(op, g.apply(op, a, b))
+    g.output("div", g.div(c, g.add(g.abs(b), g.constant(np.float32(0.5)))))
+    g.output("bias_add", g.bias_add(c, bias))
+    g.output("scaled", g.scale(c, 0.25))
+    g.output("swiglu", g.apply("swiglu", a, b))
+    check(g)
+
+
+def test_fused_pointwise_program_with_constants():
+    g = Graph("prog")
+    x = g.input("x", [2, 3, 37])
+    y = g.input("y", [37])
+    program = (
+        ("mul", (("in", 0), ("c", 1.5)), ()),
+        ("add", (("t", 0), ("in", 1)), ()),
+        ("gelu", (("t", 1),), (("approximate", "tanh"),)),
+        ("tanh", (("in", 0),), ()),
+        ("mul", (("t", 2), ("t", 3)), ()),
+        ("pow", (("t", 4),), (("exponent", 3.0),)),
+        ("sub", (("t", 5), ("c", -0.75)), ()),
+    )
+    g.output("out", g.apply("pointwise", x, y, program=program))
+    check(g)
+
+
+def test_large_grids_fold_into_two_dimensions(monkeypatch):
+    monkeypatch.setattr(codegen, "MAX_WORKGROUPS", 5)
+    assert codegen.grid_1d(21) == (5, 5, 1)
+    with pytest.raises(DeviceError):
+        codegen.grid_1d(26)
+    g = Graph("big")
+    x = g.input("x", [9, 600])   # 5400 elements: 22 workgroups of 256 -> a 5 x 5 grid
+    b = g.input("b", [600])
+    g.output("y", g.add(g.exp(x), b))
+    g.output("t", g.transpose(x))
+    g.output("rows", g.softmax(x))   # 9 rows -> a 5 x 2 grid
+    check(g)
+
+
+# ---------------------------------------------------------------- matmul
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+def test_matmul_transposes(ta, tb):
+    m, k, n = 17, 33, 19
+    g = Graph("mm")
+    a = g.input("a", [k, m] if ta else [m, k])
+    b = g.input("b", [n, k] if tb else [k, n])
+    g.output("c", g.matmul(a, b, transpose_a=ta, transpose_b=tb))
+    check(g)
+
+
+def test_matmul_batch_broadcast():
+    g = Graph("bmm")
+    a = g.input("a", [2, 1, 5, 7])
+    b = g.input("b", [3, 7, 18])
+    c = g.input("c", [17, 7])
+    d = g.input("d", [2, 3, 7, 6])
+    g.output("ab", g.matmul(a, b))
+    g.output("cd", g.matmul(c, d))
+    g.output("dtc", g.matmul(d, c, transpose_a=True, transpose_b=True))
+    check(g)
+
+
+@pytest.mark.parametrize("activation", ["none", "relu", "silu", "gelu", "gelu_tanh"])
+def test_fused_matmul_epilogue(activation):
+    g = Graph("fmm")
+    a = g.input("a", [2, 9, 20])
+    w = g.parameter("w", [20, 23])
+    bias = g.parameter("bias", [23])
+    res = g.input("res", [2, 9, 23])
+    full = g.input("full", [9, 23])
+    g.output("add_act", g.apply("fused_matmul", a, w, bias, activation=activation, has_add=True))
+    g.output("add_act_res", g.apply("fused_matmul", a, w, full, res, activation=activation,
+                                    has_add=True, has_residual=True))
+    g.output("act_res", g.apply("fused_matmul", a, w, res, activation=activation, has_residual=True,
+                                transpose_b=False))
+    check(g)
+
+
+def test_norm_matmul():
+    g = Graph("nmm")
+    x = g.input("x", [3, 5, 21])
+    w = g.parameter("w", [21])
+    b = g.parameter("b", [17, 21])
+    g.output("y", g.apply("norm_matmul", x, w, b, transpose_b=True, eps=1e-5))
+    check(g)
+
+
+# ---------------------------------------------------------------- reductions and losses
+
+def test_row_reductions_and_norms():
+    g = Graph("red")
+    x = g.input("x", [3, 4, 300])   # rows longer than a workgroup
+    s = g.input("s", [6, 5])        # rows shorter than one
+    w = g.parameter("w", [300])
+    b = g.parameter("b", [300])
+    for name, v in (("x", x), ("s", s)):
+        g.output(f"sum_{name}", g.sum(v, axis=-1))
+        g.output(f"mean_{name}", g.mean(v, axis=-1, keepdims=True))
+        g.output(f"max_{name}", g.max(v, axis=-1))
+        g.output(f"sumall_{name}", g.sum(v))
+        g.output(f"meanall_{name}", g.mean(v, keepdims=True))
+        g.output(f"maxall_{name}", g.max(v, axis=None))
+        g.output(f"softmax_{name}", g.softmax(v))
+        g.output(f"log_softmax_{name}", g.log_softmax(v))
+    g.output("layer_norm", g.layer_norm(x, w, b))
+    g.output("rms_norm", g.rms_norm(x, w))
+    rng = np.random.default_rng(3)
+    inputs = {"x": rng.standard_normal((3, 4, 300)) * 4 + 1, "s": rng.standard_normal((6, 5))}
+    params = {"w": rng.standard_normal(300), "b": rng.standard_normal(300)}
+    check(g, inputs, params)
+
+
+def test_sum_to():
+    g = Graph("sum_to")
+    x = g.input("x", [4, 3, 5])
+    for shape in ([3, 1], [5], [4, 1, 1], [1, 3, 5], [4, 3, 5], []):
+        g.output(f"to{shape}", g.apply("sum_to", x, shape=tuple(shape)))
+    check(g)
+
+
+def test_losses():
+    g = Graph("loss")
+    logits = g.input("logits", [3, 7, 11])
+    labels = g.input("labels", [3, 7], dtype="i32")
+    labels3 = g.input("labels3", [3, 7], dtype="i32")
+    pred = g.input("pred", [5, 13])
+    target = g.input("target", [5, 13])
+    g.output("ce", g.cross_entropy_loss(logits, labels))
+    g.output("ce_ign", g.cross_entropy_loss(logits, labels3, ignore_index=3))
+    g.output("mse", g.mse_loss(pred, target))
+    rng = np.random.default_rng(4)
+    lab = rng.integers(0, 11, (3, 7)).astype(np.int32)
+    lab[0, :4] = -100
+    lab3 = rng.integers(0, 11, (3, 7)).astype(np.int32)
+    lab3[1, :3] = 3
+    inputs = {"logits": rng.standard_normal((3, 7, 11)) * 3, "labels": lab, "labels3": lab3,
+              "pred": rng.standard_normal((5, 13)), "target": rng.standard_normal((5, 13))}
+    check(g, inputs, {})
+
+
+def test_cross_entropy_all_ignored_is_zero():
+    g = Graph("ce0")
+    logits = g.input("logits", [4, 6])
+    labels = g.input("labels", [4], dtype="i32")
+    g.output("loss", g.cross_entropy_loss(logits, labels))
+    s = build_inference_session(g)
+    s.set_input("logits", np.ones((4, 6)))
+    s.set_input("labels", np.full(4, -100))
+    s.run()
+    assert s.read_loss() == 0.0
+
+
+# ---------------------------------------------------------------- copies and gather
+
+def test_copy_kernels():
+    g = Graph("copy")
+    x = g.input("x", [3, 5, 7])
+    y = g.input("y", [3, 2, 7])
+    z = g.input("z", [3, 4, 7])
+    v = g.input("v", [7])
+    g.output("t201", g.transpose(x, (2, 0, 1)))
+    g.output("t_last", g.transpose(x))
+    g.output("slice", g.slice(x, 1, 1, 4))
+    g.output("slice_last", g.slice(x, -1, 2, 7))
+    g.output("pad", g.apply("pad", x, axis=2, before=2, after=3))
+    g.output("pad0", g.apply("pad", x, axis=0, before=1, after=0))
+    g.output("concat", g.concat([x, y, z], axis=1))
+    g.output("concat0", g.concat([x, x], axis=0))
+    g.output("bcast", g.apply("broadcast_to", v, shape=(2, 5, 7)))
+    g.output("bcast_mid", g.apply("broadcast_to", g.slice(x, 1, 0, 1), shape=(3, 6, 7)))
+    check(g)
+
+
+def test_embedding_and_int_copies():
+    g = Graph("emb")
+    table = g.parameter("table", [7, 10])
+    ids = g.input("ids", [3, 5], dtype="i32")
+    g.output("e", g.embedding(table, ids))
+    g.output("e_t", g.embedding(table, g.transpose(ids)))
+    inputs, params = feeds(g)
+    s = check(g, inputs, params)
+    assert s.read_output("e").dtype == np.float32
+
+
+# ---------------------------------------------------------------- whole graphs
+
+def mlp_graph(batch=13, width=(30, 24, 10)):
+    g = Graph("mlp")
+    x = g.input("x", [batch, width[0]])
+    labels = g.input("labels", [batch], dtype="i32")
+    h = x
+    for i, (a, b) in enumerate(zip(width, width[1:])):
+        h = g.linear(h, g.parameter(f"w{i}", [a, b]), g.parameter(f"b{i}", [b]))
+        if i < len(width) - 2:
+            h = g.relu(h)
+    g.output("logits", h)
+    g.output("loss", g.cross_entropy_loss(h, labels))
+    return g
+
+
+def test_mlp_forward_and_loss():
+    g = mlp_graph()
+    inputs, params = feeds(g, seed=5)
+    s = check(g, inputs, params)
+    ref = reference.run(g, inputs, params, np.float64)["loss"]
+    assert abs(s.read_loss() - float(ref)) < 1e-4 * max(1.0, abs(float(ref)))
+    # new parameters and inputs take effect on the next run, with no rebuild
+    params2 = {k: v * 0.5 for k, v in params.items()}
+    s.set_parameters(params2)
+    s.run()
+    ref2 = reference.run(g, inputs, params2, np.float64)
+    assert rel_err(s.read_output("logits"), ref2["logits"]) < TOL
+    np.testing.assert_allclose(s.get_parameter("w0"), params2["w0"].astype(np.float32))
+
+
+def test_chain_reuses_buffers_and_pipelines():
+    g = Graph("chain")
+    x = g.input("x", [11, 24])
+    h = x
+    for i in range(4):
+        h = g.tanh(g.linear(h, g.parameter(f"w{i}", [24, 24]), g.parameter(f"b{i}", [24])))
+    g.output("y", h)
+    plan = compile_plan(g)
+    intermediates = [b for b in plan.buffers if b.kind == "intermediate"]
+    assert len(intermediates) < sum(1 for d in plan.dispatches) - 1  # reuse kicked in
+    assert plan.peak_bytes < plan.peak_bytes_without_reuse
+    s = check(g)
+    assert s.pipeline_count == 3     # matmul, bias_add, tanh: shared by the 4 layers
+
+
+def test_outputs_readable_repeatedly_and_views():
+    g = Graph("views")
+    x = g.input("x", [4, 6])
+    r = g.reshape(g.exp(x), [6, 4])
+    g.output("r", r)
+    g.output("y", g.softmax(r))
+    check(g)
+
+
+# ---------------------------------------------------------------- errors
+
+def test_bad_input_name_and_shape():
+    g = mlp_graph()
+    s = build_inference_session(g)
+    with pytest.raises(MeganeuraError, match="no input named 'nope'"):
+        s.set_input("nope", np.zeros(3))
+    with pytest.raises(ShapeError, match=r"input 'x': expected shape \[13, 30\], found \[13, 31\]"):
+        s.set_input("x", np.zeros((13, 31)))
+    with pytest.raises(ShapeError, match="integers"):
+        s.set_input("labels", np.zeros(13, dtype=np.float32))
+    with pytest.raises(MeganeuraError, match="no parameter named"):
+        s.set_parameter("w9", np.zeros(3))
+    with pytest.raises(MeganeuraError, match="no output named"):
+        s.read_output("hidden")
+
+
+def test_unsupported_op_names_it():
+    g = Graph("bce")
+    x = g.input("x", [4, 9])
+    t = g.input("t", [4, 9])
+    g.output("loss", g.bce_loss(x, t))
+    with pytest.raises(MeganeuraError, match="no GPU kernel for op 'bce_loss' yet"):
+        build_inference_session(g)
+
+
+def test_buffer_over_binding_limit(monkeypatch):
+    real = runtime._limit
+
+    def small(limits, name):
+        return 4096 if name == "max_storage_buffer_binding_size" else real(limits, name)
+
+    monkeypatch.setattr(runtime, "_limit", small)
+    g = Graph("big")
+    x = g.input("x", [8, 64])
+    w = g.parameter("w", [64, 100])  # 25600 bytes
+    g.output("y", g.matmul(x, w))
+    with pytest.raises(DeviceError, match=r"tensor w needs .*25600 bytes.*max_storage_buffer_binding_size.*4096"):
+        build_inference_session(g)
+
+
+# ---------------------------------------------------------------- rope, conv, attention
+
+def test_rope_forward_and_inverse():
+    g = Graph("rope")
+    x = g.input("x", [2, 9, 3 * 6])
+    y = g.rope(x, 3, offset=4)
+    g.output("y", y)
+    g.output("back", g.apply("rope", y, num_heads=3, offset=4, inverse=True))
+    check(g)
+
+
+def test_conv1d_conv2d():
+    g = Graph("conv")
+    x = g.input("x", [2, 3, 17])
+    w = g.parameter("w", [5, 3, 3])
+    b = g.parameter("b", [5])
+    g.output("c1", g.conv1d(x, w, b, stride=2, padding=1))
+    g.output("c1_nobias", g.conv1d(x, w))
+    x2 = g.input("x2", [2, 3, 9, 7])
+    w2 = g.parameter("w2", [4, 3, 3, 2])
+    g.output("c2", g.conv2d(x2, w2, stride=(2, 1), padding=(1, 0)))
+    check(g)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention(causal):
+    g = Graph("attn")
+    q = g.input("q", [2, 7, 4 * 5])
+    k = g.input("k", [2, 7, 2 * 5])
+    v = g.input("v", [2, 7, 2 * 5])
+    g.output("gqa", g.attention(q, k, v, num_heads=4, num_kv_heads=2, causal=causal))
+    k2 = g.input("k2", [2, 9, 4 * 5])
+    v2 = g.input("v2", [2, 9, 4 * 5])
+    g.output("mha", g.attention(q, k2, v2, num_heads=4, causal=False, scale=0.3))
+    check(g)
+
+
+def test_attention_over_many_keys_with_whisper_head_dim():
+    """600 keys x head dim 64: nested per-key loops over the head dim ran past llvmpipe's
+    cap of ~65535 loop iterations per invocation and silently cut the shader short (every
+    row came out wrong at whisper-tiny's 1500 frames). The kernel unrolls the head dim."""
+    g = Graph("long-attn")
+    q = g.input("q", [1, 600, 64])
+    k = g.input("k", [1, 600, 64])
+    v = g.input("v", [1, 600, 64])
+    g.output("o", g.attention(q, k, v, num_heads=1))
+    check(g)
