@@ -6,9 +6,14 @@ builds, so tests and the command line get them without a window.
 
 __version__ = "0.1.0"
 
-from .errors import MeganeuraError
+from .errors import MeganeuraError, TrainingError
 from .graph import Graph, Node
 from .ops import OPS
+from .autodiff import GRADIENTS, differentiate
+from .compile import ExecutionPlan, compile_plan
+from .train import DataLoader, LossHistory, Optimizer, TrainConfig, Trainer, TrainHistory
+from . import models, nn, audio
 
-
-__all__ = ["Graph", "Node", "OPS", "MeganeuraError", "__version__"]
+__all__ = ["Graph", "Node", "OPS", "MeganeuraError", "TrainingError", "GRADIENTS", "differentiate",
+           "ExecutionPlan", "compile_plan", "DataLoader", "LossHistory", "Optimizer", "TrainConfig",
+           "Trainer", "TrainHistory", "models", "nn", "audio", "__version__"]

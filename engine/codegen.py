@@ -140,6 +140,8 @@ POINTWISE_EXPR = {
     "div": "({0} / {1})",
     "bias_add": "({0} + {1})",
     "swiglu": "({0} * sigmoid_({0}) * {1})",
+    "relu_grad": "select(0.0, {0}, {1} > 0.0)",
+    "abs_grad": "({0} * sign({1}))",
 }
 
 ACTIVATION_EXPR = {"none": "x", "relu": "max(x, 0.0)", "silu": "x * sigmoid_(x)",
@@ -147,8 +149,9 @@ ACTIVATION_EXPR = {"none": "x", "relu": "max(x, 0.0)", "silu": "x * sigmoid_(x)"
 
 
 def _expr(op: str, args: list[str], attrs: dict, consts: list[float]) -> str:
-    if op == "gelu":
-        return f"gelu_tanh_({args[0]})" if attrs.get("approximate") == "tanh" else f"gelu_({args[0]})"
+    if op in ("gelu", "gelu_grad"):
+        fn = op.replace("gelu", "gelu_tanh" if attrs.get("approximate") == "tanh" else "gelu")
+        return f"{fn}_({', '.join(args)})"
     if op == "pow":
         e = float(attrs["exponent"])
         if e == 1.0:
@@ -380,6 +383,33 @@ _LOSS_MODES = {
     loss = wg_sum(loss, t);
     cnt = wg_sum(cnt, t);
     if (t == 0u) { out[0] = loss / max(cnt, 1.0); }""",
+    "soft_cross_entropy": """    let rows = m(0u);
+    let C = m(1u);
+    var loss = 0.0;
+    for (var r = t; r < rows; r = r + 256u) {
+        let base = r * C;
+        var mx = -3.4028235e38;
+        for (var i = 0u; i < C; i = i + 1u) { mx = max(mx, logits[base + i]); }
+        var s = 0.0;
+        var ts = 0.0;
+        var tl = 0.0;
+        for (var i = 0u; i < C; i = i + 1u) {
+            s = s + exp(logits[base + i] - mx);
+            ts = ts + tgt[base + i];
+            tl = tl + tgt[base + i] * logits[base + i];
+        }
+        loss = loss + ts * (mx + log(s)) - tl;
+    }
+    loss = wg_sum(loss, t);
+    if (t == 0u) { out[0] = loss / f32(max(rows, 1u)); }""",
+    "bce_loss": """    let total = m(1u);
+    var s = 0.0;
+    for (var i = t; i < total; i = i + 256u) {
+        let z = logits[i];
+        s = s + max(z, 0.0) - z * tgt[i] + log(1.0 + exp(-abs(z)));
+    }
+    s = wg_sum(s, t);
+    if (t == 0u) { out[0] = s / f32(total); }""",
     "mse_loss": """    let total = m(1u);
     var s = 0.0;
     for (var i = t; i < total; i = i + 256u) { let d = pred[i] - tgt[i]; s = s + d * d; }
@@ -394,9 +424,13 @@ def _loss(graph: Graph, node: Node) -> Kernel:
         c = x.shape[-1]
         meta = [x.size // c, c, i32_bits(node.attrs.get("ignore_index", -100))]
         names, types = ["logits", "labels"], ["f32", "i32"]
+    elif node.op == "soft_cross_entropy":
+        c = x.shape[-1]
+        meta = [x.size // c, c, 0]
+        names, types = ["logits", "tgt"], ["f32", "f32"]
     else:
         meta = [1, x.size, 0]
-        names, types = ["pred", "tgt"], ["f32", "f32"]
+        names, types = (["logits", "tgt"] if node.op == "bce_loss" else ["pred", "tgt"]), ["f32", "f32"]
     return _finish(f"loss:{node.op}", "reduction", "loss.wgsl", names, types, "f32", meta, (1, 1, 1),
                    MODE=_LOSS_MODES[node.op])
 
@@ -511,10 +545,142 @@ def _attention(graph: Graph, node: Node) -> Kernel:
                                          for i in range(d)))
 
 
+# ---------------------------------------------------------------- row kernels with their own operands
+# Same template as the row reductions (one workgroup per row, tree reductions in
+# workgroup memory); meta words from 3 on are the op's own.
+
+_ROW_KERNELS = {
+    "group_norm": (["x", "w", "bias"], """    let S = m(3u);
+    let cpg = m(4u);
+    let G = m(5u);
+    var s = 0.0;
+    for (var i = t; i < N; i = i + 256u) { s = s + x[base + i]; }
+    let mu = wg_sum(s, t) / f32(N);
+    var q = 0.0;
+    for (var i = t; i < N; i = i + 256u) { let d = x[base + i] - mu; q = q + d * d; }
+    let r = inverseSqrt(wg_sum(q, t) / f32(N) + eps);
+    for (var i = t; i < N; i = i + 256u) {
+        let c = (row % G) * cpg + i / S;
+        let y = (x[base + i] - mu) * r * w[c] + bias[c];
+        out[base + i] = {{GN_ACT}};
+    }"""),
+    "max_grad": (["dout", "x"], """    var mx = -3.4028235e38;
+    for (var i = t; i < N; i = i + 256u) { mx = max(mx, x[base + i]); }
+    mx = wg_max(mx, t);
+    var ties = 0.0;
+    for (var i = t; i < N; i = i + 256u) { ties = ties + select(0.0, 1.0, x[base + i] == mx); }
+    let share = dout[row] / wg_sum(ties, t);
+    for (var i = t; i < N; i = i + 256u) { out[base + i] = select(0.0, share, x[base + i] == mx); }"""),
+    "cross_entropy_grad": (["logits", "labels", "dout"], """    let ignore = mi(3u);
+    var kept = 0.0;
+    for (var r = t; r < rows; r = r + 256u) { kept = kept + select(1.0, 0.0, labels[r] == ignore); }
+    kept = wg_sum(kept, t);
+    let label = labels[row];
+    var mx = -3.4028235e38;
+    for (var i = t; i < N; i = i + 256u) { mx = max(mx, logits[base + i]); }
+    mx = wg_max(mx, t);
+    var s = 0.0;
+    for (var i = t; i < N; i = i + 256u) { s = s + exp(logits[base + i] - mx); }
+    let scale = select(dout[0] / max(kept, 1.0), 0.0, label == ignore);
+    let inv = 1.0 / wg_sum(s, t);
+    for (var i = t; i < N; i = i + 256u) {
+        let onehot = select(0.0, 1.0, i32(i) == label);
+        out[base + i] = (exp(logits[base + i] - mx) * inv - onehot) * scale;
+    }"""),
+}
+
+
+def _row_kernel(graph: Graph, node: Node) -> Kernel:
+    names, mode = _ROW_KERNELS[node.op]
+    a = node.attrs
+    x = graph[node.inputs[1 if node.op == "max_grad" else 0]]
+    types = ["i32" if graph[i].dtype == "i32" else "f32" for i in node.inputs]
+    extra, act = [], "y"
+    if node.op == "group_norm":
+        groups = a["num_groups"]
+        rows, n = x.shape[0] * groups, x.size // (x.shape[0] * groups)
+        spatial = math.prod(x.shape[2:])
+        extra = [spatial, x.shape[1] // groups, groups]
+        act = "y * sigmoid_(y)" if a.get("activation") == "silu" else "y"
+    elif node.op == "max_grad" and a.get("axis") is None:
+        rows, n = 1, x.size
+    else:
+        n = x.shape[-1]
+        rows = x.size // n
+        if node.op == "cross_entropy_grad":
+            extra = [i32_bits(a.get("ignore_index", -100))]
+    meta = [rows, n, f32_bits(a.get("eps", 0.0))] + extra
+    return _finish(f"reduce:{node.op}", "reduction", "reduce_row.wgsl", names, types, "f32", meta,
+                   grid_1d(rows), MODE=mode.replace("{{GN_ACT}}", act))
+
+
+def _embedding_grad(graph: Graph, node: Node) -> Kernel:
+    dout = graph[node.inputs[0]]
+    dim = node.shape[1]
+    meta = [node.size, dim, dout.size // dim]
+    return _finish("gather:embedding_grad", "gather", "scatter.wgsl", ["dout", "ids"], ["f32", "i32"],
+                   "f32", meta, grid_1d(-(-node.size // WG)))
+
+
+_CONV_GRAD_MODES = {
+    "conv_input_grad": """    let ix = idx % W;
+    let iy = (idx / W) % H;
+    let c = (idx / (W * H)) % C;
+    let n = idx / (W * H * C);
+    for (var o = 0u; o < O; o = o + 1u) {
+        for (var ky = 0u; ky < KH; ky = ky + 1u) {
+            let py = i32(iy + PH) - i32(ky);
+            if (py < 0 || u32(py) % SH != 0u || u32(py) / SH >= OH) { continue; }
+            for (var kx = 0u; kx < KW; kx = kx + 1u) {
+                let px = i32(ix + PW) - i32(kx);
+                if (px < 0 || u32(px) % SW != 0u || u32(px) / SW >= OW) { continue; }
+                acc = acc + dout[((n * O + o) * OH + u32(py) / SH) * OW + u32(px) / SW]
+                          * w[((o * C + c) * KH + ky) * KW + kx];
+            }
+        }
+    }""",
+    "conv_weight_grad": """    let kx = idx % KW;
+    let ky = (idx / KW) % KH;
+    let c = (idx / (KW * KH)) % C;
+    let o = idx / (KW * KH * C);
+    for (var n = 0u; n < N; n = n + 1u) {
+        for (var oy = 0u; oy < OH; oy = oy + 1u) {
+            let iy = i32(oy * SH + ky) - i32(PH);
+            if (iy < 0 || iy >= i32(H)) { continue; }
+            for (var ox = 0u; ox < OW; ox = ox + 1u) {
+                let ix = i32(ox * SW + kx) - i32(PW);
+                if (ix < 0 || ix >= i32(W)) { continue; }
+                acc = acc + dout[((n * O + o) * OH + oy) * OW + ox]
+                          * x[((n * C + c) * H + u32(iy)) * W + u32(ix)];
+            }
+        }
+    }""",
+}
+
+
+def _conv_grad(graph: Graph, node: Node) -> Kernel:
+    a = node.attrs
+    if node.op == "conv_input_grad":
+        dout, w = graph[node.inputs[0]], graph[node.inputs[1]]
+        xshape, kernel, names = tuple(a["input_shape"]), w.shape[2:], ["dout", "w"]
+    else:
+        x, dout = graph[node.inputs[0]], graph[node.inputs[1]]
+        xshape, kernel, names = x.shape, tuple(a["kernel"]), ["x", "dout"]
+    one_d = len(xshape) == 3
+    hw = (1, xshape[2]) if one_d else xshape[2:]
+    k = (1, kernel[0]) if one_d else tuple(kernel)
+    out_sp = (1, dout.shape[2]) if one_d else dout.shape[2:]
+    stride = (1, a["stride"][0]) if one_d else tuple(a["stride"])
+    pad = (0, a["padding"][0]) if one_d else tuple(a["padding"])
+    meta = [node.size, xshape[0], xshape[1], dout.shape[1], *hw, *k, *out_sp, *stride, *pad]
+    return _finish(f"conv:{node.op}", "conv", "conv_grad.wgsl", names, ["f32", "f32"], "f32", meta,
+                   grid_1d(-(-node.size // WG)), MODE=_CONV_GRAD_MODES[node.op])
+
+
 # ---------------------------------------------------------------- dispatch table
 
 _BUILDERS = {}
-for _op in list(POINTWISE_EXPR) + ["gelu", "pow", "pointwise"]:
+for _op in list(POINTWISE_EXPR) + ["gelu", "gelu_grad", "pow", "pointwise"]:
     _BUILDERS[_op] = _pointwise
 for _op in ("matmul", "fused_matmul", "norm_matmul"):
     _BUILDERS[_op] = _matmul
@@ -529,6 +695,10 @@ _BUILDERS["embedding"] = _embedding
 _BUILDERS["rope"] = _rope
 _BUILDERS["conv1d"] = _BUILDERS["conv2d"] = _conv
 _BUILDERS["attention"] = _attention
+for _op in _ROW_KERNELS:
+    _BUILDERS[_op] = _row_kernel
+_BUILDERS["embedding_grad"] = _embedding_grad
+_BUILDERS["conv_input_grad"] = _BUILDERS["conv_weight_grad"] = _conv_grad
 
 
 def supported_ops() -> list[str]:

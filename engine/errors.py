@@ -28,3 +28,8 @@ class DeviceError(MeganeuraError):
 
 class UnknownModelError(MeganeuraError):
     """No built-in model has the requested name."""
+
+
+class TrainingError(MeganeuraError):
+    """Training cannot go on: the loss or the gradients stopped being finite, or the
+    training setup does not fit the model (unknown optimizer, schedule, data)."""

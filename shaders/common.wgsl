@@ -53,3 +53,16 @@ fn pow_int_(x: f32, e: f32) -> f32 {
     let odd = (i32(abs(e)) & 1) == 1;
     return select(r, -r, odd && x < 0.0);
 }
+
+// Derivatives of the two gelu forms, times the incoming gradient.
+fn gelu_grad_(d: f32, x: f32) -> f32 {
+    let pdf = 0.3989422804014327 * exp(-0.5 * x * x);
+    return d * (0.5 * erfc_(-0.70710678118654752 * x) + x * pdf);
+}
+
+fn gelu_tanh_grad_(d: f32, x: f32) -> f32 {
+    let u = 0.7978845608028654 * (x + 0.044715 * x * x * x);
+    let s = sigmoid_(2.0 * u);          // 0.5 * (1 + tanh(u))
+    let t = 2.0 * s - 1.0;
+    return d * (s + 0.5 * x * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 0.134145 * x * x));
+}
