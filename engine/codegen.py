@@ -722,3 +722,26 @@ def kernel_for(graph: Graph, node: Node) -> Kernel:
                 raise UnsupportedOpError(f"no GPU kernel for op {op!r} inside the pointwise program "
                                          f"of {graph.format_node(node)} yet")
     return builder(graph, node)
+
+
+# ---------------------------------------------------------------- training-step kernels
+# Not graph nodes: the optimizer update and the gradient-norm partial sums that a GPU
+# training step appends after the backward pass (engine/training_session.py).
+
+OPTIMIZER_KINDS = {"sgd": 0, "adam": 1, "adamw": 2}
+
+
+def sum_squares_kernel(n: int, slot: int) -> Kernel:
+    """stats[slot] = sum(grad ** 2); bindings: grad (read), stats (read_write)."""
+    return _finish("train:sum_squares", "reduction", "sum_squares.wgsl", ["grad"], ["f32"], "f32",
+                   [n, slot], (1, 1, 1))
+
+
+def optimizer_kernel(n: int, n_grads: int, kind: str, lr_multiplier: float, weight_decay: float,
+                     momentum: float, betas, eps: float, clip_norm: float | None) -> Kernel:
+    """In-place update of one parameter; bindings: grad, stats, step (read), p, s1, s2 (read_write)."""
+    meta = [n, n_grads, OPTIMIZER_KINDS[kind], f32_bits(lr_multiplier), f32_bits(weight_decay),
+            f32_bits(momentum), f32_bits(betas[0]), f32_bits(betas[1]), f32_bits(eps),
+            f32_bits(clip_norm or 0.0)]
+    return _finish(f"train:{kind}", "optimizer", "optimizer.wgsl", ["grad", "stats", "step"],
+                   ["f32"] * 3, "f32", meta, grid_1d(-(-n // WG)))

@@ -9,6 +9,7 @@ an output (``queue.read_buffer``) is the only wait.
 from __future__ import annotations
 
 import math
+import time
 from typing import Mapping
 
 import numpy as np
@@ -34,9 +35,14 @@ def _fmt_bytes(n: int) -> str:
 class Session:
     """A graph compiled for the GPU: its buffers, pipelines and bind groups."""
 
-    def __init__(self, graph: Graph, plan: ExecutionPlan | None = None, device=None):
+    def __init__(self, graph: Graph, plan: ExecutionPlan | None = None, device=None,
+                 parameter_buffers: Mapping[str, object] | None = None):
+        """``parameter_buffers`` (name -> GPU buffer, e.g. another session's
+        ``parameter_buffers()``) are used instead of new ones: sessions that share them
+        see each other's updates with no copy."""
         import wgpu
 
+        t_start = time.perf_counter_ns()
         self.graph = graph
         self.plan = plan if plan is not None else compile_plan(graph, loss=None)
         self.device = device if device is not None else get_device()
@@ -52,6 +58,7 @@ class Session:
         for d in self.plan.dispatches:
             (nid,) = d.nodes
             self.kernels.append(codegen.kernel_for(graph, graph[nid]))
+        t_kernels = time.perf_counter_ns()
 
         # One GPU buffer per plan buffer, each checked against the binding limit.
         names_of: dict[int, list[str]] = {}
@@ -60,8 +67,16 @@ class Session:
             if b is not None:
                 names_of.setdefault(b, []).append(n.name or n.label)
         usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+        shared = {self.plan.parameters[k]: v for k, v in (parameter_buffers or {}).items()
+                  if k in self.plan.parameters}
         self.buffers = []
         for buf in self.plan.buffers:
+            if buf.id in shared:
+                if shared[buf.id].size < buf.nbytes:
+                    raise ShapeError(f"shared parameter buffer for {buf.names} holds {shared[buf.id].size} "
+                                     f"bytes, the graph needs {buf.nbytes}")
+                self.buffers.append(shared[buf.id])
+                continue
             if buf.nbytes > max_binding:
                 who = ", ".join(buf.names or names_of.get(buf.id, [f"buffer {buf.id}"])[:3])
                 raise DeviceError(
@@ -84,8 +99,10 @@ class Session:
         dev.queue.write_buffer(self.meta_buffer, 0, blob)
 
         # Pipelines (cached by source) and one bind group per dispatch.
+        t_buffers = time.perf_counter_ns()
         self._pipelines: dict[str, tuple] = {}
         self._steps = []
+        self.step_dispatches: list[int] = []  # plan dispatch index of each entry of _steps
         for d, k, off in zip(self.plan.dispatches, self.kernels, offsets):
             pipeline, layout = self._pipeline(k)
             (nid,) = d.nodes
@@ -103,10 +120,14 @@ class Session:
             bind_group = dev.create_bind_group(label=k.name, layout=layout, entries=entries)
             if node.size > 0:
                 self._steps.append((pipeline, bind_group, k.workgroups))
+                self.step_dispatches.append(d.index)
 
         for i, c in graph.constants.items():
             if i in self.plan.node_buffer:
                 self._write(self.plan.node_buffer[i], np.asarray(c, dtype=_NP[graph[i].dtype]))
+        # (name, start ns, end ns) on time.perf_counter_ns: the profiler shows them as CPU spans.
+        self.build_spans = [("codegen", t_start, t_kernels), ("allocate buffers", t_kernels, t_buffers),
+                            ("create pipelines and bind groups", t_buffers, time.perf_counter_ns())]
 
     # ------------------------------------------------------------ build helpers
 
@@ -183,20 +204,54 @@ class Session:
         raw = self.device.queue.read_buffer(self.buffers[buffer_id], 0, nbytes)
         return np.frombuffer(raw, dtype=_NP[node.dtype], count=node.size).reshape(node.shape).copy()
 
+    def parameter_buffers(self) -> dict[str, object]:
+        """The GPU buffer of each parameter, to share with another session."""
+        return {k: self.buffers[b] for k, b in self.plan.parameters.items()}
+
     def get_parameter(self, name: str) -> np.ndarray:
         node = self._node_for("parameter", name, self.graph.parameters)
         return self._read(self.plan.parameters[name], node)
 
-    def run(self) -> None:
-        """Record every dispatch into one compute pass and submit once (no wait)."""
-        enc = self.device.create_command_encoder(label="step")
-        cp = enc.begin_compute_pass(label="step")
-        for pipeline, bind_group, (x, y, z) in self._steps:
+    def record(self, encoder, timestamps=None, dispatches=None) -> None:
+        """Record the dispatches of one step into ``encoder``: all of them (or the
+        positions in ``_steps`` listed in ``dispatches``) in one compute pass.
+
+        ``timestamps`` (an ``engine.profiler.DispatchTimestamps``) adds GPU timestamps
+        around each dispatch: written inside the pass where the device allows it, else
+        one compute pass per dispatch with the pass's timestamp writes."""
+        order = range(len(self._steps)) if dispatches is None else dispatches
+        if timestamps is not None and not timestamps.inside_passes:
+            for i in order:
+                pipeline, bind_group, (x, y, z) = self._steps[i]
+                cp = encoder.begin_compute_pass(label=f"dispatch {i}", timestamp_writes=timestamps.pass_writes(i))
+                cp.set_pipeline(pipeline)
+                cp.set_bind_group(0, bind_group)
+                cp.dispatch_workgroups(x, y, z)
+                cp.end()
+            return
+        cp = encoder.begin_compute_pass(label="step")
+        for i in order:
+            pipeline, bind_group, (x, y, z) = self._steps[i]
+            if timestamps is not None:
+                timestamps.write(cp, i, 0)
             cp.set_pipeline(pipeline)
             cp.set_bind_group(0, bind_group)
             cp.dispatch_workgroups(x, y, z)
+            if timestamps is not None:
+                timestamps.write(cp, i, 1)
         cp.end()
+
+    def run(self) -> None:
+        """Record every dispatch into one compute pass and submit once (no wait)."""
+        enc = self.device.create_command_encoder(label="step")
+        self.record(enc)
         self.device.queue.submit([enc.finish()])
+
+    def profile(self, steps: int = 10, train: bool = False, **options):
+        """Run ``steps`` steps with GPU timestamps around every dispatch; returns an
+        ``engine.profiler.ProfileReport`` (see ``engine.profiler.profile_session``)."""
+        from .profiler import profile_session
+        return profile_session(self, steps, train=train, **options)
 
     def read_output(self, name: str) -> np.ndarray:
         node = self._node_for("output", name, self.graph.outputs)
@@ -216,6 +271,10 @@ class Session:
         return float(np.frombuffer(raw, dtype=np.float32, count=1)[0])
 
 
-def build_inference_session(graph: Graph, plan: ExecutionPlan | None = None) -> Session:
-    """A Session running ``graph`` forward on the default device."""
-    return Session(graph, plan if plan is not None else compile_plan(graph, loss="loss"))
+def build_inference_session(graph: Graph, plan: ExecutionPlan | None = None, share_with: Session | None = None) -> Session:
+    """A Session running ``graph`` forward on the default device. With ``share_with``
+    (e.g. a training session of the same model at another batch size) it uses that
+    session's parameter buffers: every update the other session makes is seen here."""
+    shared = share_with.parameter_buffers() if share_with is not None else None
+    device = share_with.device if share_with is not None else None
+    return Session(graph, plan if plan is not None else compile_plan(graph, loss="loss"), device, shared)

@@ -298,7 +298,17 @@ def write_atomically(path: str, text: str) -> None:
 
 # ---------------------------------------------------------------- trainer
 
-BACKENDS = ("reference",)
+BACKENDS = ("reference", "gpu")
+
+
+def freeze_by_multiplier(graph: Graph, config: TrainConfig) -> Graph:
+    """A copy of ``graph`` where parameters with LR multiplier 0 are not trainable, so
+    differentiate gives them no gradient and no backward work."""
+    g = graph.copy()
+    for name in g.parameters:
+        if config.multiplier(name) == 0.0:
+            g.param_meta[name]["trainable"] = False
+    return g
 
 
 class Trainer:
@@ -317,33 +327,44 @@ class Trainer:
         self.config = config or TrainConfig()
         self.backend = backend
         self.graph = graph
-        self.train_graph, self.pairs = differentiate(self._frozen_by_multiplier(graph), self.config.loss)
-        self.params = {k: np.array(v, dtype=np.float32) for k, v in params.items()}
+        self.session = None
+        if backend == "gpu":
+            from .training_session import build_session
+            self.session = build_session(graph, self.config, params)
+            self.train_graph, self.pairs = self.session.graph, self.session.pairs
+        else:
+            self.train_graph, self.pairs = differentiate(freeze_by_multiplier(graph, self.config), self.config.loss)
+        self._params = {k: np.array(v, dtype=np.float32) for k, v in params.items()}
         self.optimizer = Optimizer.from_config(self.config, graph)
         self.history = TrainHistory()
         self.on_step, self.on_epoch = on_step, on_epoch
         self.should_stop = should_stop.is_set if isinstance(should_stop, threading.Event) else should_stop
         self.step_count = 0
 
-    def _frozen_by_multiplier(self, graph: Graph) -> Graph:
-        g = graph.copy()
-        for name in g.parameters:
-            if self.config.multiplier(name) == 0.0:
-                g.param_meta[name]["trainable"] = False
-        return g
+    @property
+    def params(self) -> dict[str, np.ndarray]:
+        """The current parameters (read back from the GPU on the gpu backend)."""
+        return self.session.get_parameters() if self.session is not None else self._params
 
     def step(self, batch: Mapping[str, np.ndarray], epoch: int = 0) -> float:
-        """One update on one batch; returns the loss before the update."""
+        """One update on one batch; returns the loss before the update. A non-finite
+        loss or gradient norm raises TrainingError and leaves the parameters as they were."""
         step, start = self.step_count, time.perf_counter()
-        out = reference.run(self.train_graph, batch, self.params, np.float32)
-        loss = float(out[self.config.loss])
+        lr = learning_rate(self.config, step)
+        if self.session is not None:
+            self.session.set_inputs({k: v for k, v in batch.items() if k in self.train_graph.inputs})
+            loss, norm = self.session.step()
+            grads = None
+        else:
+            out = reference.run(self.train_graph, batch, self._params, np.float32)
+            loss = float(out[self.config.loss])
+            grads, norm = clip_by_global_norm({p: out[gname] for p, gname in self.pairs}, self.config.clip_norm)
         if not math.isfinite(loss):
             raise TrainingError(f"loss became {loss} at step {step}; lower the learning rate or clip gradients")
-        grads, norm = clip_by_global_norm({p: out[gname] for p, gname in self.pairs}, self.config.clip_norm)
         if not math.isfinite(norm):
             raise TrainingError(f"gradient norm became {norm} at step {step}; lower the learning rate")
-        lr = learning_rate(self.config, step)
-        self.optimizer.step(self.params, grads, lr)
+        if grads is not None:
+            self.optimizer.step(self._params, grads, lr)
         self.history.record(loss, lr, norm, time.perf_counter() - start, epoch)
         self.step_count += 1
         if self.on_step:

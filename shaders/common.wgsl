@@ -66,3 +66,6 @@ fn gelu_tanh_grad_(d: f32, x: f32) -> f32 {
     let t = 2.0 * s - 1.0;
     return d * (s + 0.5 * x * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 0.134145 * x * x));
 }
+
+// By the bits: compilers may fold x != x away under fast-math assumptions.
+fn is_finite_(x: f32) -> bool { return (bitcast<u32>(x) & 0x7f800000u) != 0x7f800000u; }

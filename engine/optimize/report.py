@@ -1,0 +1,57 @@
+"""OptimizeReport: what the optimizer did, as plain data for the CLI and the GUI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class OptimizeReport:
+    nodes_before: int
+    nodes_after: int
+    dispatches_before: int
+    dispatches_after: int
+    bytes_before: int
+    bytes_after: int
+    rules: dict[str, int] = field(default_factory=dict)            # times applied in the result
+    rule_bytes_saved: dict[str, int] = field(default_factory=dict)
+    matches: dict[str, int] = field(default_factory=dict)          # egglog matches during saturation
+    saturated: bool = False
+    stop_reason: str = "saturated"     # saturated | iteration_limit | node_limit | time_limit
+    iterations: int = 0
+    egraph_nodes: int = 0
+    seconds: float = 0.0
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    origins: dict[int, list[int]] = field(default_factory=dict)    # optimized node id -> original node ids
+
+    def to_dict(self) -> dict:
+        return {
+            "nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
+            "dispatches_before": self.dispatches_before, "dispatches_after": self.dispatches_after,
+            "bytes_before": self.bytes_before, "bytes_after": self.bytes_after,
+            "rules": dict(self.rules), "rule_bytes_saved": dict(self.rule_bytes_saved),
+            "matches": dict(self.matches), "saturated": self.saturated, "stop_reason": self.stop_reason,
+            "iterations": self.iterations, "egraph_nodes": self.egraph_nodes,
+            "seconds": round(self.seconds, 6),
+            "phase_seconds": {k: round(v, 6) for k, v in self.phase_seconds.items()},
+            "origins": {str(k): list(v) for k, v in self.origins.items()},
+        }
+
+    def format_table(self) -> str:
+        def mb(n):
+            return f"{n / 1e6:,.2f} MB"
+        status = "yes" if self.saturated else f"no ({self.stop_reason})"
+        lines = [
+            f"{'':<26}{'before':>16}{'after':>16}",
+            f"{'nodes':<26}{self.nodes_before:>16,}{self.nodes_after:>16,}",
+            f"{'dispatches':<26}{self.dispatches_before:>16,}{self.dispatches_after:>16,}",
+            f"{'bytes moved':<26}{mb(self.bytes_before):>16}{mb(self.bytes_after):>16}",
+            "",
+            f"{'rule':<26}{'applied':>10}{'matches':>10}{'bytes saved':>16}",
+        ]
+        for name in self.rules:
+            lines.append(f"{name:<26}{self.rules[name]:>10,}{self.matches.get(name, 0):>10,}"
+                         f"{mb(self.rule_bytes_saved.get(name, 0)):>16}")
+        lines += ["", f"saturated: {status} after {self.iterations} iterations, "
+                      f"{self.egraph_nodes:,} e-nodes, {self.seconds:.2f} s"]
+        return "\n".join(lines)
