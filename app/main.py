@@ -1,7 +1,8 @@
-"""``meganeura-studio``: the Studio window (a first, minimal version).
+"""``meganeura-studio [MODEL] [--weights F] [--set NAME=VALUE ...]``: the Studio.
 
-Shows the adapter the engine uses and the doctor report. ``--screenshot PATH``
-renders the window, saves it as an image and exits (for tests and docs).
+With no model it opens on the last one used (first time: audio-align).
+``--screenshot PATH`` renders the window, saves it as an image and exits (for tests
+and docs). Without a display, Qt renders offscreen.
 """
 
 from __future__ import annotations
@@ -10,11 +11,15 @@ import argparse
 import os
 import sys
 
+from .window import DEFAULT_MODEL, MainWindow, adapter_line, doctor_text  # noqa: F401
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="meganeura-studio", description="Meganeura Studio")
-    parser.add_argument("model", nargs="?", metavar="MODEL", help="built-in model to open")
+    parser.add_argument("model", nargs="?", metavar="MODEL", help=f"built-in model to open (default {DEFAULT_MODEL})")
     parser.add_argument("--weights", metavar="F", help="safetensors weights for the model")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="a model setting, e.g. --set batch=8 (repeatable)")
     parser.add_argument(
         "--screenshot", metavar="PATH", help="save an image of the window to PATH and exit"
     )
@@ -26,45 +31,9 @@ def _ensure_platform() -> None:
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 
-def adapter_line(info: dict) -> str:
-    kind = "software" if info["software"] else "hardware"
-    return f"{info['name']} · {info['backend']} · {kind}"
-
-
-def doctor_text() -> tuple[str, str]:
-    """(status bar line, doctor panel text); errors become readable text."""
-    from engine.cli import doctor_report, format_doctor
-    from engine.errors import MeganeuraError
-
-    try:
-        report = doctor_report()
-    except MeganeuraError as exc:
-        return f"No GPU adapter: {exc}", f"No GPU adapter.\n\n{exc}"
-    return adapter_line(report["adapter"]), format_doctor(report)
-
-
-def create_window(model: str | None = None, weights: str | None = None):
-    from PySide6.QtGui import QFontDatabase
-    from PySide6.QtWidgets import QLabel, QMainWindow, QPlainTextEdit
-
-    status, text = doctor_text()
-    window = QMainWindow()
-    window.setWindowTitle("Meganeura Studio")
-    panel = QPlainTextEdit()
-    panel.setReadOnly(True)
-    panel.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
-    header = []
-    if model:
-        header.append(f"Model: {model}" + (f"   weights: {weights}" if weights else ""))
-        header.append("")
-    panel.setPlainText("\n".join(header) + text)
-    panel.setObjectName("doctorPanel")
-    window.setCentralWidget(panel)
-    label = QLabel(status)
-    label.setObjectName("adapterLabel")
-    window.statusBar().addPermanentWidget(label)
-    window.resize(900, 640)
-    return window
+def create_window(model: str | None = None, weights: str | None = None, settings=None,
+                  model_settings: dict | None = None) -> MainWindow:
+    return MainWindow(model, weights, settings=settings, model_settings=model_settings)
 
 
 def main(argv=None) -> int:
@@ -72,9 +41,18 @@ def main(argv=None) -> int:
     _ensure_platform()
     from PySide6.QtWidgets import QApplication
 
+    from engine.errors import MeganeuraError
+    from engine.models import parse_overrides
+
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Meganeura Studio")
-    window = create_window(args.model, args.weights)
+    app.setOrganizationName("Meganeura")
+    try:
+        overrides = parse_overrides(args.set)
+    except MeganeuraError as exc:
+        print(f"meganeura-studio: error: {exc}", file=sys.stderr)
+        return 2
+    window = create_window(args.model, args.weights, model_settings=overrides)
     window.show()
     if args.screenshot:
         for _ in range(5):

@@ -271,10 +271,16 @@ class Session:
         return float(np.frombuffer(raw, dtype=np.float32, count=1)[0])
 
 
-def build_inference_session(graph: Graph, plan: ExecutionPlan | None = None, share_with: Session | None = None) -> Session:
-    """A Session running ``graph`` forward on the default device. With ``share_with``
-    (e.g. a training session of the same model at another batch size) it uses that
-    session's parameter buffers: every update the other session makes is seen here."""
+def build_inference_session(graph: Graph, plan: ExecutionPlan | None = None, share_with: Session | None = None,
+                            optimize: bool = True) -> Session:
+    """A Session running ``graph`` forward on the default device, fused by
+    ``engine.optimize`` unless ``optimize=False`` (or a plan is given). With
+    ``share_with`` (e.g. a training session of the same model at another batch size) it
+    uses that session's parameter buffers: every update the other session makes is
+    seen here, with no copy."""
+    if optimize and plan is None:
+        from .optimize import optimize as fuse
+        graph, _ = fuse(graph)
     shared = share_with.parameter_buffers() if share_with is not None else None
     device = share_with.device if share_with is not None else None
     return Session(graph, plan if plan is not None else compile_plan(graph, loss="loss"), device, shared)

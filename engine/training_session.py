@@ -24,9 +24,19 @@ from .train import TrainConfig, freeze_by_multiplier, learning_rate
 
 
 class TrainingSession(Session):
-    def __init__(self, graph: Graph, config: TrainConfig | None = None, device=None):
+    """The pipeline of DESIGN.md: optimize the forward graph, differentiate it (so the
+    backward of fused ops is fused too), optimize the training graph again, compile,
+    and build the GPU session. ``optimize=False`` skips both fusion passes."""
+
+    def __init__(self, graph: Graph, config: TrainConfig | None = None, device=None, optimize: bool = True):
+        from .optimize import optimize as fuse
         self.config = config or TrainConfig()
-        train_graph, self.pairs = differentiate(freeze_by_multiplier(graph, self.config), self.config.loss)
+        forward = freeze_by_multiplier(graph, self.config)
+        if optimize:
+            forward, self.forward_report = fuse(forward)
+        train_graph, self.pairs = differentiate(forward, self.config.loss)
+        if optimize:
+            train_graph, self.training_report = fuse(train_graph)
         plan = compile_plan(train_graph, gradients=dict(self.pairs), loss=self.config.loss)
         super().__init__(train_graph, plan, device)
         self.model_graph = graph
@@ -130,9 +140,10 @@ class TrainingSession(Session):
         return {name: self.get_parameter(name) for name in self.graph.parameters}
 
 
-def build_session(graph: Graph, config: TrainConfig | None = None, params=None) -> TrainingSession:
+def build_session(graph: Graph, config: TrainConfig | None = None, params=None,
+                  optimize: bool = True) -> TrainingSession:
     """A GPU training session of ``graph`` (which has a scalar ``loss`` output)."""
-    session = TrainingSession(graph, config)
+    session = TrainingSession(graph, config, optimize=optimize)
     if params is not None:
         session.set_parameters(params)
     return session

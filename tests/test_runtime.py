@@ -42,7 +42,7 @@ def feeds(g, seed=0, positive=False):
 def check(g, inputs=None, params=None, positive=False, tol=TOL):
     if inputs is None:
         inputs, params = feeds(g, positive=positive)
-    s = build_inference_session(g)
+    s = build_inference_session(g, optimize=False)
     s.set_inputs(inputs)
     s.set_parameters(params or {})
     s.run()
@@ -248,7 +248,7 @@ def test_cross_entropy_all_ignored_is_zero():
     logits = g.input("logits", [4, 6])
     labels = g.input("labels", [4], dtype="i32")
     g.output("loss", g.cross_entropy_loss(logits, labels))
-    s = build_inference_session(g)
+    s = build_inference_session(g, optimize=False)
     s.set_input("logits", np.ones((4, 6)))
     s.set_input("labels", np.full(4, -100))
     s.run()
@@ -346,7 +346,7 @@ def test_outputs_readable_repeatedly_and_views():
 
 def test_bad_input_name_and_shape():
     g = mlp_graph()
-    s = build_inference_session(g)
+    s = build_inference_session(g, optimize=False)
     with pytest.raises(MeganeuraError, match="no input named 'nope'"):
         s.set_input("nope", np.zeros(3))
     with pytest.raises(ShapeError, match=r"input 'x': expected shape \[13, 30\], found \[13, 31\]"):
@@ -370,7 +370,7 @@ def test_unsupported_op_names_it(monkeypatch):
     t = g.input("t", [4, 9])
     g.output("loss", g.bce_loss(x, t))
     with pytest.raises(MeganeuraError, match="no GPU kernel for op 'bce_loss' yet"):
-        build_inference_session(g)
+        build_inference_session(g, optimize=False)
 
 
 def test_buffer_over_binding_limit(monkeypatch):
@@ -385,7 +385,7 @@ def test_buffer_over_binding_limit(monkeypatch):
     w = g.parameter("w", [64, 100])  # 25600 bytes
     g.output("y", g.matmul(x, w))
     with pytest.raises(DeviceError, match=r"tensor w needs .*25600 bytes.*max_storage_buffer_binding_size.*4096"):
-        build_inference_session(g)
+        build_inference_session(g, optimize=False)
 
 
 # ---------------------------------------------------------------- rope, conv, attention

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from engine import Graph, models
+from engine import Graph, models, reference
 from engine.errors import TrainingError
 from engine.runtime import build_inference_session
 from engine.train import DataLoader, TrainConfig, Trainer
@@ -127,3 +127,22 @@ def test_one_training_step_of_each_builtin_model_matches_the_reference(name):
     for k in want:
         scale = max(np.abs(want[k]).max(), 1e-6)
         assert np.abs(got[k] - want[k]).max() / scale < 1e-4, k
+
+
+@pytest.mark.parametrize("name", list(SMALL))
+def test_fused_inference_of_each_builtin_model_matches_the_reference(name):
+    model = models.create(name, SMALL[name])
+    g = model.build(train=False)
+    params = model.init_params(0)
+    rng = np.random.default_rng(1)
+    params = {k: v + (0.02 * rng.standard_normal(v.shape)).astype(np.float32) for k, v in params.items()}
+    inputs = model.example_inputs(train=False)
+    session = build_inference_session(g)
+    assert len(session.plan.dispatches) < sum(1 for n in g.nodes if n.op not in ("input", "parameter", "constant"))
+    session.set_parameters(params)
+    session.set_inputs(inputs)
+    session.run()
+    want = reference.run(g, inputs, params, np.float64)
+    for k, v in want.items():
+        got = session.read_output(k)
+        assert np.abs(got - v).max() / max(np.abs(v).max(), 1e-6) < 1e-4, k
