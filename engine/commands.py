@@ -142,3 +142,119 @@ def _run(args):
 
 
 register_command("run", "one forward pass on given (or the dataset's) inputs", _run_arguments, _run)
+
+
+# ------------------------------------------------------------------ optimize
+
+def _optimize_arguments(parser):
+    _model_arguments(parser)
+    parser.add_argument("--train", action="store_true",
+                        help="optimize the training graph (forward and backward) instead of inference")
+
+
+def _optimize(args):
+    from .autodiff import differentiate
+    from .optimize import optimize
+    model = models.create(args.model, args.settings)
+    if args.weights:
+        model.load_weights(args.weights)  # validates the file against the model
+    graph = model.build(train=args.train)
+    if args.train:
+        graph, _ = optimize(graph)
+        graph, _ = differentiate(graph)
+    progress(f"optimizing {graph.name} ({len(graph)} nodes)")
+    _, report = optimize(graph)
+    if args.json:
+        d = report.to_dict()
+        d["origins"] = {str(k): v for k, v in d["origins"].items()}
+        _print_json({"model": model.name, "train": args.train, **d})
+    else:
+        print(f"{model.name} ({'training' if args.train else 'inference'} graph)")
+        print(report.format_table())
+    return 0
+
+
+register_command("optimize", "fuse a model's graph and print the fusion report", _optimize_arguments, _optimize)
+
+
+# ------------------------------------------------------------------ train
+
+def _train_arguments(parser):
+    _model_arguments(parser)
+    parser.add_argument("--steps", type=int, default=50, help="training steps (default 50)")
+    parser.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), help="default: the model's")
+    parser.add_argument("--lr", type=float, help="peak learning rate (default: the model's)")
+    parser.add_argument("--schedule", choices=("constant", "warmup", "cosine"), help="learning-rate schedule")
+    parser.add_argument("--warmup", type=int, help="linear warm-up steps")
+    parser.add_argument("--weight-decay", type=float, help="weight decay (decoupled for adamw)")
+    parser.add_argument("--momentum", type=float, help="SGD momentum (default 0.9 with --optimizer sgd)")
+    parser.add_argument("--clip", type=float, help="clip gradients to this global norm")
+    parser.add_argument("--save", metavar="FILE", help="write the trained weights (.safetensors)")
+    parser.add_argument("--loss-csv", metavar="FILE", help="write the loss history as CSV")
+    parser.add_argument("--backend", choices=("gpu", "reference"), default="gpu")
+
+
+def train_config(model, args) -> "TrainConfig":
+    from .train import TrainConfig
+    fields = dict(model.TRAIN_DEFAULTS)
+    chosen = {"optimizer": args.optimizer, "lr": args.lr, "schedule": args.schedule,
+              "warmup_steps": args.warmup, "weight_decay": args.weight_decay, "momentum": args.momentum,
+              "clip_norm": args.clip}
+    fields.update({k: v for k, v in chosen.items() if v is not None})
+    if fields.get("optimizer") == "sgd" and args.momentum is None:
+        fields["momentum"] = 0.9
+    if args.steps <= 0:
+        raise MeganeuraError(f"--steps must be positive, found {args.steps}")
+    return TrainConfig(**fields, steps=args.steps, batch_size=model.settings["batch"], seed=args.seed)
+
+
+def _adapter_name(backend: str) -> str | None:
+    if backend != "gpu":
+        return None
+    from .device import adapter_info
+    info = adapter_info()
+    return f"{info['name']} ({info['backend']})"
+
+
+def _train(args):
+    from tqdm import tqdm
+
+    from .train import DataLoader, Trainer
+    model, params = load_model(args)
+    config = train_config(model, args)
+    graph = model.build(train=True)
+    progress(f"building the {args.backend} training session for {model.name}")
+    start = time.perf_counter()
+    trainer = Trainer(graph, params, config, backend=args.backend)
+    data = DataLoader(model.dataset(args.seed), config.batch_size, shuffle=True, seed=args.seed, drop_last=True)
+    bar = tqdm(total=config.steps, desc=f"train {model.name}", unit="step", file=sys.stderr,
+               disable=None if not args.json else True)
+    trainer.on_step = lambda step, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:.4f}"))
+    interrupted = False
+    try:
+        history = trainer.fit(data)
+    except KeyboardInterrupt:
+        interrupted, history = True, trainer.history
+        history.stopped = True
+    finally:
+        bar.close()
+    seconds = time.perf_counter() - start
+    if args.save:
+        model.save_weights(trainer.params, args.save)
+    if args.loss_csv:
+        history.to_csv(args.loss_csv)
+    losses = list(history.losses)
+    if args.json:
+        _print_json({"model": model.name, "backend": args.backend, "adapter": _adapter_name(args.backend),
+                     "steps": len(losses), "losses": losses, "seconds": seconds, "stopped": history.stopped,
+                     "saved": args.save})
+    else:
+        if losses:
+            print(f"{model.name}: {len(losses)} steps on {args.backend}, loss {losses[0]:.4f} -> {losses[-1]:.4f} "
+                  f"in {seconds:.1f} s" + (f"; weights saved to {args.save}" if args.save else ""))
+        if interrupted:
+            print(f"interrupted after {len(losses)} steps", file=sys.stderr)
+    return 130 if interrupted else 0
+
+
+register_command("train", "train a model and report its loss per step", _train_arguments, _train)

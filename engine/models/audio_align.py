@@ -47,6 +47,8 @@ def text_row(text: str, seq: int) -> tuple[np.ndarray, np.ndarray]:
 class AudioAlign(BuiltinModel):
     name = "audio-align"
     description = "frozen whisper-tiny encoder -> projector -> audio soft tokens prepended to gpt-tiny"
+    # The nanochat-omni audio smoke's recipe (issue 7).
+    TRAIN_DEFAULTS = {"optimizer": "adamw", "lr": 3e-3, "betas": (0.9, 0.95), "clip_norm": 1.0}
     SETTINGS = {
         "batch": Setting(5, "clips per step", positive),
         "mel_len": Setting(500, "mel frames per clip (even, at most 3000; 5 s = 500)",

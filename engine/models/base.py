@@ -81,6 +81,8 @@ class BuiltinModel:
     name = "model"
     description = ""
     SETTINGS: dict[str, Setting] = {}
+    # TrainConfig fields this model trains with unless the user says otherwise.
+    TRAIN_DEFAULTS: dict[str, Any] = {"optimizer": "adamw", "lr": 1e-3}
 
     def __init__(self, **settings):
         unknown = set(settings) - set(self.SETTINGS)
