@@ -28,7 +28,7 @@ class Command:
 COMMANDS: dict[str, Command] = {}
 
 # Modules that call register_command() when imported; main() imports them.
-COMMAND_MODULES: list[str] = ["engine.commands"]
+COMMAND_MODULES: list[str] = ["engine.commands", "engine.profile_command"]
 
 
 def register_command(name, help, add_arguments, handler):

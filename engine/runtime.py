@@ -220,18 +220,25 @@ class Session:
         around each dispatch: written inside the pass where the device allows it, else
         one compute pass per dispatch with the pass's timestamp writes."""
         order = range(len(self._steps)) if dispatches is None else dispatches
+        self._record_steps(encoder, "step", self._steps, order, timestamps)
+
+    @staticmethod
+    def _record_steps(encoder, label, steps, positions, timestamps=None) -> None:
+        """Dispatch ``steps[i]`` for each ``i`` in ``positions`` (``i`` also numbers the
+        dispatch's timestamps) in one compute pass, or one pass each when timestamps
+        cannot be written inside a pass."""
         if timestamps is not None and not timestamps.inside_passes:
-            for i in order:
-                pipeline, bind_group, (x, y, z) = self._steps[i]
-                cp = encoder.begin_compute_pass(label=f"dispatch {i}", timestamp_writes=timestamps.pass_writes(i))
+            for i in positions:
+                pipeline, bind_group, (x, y, z) = steps[i]
+                cp = encoder.begin_compute_pass(label=f"{label} {i}", timestamp_writes=timestamps.pass_writes(i))
                 cp.set_pipeline(pipeline)
                 cp.set_bind_group(0, bind_group)
                 cp.dispatch_workgroups(x, y, z)
                 cp.end()
             return
-        cp = encoder.begin_compute_pass(label="step")
-        for i in order:
-            pipeline, bind_group, (x, y, z) = self._steps[i]
+        cp = encoder.begin_compute_pass(label=label)
+        for i in positions:
+            pipeline, bind_group, (x, y, z) = steps[i]
             if timestamps is not None:
                 timestamps.write(cp, i, 0)
             cp.set_pipeline(pipeline)

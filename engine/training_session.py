@@ -108,33 +108,49 @@ class TrainingSession(Session):
 
     # ------------------------------------------------------------ step
 
-    def _record_pass(self, enc, label, steps):
-        cp = enc.begin_compute_pass(label=label)
-        for pipeline, bind_group, (x, y, z) in steps:
-            cp.set_pipeline(pipeline)
-            cp.set_bind_group(0, bind_group)
-            cp.dispatch_workgroups(x, y, z)
-        cp.end()
+    is_training = True
 
-    def step(self) -> tuple[float, float]:
-        """One training step on the inputs already set: returns (loss, gradient norm
-        before clipping). A non-finite loss or norm leaves the parameters untouched."""
+    def _all_steps(self) -> list:
+        """Every dispatch of a step in order: the graph's, the gradient norms, the updates."""
+        return self._steps + self._norm_steps + self._update_steps
+
+    def prepare_step(self) -> None:
+        """Upload this step's learning rate and bias corrections."""
         t = self.step_count + 1
         b1, b2 = self.config.betas
         lr = learning_rate(self.config, self.step_count)
         values = np.array([lr, 1.0 - b1 ** t, math.sqrt(1.0 - b2 ** t), 1.0 if t == 1 else 0.0], np.float32)
         self.device.queue.write_buffer(self.step_values, 0, values)
-        enc = self.device.create_command_encoder(label=f"train step {self.step_count}")
-        self._record_pass(enc, "forward+backward", self._steps + self._norm_steps)
-        enc.copy_buffer_to_buffer(self._loss_buffer, 0, self.stats, 0, 4)
-        self._record_pass(enc, "update", self._update_steps)
-        self.device.queue.submit([enc.finish()])
+
+    def record(self, encoder, timestamps=None, dispatches=None) -> None:
+        """Forward, backward and gradient norms in one pass, the loss copied next to the
+        norms, the updates in a second pass (``dispatches``: positions in
+        ``_all_steps()``; ``timestamps`` as in ``Session.record``)."""
+        steps = self._all_steps()
+        order = range(len(steps)) if dispatches is None else list(dispatches)
+        first_update = len(self._steps) + len(self._norm_steps)
+        self._record_steps(encoder, "forward+backward", steps, [i for i in order if i < first_update], timestamps)
+        if first_update - 1 in order:
+            encoder.copy_buffer_to_buffer(self._loss_buffer, 0, self.stats, 0, 4)
+        self._record_steps(encoder, "update", steps, [i for i in order if i >= first_update], timestamps)
+
+    def finish_step(self) -> tuple[float, float]:
+        """Wait for the step's results: (loss, gradient norm before clipping)."""
         stats = np.frombuffer(self.device.queue.read_buffer(self.stats, 0, 4 * (1 + len(self.pairs))),
                               dtype=np.float32)
         loss, norm = float(stats[0]), math.sqrt(float(np.sum(stats[1:], dtype=np.float64)))
         if math.isfinite(loss) and math.isfinite(norm):
             self.step_count += 1
         return loss, norm
+
+    def step(self) -> tuple[float, float]:
+        """One training step on the inputs already set: returns (loss, gradient norm
+        before clipping). A non-finite loss or norm leaves the parameters untouched."""
+        self.prepare_step()
+        enc = self.device.create_command_encoder(label=f"train step {self.step_count}")
+        self.record(enc)
+        self.device.queue.submit([enc.finish()])
+        return self.finish_step()
 
     def get_parameters(self) -> dict[str, np.ndarray]:
         return {name: self.get_parameter(name) for name in self.graph.parameters}

@@ -1,0 +1,299 @@
+"""The Studio's main window: panels as tabs and docks around one ``StudioState``.
+
+Panels: Model (left dock), Graph / Training / Device (central tabs; ``add_panel``
+adds more, e.g. the Profiler), Fusion report (right dock). Errors from the engine
+(``MeganeuraError``) are shown in a dialog and the window keeps running.
+"""
+
+from __future__ import annotations
+
+import os
+
+from PySide6.QtCore import QSettings, Qt, QTimer
+from PySide6.QtGui import QAction, QFontDatabase, QKeySequence
+from PySide6.QtWidgets import (QDockWidget, QFileDialog, QLabel, QMainWindow, QMessageBox,
+                               QPlainTextEdit, QTabWidget)
+
+from engine.errors import MeganeuraError
+
+from .fusion_panel import FusionPanel
+from .graph_view import GraphView
+from .model_panel import MAX_RECENT, ModelPanel
+from .state import StudioState, optimizer_import
+from .training_panel import TrainingPanel
+
+DEFAULT_MODEL = "audio-align"
+
+
+def adapter_line(info: dict) -> str:
+    kind = "software" if info["software"] else "hardware"
+    return f"{info['name']} · {info['backend']} · {kind}"
+
+
+def doctor_text() -> tuple[str, str]:
+    """(status bar line, doctor panel text); errors become readable text."""
+    from engine.cli import doctor_report, format_doctor
+
+    try:
+        report = doctor_report()
+    except MeganeuraError as exc:
+        return f"No GPU adapter: {exc}", f"No GPU adapter.\n\n{exc}"
+    return adapter_line(report["adapter"]), format_doctor(report)
+
+
+def default_settings() -> QSettings:
+    return QSettings("Meganeura", "Studio")
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, model: str | None = None, weights: str | None = None,
+                 settings: QSettings | None = None, model_settings: dict | None = None):
+        super().__init__()
+        self.setWindowTitle("Meganeura Studio")
+        self.setAcceptDrops(True)
+        self.qsettings = settings if settings is not None else default_settings()
+        self.state = StudioState(self)
+        self.errors: list[str] = []
+
+        self.model_panel = ModelPanel(self.state)
+        self.graph_view = GraphView(self.state)
+        self.graph_view.setObjectName("graphView")
+        self.fusion_panel = FusionPanel(self.state)
+        self.training_panel = TrainingPanel(self.state, self.qsettings)
+        status, text = doctor_text()
+        self.doctor = QPlainTextEdit(text)
+        self.doctor.setObjectName("doctorPanel")
+        self.doctor.setReadOnly(True)
+        self.doctor.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
+
+        self.tabs = QTabWidget()
+        self.tabs.setObjectName("panels")
+        self.setCentralWidget(self.tabs)
+        self.add_panel("Graph", self.graph_view)
+        self.add_panel("Training", self.training_panel)
+        self.add_panel("Device", self.doctor)
+        self.model_dock = self._dock("Model", self.model_panel, Qt.DockWidgetArea.LeftDockWidgetArea)
+        self.fusion_dock = self._dock("Fusion report", self.fusion_panel, Qt.DockWidgetArea.RightDockWidgetArea)
+
+        self.adapter_label = QLabel(status)
+        self.adapter_label.setObjectName("adapterLabel")
+        self.model_label = QLabel("")
+        self.statusBar().addWidget(self.model_label, 1)
+        self.statusBar().addPermanentWidget(self.adapter_label)
+
+        self._actions()
+        self.model_panel.loadRequested.connect(self.load_model)
+        self.model_panel.openWeightsRequested.connect(self.open_weights)
+        self.model_panel.recentRequested.connect(self.load_weights)
+        self.graph_view.kindRequested.connect(self.show_graph)
+        self.fusion_panel.ruleSelected.connect(self.highlight_rule)
+        self.fusion_panel.failed.connect(lambda exc: self.show_error("Optimization failed", exc))
+        self.training_panel.failed.connect(self.show_error)
+        self.training_panel.save_button.clicked.connect(self.save_weights)
+        self.training_panel.export_button.clicked.connect(self.export_csv)
+        self.state.modelChanged.connect(self._model_changed)
+        self.state.optimizedChanged.connect(self._optimized_ready)
+        self.model_panel.set_recent(self.recent_files())
+        self.training_panel.restore_settings(self.qsettings)
+        self.resize(1400, 860)
+
+        name = model or str(self.qsettings.value("model/name", DEFAULT_MODEL))
+        self.load_model(name, model_settings or {})
+        if self.state.model is None and name != DEFAULT_MODEL:
+            self.load_model(DEFAULT_MODEL, {})
+        if weights:
+            self.load_weights(weights)
+
+    # ------------------------------------------------------------ structure
+
+    def add_panel(self, title: str, widget) -> None:
+        """A central tab (the Profiler goes here when it exists)."""
+        self.tabs.addTab(widget, title)
+
+    def _dock(self, title, widget, area) -> QDockWidget:
+        dock = QDockWidget(title, self)
+        dock.setObjectName(title.replace(" ", "") + "Dock")
+        dock.setWidget(widget)
+        self.addDockWidget(area, dock)
+        return dock
+
+    def _actions(self) -> None:
+        def action(menu, text, slot, *keys):
+            a = QAction(text, self)
+            if keys:
+                a.setShortcuts([QKeySequence(k) for k in keys])
+            a.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+            a.triggered.connect(slot)
+            menu.addAction(a)
+            return a
+
+        file_menu = self.menuBar().addMenu("&File")
+        self.open_action = action(file_menu, "Open weights…", self.open_weights, "Ctrl+O")
+        self.save_action = action(file_menu, "Save weights…", self.save_weights, "Ctrl+S")
+        self.export_action = action(file_menu, "Export loss history (CSV)…", self.export_csv, "Ctrl+E")
+        file_menu.addSeparator()
+        action(file_menu, "Quit", self.close, "Ctrl+Q")
+        train_menu = self.menuBar().addMenu("&Training")
+        self.start_action = action(train_menu, "Start", self.start_training, "Ctrl+R")
+        self.pause_action = action(train_menu, "Pause / resume", self.training_panel.toggle_pause, "Ctrl+P")
+        self.stop_action = action(train_menu, "Stop", self.training_panel.stop, "Esc", "Ctrl+.")
+        view_menu = self.menuBar().addMenu("&View")
+        action(view_menu, "Find in graph", self._focus_search, "Ctrl+F")
+        action(view_menu, "Fit graph", self.graph_view.canvas.fit, "Ctrl+0")
+        action(view_menu, "Run optimizer", self.fusion_panel.run_optimizer, "Ctrl+Shift+O")
+        view_menu.addAction(self.model_dock.toggleViewAction())
+        view_menu.addAction(self.fusion_dock.toggleViewAction())
+
+    def _focus_search(self) -> None:
+        self.tabs.setCurrentWidget(self.graph_view)
+        self.graph_view.search.setFocus()
+        self.graph_view.search.selectAll()
+
+    # ------------------------------------------------------------ errors
+
+    def show_error(self, title: str, exc) -> None:
+        """Engine errors in a dialog; the app keeps running."""
+        text = str(exc) if isinstance(exc, MeganeuraError) else f"{type(exc).__name__}: {exc}"
+        self.errors.append(text)
+        self.statusBar().showMessage(f"{title}: {text.splitlines()[0] if text else ''}", 10000)
+        QMessageBox.critical(self, title, text)
+
+    # ------------------------------------------------------------ model and weights
+
+    def load_model(self, name: str, settings: dict) -> bool:
+        if self.training_panel.running():
+            self.show_error("Cannot load a model", MeganeuraError("stop the training run first"))
+            return False
+        try:
+            self.state.load_model(name, settings)
+        except MeganeuraError as exc:
+            self.show_error(f"Cannot load model {name}", exc)
+            return False
+        self.qsettings.setValue("model/name", name)
+        return True
+
+    def open_weights(self) -> None:
+        start = os.path.dirname(self.recent_files()[0]) if self.recent_files() else ""
+        path, _ = QFileDialog.getOpenFileName(self, "Open weights", start,
+                                              "safetensors (*.safetensors);;All files (*)")
+        if path:
+            self.load_weights(path)
+
+    def load_weights(self, path: str) -> bool:
+        try:
+            self.state.load_weights(path)
+        except MeganeuraError as exc:
+            self.show_error(f"Cannot load {os.path.basename(path)}", exc)
+            return False
+        self.add_recent(path)
+        self.statusBar().showMessage(f"Loaded weights {path}", 5000)
+        return True
+
+    def save_weights(self) -> None:
+        if self.state.model is None:
+            return
+        path, _ = QFileDialog.getSaveFileName(self, "Save weights", f"{self.state.model_name}.safetensors",
+                                              "safetensors (*.safetensors)")
+        if not path:
+            return
+        try:
+            self.state.save_weights(path)
+        except MeganeuraError as exc:
+            self.show_error("Cannot save weights", exc)
+            return
+        self.add_recent(path)
+        self.statusBar().showMessage(f"Saved weights to {path}", 5000)
+
+    def export_csv(self) -> None:
+        trainer = self.training_panel.last_trainer
+        if trainer is None:
+            self.statusBar().showMessage("Nothing to export: train first.", 5000)
+            return
+        path, _ = QFileDialog.getSaveFileName(self, "Export loss history", "loss.csv", "CSV (*.csv)")
+        if path:
+            try:
+                trainer.history.to_csv(path)
+            except OSError as exc:
+                self.show_error("Cannot export", exc)
+                return
+            self.statusBar().showMessage(f"Wrote {len(trainer.history)} steps to {path}", 5000)
+
+    def recent_files(self) -> list[str]:
+        value = self.qsettings.value("recent", []) or []
+        return [value] if isinstance(value, str) else list(value)
+
+    def add_recent(self, path: str) -> None:
+        path = os.path.abspath(path)
+        paths = [path] + [p for p in self.recent_files() if p != path]
+        self.qsettings.setValue("recent", paths[:MAX_RECENT])
+        self.model_panel.set_recent(paths[:MAX_RECENT])
+
+    # ------------------------------------------------------------ drag and drop
+
+    def dragEnterEvent(self, event) -> None:
+        if any(u.toLocalFile().endswith(".safetensors") for u in event.mimeData().urls()):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event) -> None:
+        for url in event.mimeData().urls():
+            if url.toLocalFile().endswith(".safetensors"):
+                self.load_weights(url.toLocalFile())
+                event.acceptProposedAction()
+                return
+
+    # ------------------------------------------------------------ graphs
+
+    def _model_changed(self) -> None:
+        s = self.state
+        self.model_panel.set_model(s.model_name, s.settings)
+        self.model_label.setText(f"{s.model_name} · {len(s.graphs['original'].nodes)} nodes")
+        self.graph_view.graph = None
+        kind = self.graph_view.kind if self.graph_view.kind != "optimized" else "original"
+        self.show_graph(kind)
+
+    def show_graph(self, kind: str) -> None:
+        if kind == "optimized" and self.state.graphs.get("optimized") is None:
+            fn, why = optimizer_import()
+            if fn is None:
+                self.graph_view.show_graph(None, kind, f"Optimizer not available ({why}).")
+                return
+            self.graph_view.show_graph(None, kind, "Optimizing… (see the Fusion report)")
+            self.fusion_panel.run_optimizer()
+            return
+        try:
+            graph = self.state.graph(kind)
+        except MeganeuraError as exc:
+            self.show_error(f"Cannot build the {kind} graph", exc)
+            return
+        self.graph_view.show_graph(graph, kind)
+
+    def _optimized_ready(self) -> None:
+        if self.graph_view.kind == "optimized":
+            self.graph_view.graph = None
+            self.show_graph("optimized")
+
+    def highlight_rule(self, rule: str, ids: list) -> list[int]:
+        self.tabs.setCurrentWidget(self.graph_view)
+        if self.graph_view.kind != "optimized" or self.graph_view.graph is not self.state.graphs.get("optimized"):
+            self.show_graph("optimized")
+        return self.graph_view.highlight(ids)
+
+    # ------------------------------------------------------------ training
+
+    def start_training(self) -> None:
+        self.tabs.setCurrentWidget(self.training_panel)
+        self.training_panel.start()
+
+    def closeEvent(self, event) -> None:
+        self.training_panel.save_settings(self.qsettings)
+        self.qsettings.sync()
+        if self.training_panel.worker is not None:
+            self.training_panel.stop()
+            worker = self.training_panel.worker
+            for _ in range(200):
+                if not worker.is_running:
+                    break
+                QTimer.singleShot(0, lambda: None)
+                from PySide6.QtCore import QThread
+                QThread.msleep(10)
+        super().closeEvent(event)

@@ -1,0 +1,92 @@
+"""``meganeura profile MODEL``: per-dispatch GPU times of a model's step.
+
+Builds the model's graph, compiles it, builds a GPU session (each phase a CPU span),
+runs ``--steps`` profiled steps (``engine.profiler.profile_session``) and prints the
+top kernels like torch.profiler's ``key_averages()`` table, or with ``--json`` one
+object (docs/cli.md). ``--trace OUT.pftrace`` writes a Perfetto trace (``.json``: a
+Chrome trace). Progress goes to stderr, one line per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from .cli import register_command
+from .commands import _model_arguments, _print_json, load_model, progress
+from .errors import MeganeuraError
+
+
+def _profile_arguments(parser: argparse.ArgumentParser) -> None:
+    _model_arguments(parser)
+    parser.add_argument("--steps", type=int, default=10, help="profiled steps (default 10)")
+    parser.add_argument("--train", action="store_true",
+                        help="profile training steps (forward, backward, optimizer) instead of the forward pass")
+    parser.add_argument("--trace", metavar="OUT.pftrace",
+                        help="write a Perfetto trace here (a name ending in .json writes Chrome trace JSON)")
+    parser.add_argument("--top", type=int, default=15, help="kernels shown in the table (default 15)")
+    parser.add_argument("--timing", choices=("auto", "inside-passes", "per-pass", "cpu-wall-per-submission"),
+                        default="auto", help="how dispatches are timed (default: the best the adapter offers)")
+
+
+def profile_model(args, spans=None):
+    """Build ``args.model`` on the GPU and profile it; returns the ProfileReport."""
+    from . import compile as compile_mod
+    from . import runtime
+    from .profiler import SpanRecorder, add_build_spans, profile_session
+
+    if args.steps < 1:
+        raise MeganeuraError(f"--steps must be at least 1, found {args.steps}")
+    rec = spans if spans is not None else SpanRecorder()
+    with rec.span(f"meganeura profile {args.model}"):
+        with rec.span("load model"):
+            model, params = load_model(args)
+        with rec.span("build graph", train=bool(args.train)):
+            graph = model.build(train=bool(args.train))
+        progress(f"profiling {model.name} ({'training' if args.train else 'forward'} step, "
+                 f"{len(graph.nodes)} nodes) for {args.steps} steps")
+        if args.train:
+            try:
+                from .training_session import build_session
+            except ImportError:
+                raise MeganeuraError("GPU training sessions are not implemented yet; "
+                                     "profile the forward pass (drop --train)") from None
+            with rec.span("build training session (optimize, differentiate, optimize, compile)"):
+                session = build_session(graph)
+                add_build_spans(rec, session)
+        else:
+            from .optimize import optimize as fuse
+            with rec.span("optimize"):
+                graph, _ = fuse(graph)
+            with rec.span("compile plan"):
+                plan = compile_mod.compile_plan(graph, loss="loss")
+            session = runtime.build_inference_session(graph, plan)
+            add_build_spans(rec, session)
+        with rec.span("upload parameters and inputs"):
+            session.set_parameters({k: v for k, v in params.items() if k in graph.parameters})
+            inputs = model.example_inputs(train=bool(args.train), seed=args.seed)
+            session.set_inputs({k: v for k, v in inputs.items() if k in graph.inputs})
+        mode = None if args.timing == "auto" else args.timing
+        report = profile_session(session, args.steps, train=bool(args.train), model=model.name, mode=mode,
+                                 spans=rec, include_build_spans=False, progress=progress)
+    report.spans = list(rec.spans)  # the outer span closed after the report was made
+    return report
+
+
+def _profile(args) -> int:
+    from .profiler import write_trace
+
+    report = profile_model(args)
+    if args.trace:
+        write_trace(report, args.trace)
+        progress(f"trace written to {args.trace}")
+    if args.json:
+        _print_json(report.to_dict())
+    else:
+        a = report.adapter
+        print(f"{report.model} on {a['name']} ({a['backend']}), {report.steps} steps, timing: {report.mode}")
+        print(report.format_table(top=args.top))
+    return 0
+
+
+register_command("profile", "per-dispatch GPU times of a model's step, and a Perfetto trace",
+                 _profile_arguments, _profile)

@@ -1,0 +1,92 @@
+"""Save a screenshot of every Studio panel to docs/screenshots/*.png.
+
+    .venv/bin/python scripts/screenshots.py [OUT_DIR]
+
+Runs offscreen when there is no display; uses a throwaway QSettings file.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+
+def wait(app, condition, timeout=60.0):
+    end = time.monotonic() + timeout
+    while not condition() and time.monotonic() < end:
+        app.processEvents()
+        time.sleep(0.01)
+    for _ in range(5):
+        app.processEvents()
+    return condition()
+
+
+def main(argv=None) -> int:
+    from PySide6.QtCore import QSettings
+    from PySide6.QtWidgets import QApplication, QMessageBox
+
+    from app.window import MainWindow
+
+    out = Path((argv or sys.argv[1:] or [ROOT / "docs" / "screenshots"])[0])
+    out.mkdir(parents=True, exist_ok=True)
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    QMessageBox.critical = lambda parent, title, text, *a, **k: print(f"error dialog: {title}: {text}")
+    settings = QSettings(os.path.join(tempfile.mkdtemp(), "studio.ini"), QSettings.Format.IniFormat)
+    w = MainWindow("audio-align", settings=settings)
+    w.resize(1500, 900)
+    w.show()
+    wait(app, lambda: False, 0.3)
+
+    def save(widget, name):
+        wait(app, lambda: False, 0.2)
+        path = out / f"{name}.png"
+        widget.grab().save(str(path))
+        print(path)
+
+    save(w, "studio")
+    save(w.model_panel, "model_panel")
+    w.graph_view.search.setText("attention")
+    save(w.graph_view, "graph_original")
+    w.graph_view.search.setText("")
+
+    w.load_model("whisper-tiny", {"mel_len": 64})
+    w.graph_view.kind_box.setCurrentIndex(2)
+    save(w.graph_view, "graph_training")
+    g = w.graph_view
+    some = next(i for i, n in enumerate(g.graph.nodes) if n.op == "matmul")
+    g.items[some].setSelected(True)
+    g.canvas.resetTransform()
+    g.canvas.centerOn(g.items[some])
+    save(w.graph_view, "graph_training_zoomed")
+
+    w.load_model("gpt-tiny", {"seq": 16})
+    worker = w.fusion_panel.run_optimizer()
+    if worker is not None:
+        wait(app, lambda: w.fusion_panel.worker is None, 120)
+        if w.fusion_panel.table.rowCount():
+            w.fusion_panel.table.selectRow(0)
+    save(w.fusion_panel, "fusion_panel")
+    save(w, "studio_fusion")
+
+    w.load_model("mlp", {"batch": 32})
+    w.training_panel.steps.setValue(150)
+    w.training_panel.lr.setValue(0.003)
+    w.start_training()
+    wait(app, lambda: w.training_panel.worker is None, 120)
+    save(w.training_panel, "training")
+    w.tabs.setCurrentWidget(w.doctor)
+    save(w.doctor, "device")
+    w.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
