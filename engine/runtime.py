@@ -15,7 +15,7 @@ from typing import Mapping
 import numpy as np
 
 from . import codegen
-from .compile import ExecutionPlan, compile_plan
+from .compile import ExecutionPlan, cached_plan, compile_plan
 from .device import _limit, get_device
 from .errors import DeviceError, MeganeuraError, ShapeError
 from .graph import Graph
@@ -290,4 +290,4 @@ def build_inference_session(graph: Graph, plan: ExecutionPlan | None = None, sha
         graph, _ = fuse(graph)
     shared = share_with.parameter_buffers() if share_with is not None else None
     device = share_with.device if share_with is not None else None
-    return Session(graph, plan if plan is not None else compile_plan(graph, loss="loss"), device, shared)
+    return Session(graph, plan if plan is not None else cached_plan(graph, loss="loss"), device, shared)

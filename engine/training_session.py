@@ -17,7 +17,7 @@ import numpy as np
 
 from . import codegen
 from .autodiff import differentiate
-from .compile import compile_plan
+from .compile import cached_plan
 from .graph import Graph
 from .runtime import _PIPELINES, Session
 from .train import TrainConfig, freeze_by_multiplier, learning_rate
@@ -37,7 +37,7 @@ class TrainingSession(Session):
         train_graph, self.pairs = differentiate(forward, self.config.loss)
         if optimize:
             train_graph, self.training_report = fuse(train_graph)
-        plan = compile_plan(train_graph, gradients=dict(self.pairs), loss=self.config.loss)
+        plan = cached_plan(train_graph, gradients=dict(self.pairs), loss=self.config.loss)
         super().__init__(train_graph, plan, device)
         self.model_graph = graph
         self.step_count = 0

@@ -34,7 +34,6 @@ def test_doctor_json(doctor_json):
     assert versions["numpy"] and versions["wgpu"] and versions["python"]
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux machines only")
 def test_doctor_sees_vulkan(doctor_json):
     # With mesa-vulkan-drivers, wgpu picks Vulkan (lavapipe without a GPU);
     # without them it falls back to an OpenGL llvmpipe adapter with fewer limits.

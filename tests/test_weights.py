@@ -8,8 +8,8 @@ import pytest
 from engine.errors import WeightsError
 from engine.weights import WeightsMismatchError, bind_weights, load_safetensors, save_safetensors
 
-torch = pytest.importorskip("torch")
-from safetensors.torch import save_file  # noqa: E402
+import torch
+from safetensors.torch import save_file
 
 
 def _tensors():
