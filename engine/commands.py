@@ -208,12 +208,13 @@ def train_config(model, args) -> "TrainConfig":
     return TrainConfig(**fields, steps=args.steps, batch_size=model.settings["batch"], seed=args.seed)
 
 
-def _adapter_name(backend: str) -> str | None:
+def adapter_summary(backend: str) -> dict | None:
+    """``{name, backend, software}`` of the adapter a gpu run uses (None for reference)."""
     if backend != "gpu":
         return None
     from .device import adapter_info
     info = adapter_info()
-    return f"{info['name']} ({info['backend']})"
+    return {k: info[k] for k in ("name", "backend", "software")}
 
 
 def _train(args):
@@ -245,7 +246,7 @@ def _train(args):
         history.to_csv(args.loss_csv)
     losses = list(history.losses)
     if args.json:
-        _print_json({"model": model.name, "backend": args.backend, "adapter": _adapter_name(args.backend),
+        _print_json({"model": model.name, "backend": args.backend, "adapter": adapter_summary(args.backend),
                      "steps": len(losses), "losses": losses, "seconds": seconds, "stopped": history.stopped,
                      "saved": args.save})
     else:

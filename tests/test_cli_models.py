@@ -61,3 +61,15 @@ def test_user_errors_exit_2_with_one_clear_line(capsys, tmp_path):
     code, _, err = run_cli(capsys, "run", "mlp", "--weights", str(bad), "--backend", "reference")
     assert code == 2 and "bad.safetensors" in err
     assert len([line for line in err.splitlines() if line.startswith("meganeura: error")]) == 1
+
+
+def test_run_gpu_matches_reference(capsys, tmp_path):
+    outs = {}
+    for backend in ("gpu", "reference"):
+        path = tmp_path / f"{backend}.npz"
+        code, _, err = run_cli(capsys, "run", "gpt-tiny", "--set", "batch=1", "--set", "seq=8",
+                               "--backend", backend, "--output", str(path))
+        assert code == 0, err
+        outs[backend] = np.load(path)["logits"]
+    scale = np.abs(outs["reference"]).max()
+    assert np.abs(outs["gpu"] - outs["reference"]).max() / scale < 1e-4
