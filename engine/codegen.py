@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import struct
 from dataclasses import dataclass, field
 
@@ -293,13 +294,65 @@ def _matmul(graph: Graph, node: Node) -> Kernel:
             j += 1
         if not epi:
             epi.append("    v = act(v);")
-    gx, gy = -(-n_ // TILE), -(-m_ // TILE)
+    variant = "simple" if norm else matmul_variant(m_, n_, max(nbatch, 1))
+    tile = TILE if variant == "simple" else int(variant)
+    gx, gy = -(-n_ // tile), -(-m_ // tile)
     if max(gx, gy, nbatch) > MAX_WORKGROUPS:
         raise DeviceError(f"{graph.format_node(node)}: matmul grid {gx} x {gy} x {nbatch} exceeds "
                           f"{MAX_WORKGROUPS} workgroups per dimension")
-    return _finish(f"matmul:{node.op}", "matmul", "matmul.wgsl", names, types, "f32", meta,
-                   (gx, gy, max(nbatch, 1)), BR=br, ACTIVATION=act, A_PROLOGUE=prologue,
-                   EPILOGUE="\n".join(epi))
+    if variant == "simple":
+        k = _finish(f"matmul:{node.op}", "matmul", "matmul.wgsl", names, types, "f32", meta,
+                    (gx, gy, max(nbatch, 1)), BR=br, ACTIVATION=act, A_PROLOGUE=prologue,
+                    EPILOGUE="\n".join(epi))
+    else:
+        k = _finish(f"matmul:{node.op}", "matmul", "matmul_tiled.wgsl", names, types, "f32", meta,
+                    (gx, gy, max(nbatch, 1)), BR=br, ACTIVATION=act, EPILOGUE="\n".join(epi),
+                    **_tiled_subs(tile // 16, tile // 16))
+    k.notes["variant"] = f"{tile}x{tile} tile" + ("" if variant == "simple" else f", {tile // 16}x{tile // 16}/thread")
+    return k
+
+
+def matmul_variant(m_: int, n_: int, nbatch: int) -> str:
+    """Which matmul kernel a (batched) m x n output gets: ``"128"`` (128 x 128 tile, 8 x 8
+    outputs per thread) when that still gives enough workgroups to fill a large GPU,
+    else ``"64"`` (64 x 64, 4 x 4), else ``"simple"`` (16 x 16, one output per thread).
+    ``MEGANEURA_MATMUL=simple|64|128`` forces one (for benchmarks and tests)."""
+    forced = os.environ.get("MEGANEURA_MATMUL", "auto")
+    if forced in ("simple", "64", "128"):
+        return forced
+    tiles = lambda t: -(-m_ // t) * -(-n_ // t) * nbatch
+    if tiles(128) >= 128:
+        return "128"
+    if tiles(64) >= 64 and min(m_, n_) >= 64:  # skinny outputs (m = 32) ran faster on "simple"
+        return "64"
+    return "simple"
+
+
+def _tiled_subs(tm: int, tn: int) -> dict:
+    """The generated parts of matmul_tiled.wgsl for tm x tn outputs per thread (4 or 8 each)."""
+    bm, bn = 16 * tm, 16 * tn
+    gs, hs = range(tm // 4), range(tn // 4)
+    acc = [f"c{g}{i}_{h}" for g in gs for i in range(4) for h in hs]
+    decl = "\n".join(f"    var {c} = vec4<f32>(0.0);" for c in acc)
+    comp = []
+    for g in gs:
+        comp.append(f"            let a{g} = As[kk * AS + {16 * g}u + ty];")
+    for h in hs:
+        comp.append(f"            let b{h} = Bs[kk * BS + {16 * h}u + tx];")
+    for g in gs:
+        for i, x in enumerate("xyzw"):
+            for h in hs:
+                comp.append(f"            c{g}{i}_{h} = fma(vec4<f32>(a{g}.{x}), b{h}, c{g}{i}_{h});")
+    store = []
+    for g in gs:
+        for i in range(4):
+            store.append(f"    let r{g}{i} = row0 + {64 * g + i}u + ty * 4u;")
+            for h in hs:
+                for j, x in enumerate("xyzw"):
+                    store.append(f"    store(b, r{g}{i}, col0 + {64 * h + j}u + tx * 4u, c{g}{i}_{h}.{x});")
+    return dict(BM=bm, BN=bn, TM=tm, TN=tn, AS=bm // 4 + 1, BS=bn // 4 + 1,
+                A_SLOTS=8 * (bm // 4 + 1), B_SLOTS=8 * (bn // 4 + 1),
+                ACC_DECL=decl, COMPUTE="\n".join(comp), STORE="\n".join(store))
 
 
 # ---------------------------------------------------------------- reductions

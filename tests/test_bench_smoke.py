@@ -1,0 +1,35 @@
+"""bench/bench_vs_torch.py --quick runs and prints every row with finite numbers
+(keeps the benchmark from rotting; no timing is asserted)."""
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parent.parent
+ROWS = ["matmul 64x64x64", "matmul 128x128x128", "matmul 8x128x128", "train mlp", "train whisper-tiny",
+        "memory whisper-tiny train", "train gpt-tiny", "infer whisper-tiny", "host record/dispatch",
+        "steps/s mlp"]
+
+
+def test_bench_vs_torch_quick():
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_vs_torch.py"), "--quick"],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("| ") and not line.startswith("| workload"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            rows[cells[0]] = cells
+    assert set(ROWS) <= set(rows), f"missing rows: {set(ROWS) - set(rows)}\n{proc.stdout}"
+    for name in ROWS:
+        ours = float(rows[name][1].split()[0])
+        assert math.isfinite(ours) and ours > 0, rows[name]
+        if rows[name][2] != "-":
+            assert math.isfinite(float(rows[name][2].split()[0])), rows[name]
