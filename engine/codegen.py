@@ -496,8 +496,11 @@ def _sum_to(graph: Graph, node: Node) -> Kernel:
     kept = [xs[d] if out_p[d] == x.shape[d] else 0 for d in range(r)]
     red = [x.shape[d] if out_p[d] != x.shape[d] else 1 for d in range(r)]
     meta = [node.size, math.prod(red)] + list(out_p) + kept + red + xs
+    # Long reductions get more lanes per output; a short one keeps one lane per output.
+    count = math.prod(red)
+    outs = 256 if count <= 4 else 64 if count <= 64 else 16
     return _finish("sum_to", "reduction", "sum_to.wgsl", ["x"], ["f32"], "f32", meta,
-                   grid_1d(-(-node.size // WG)), RANK=r)
+                   grid_1d(-(-node.size // outs)), RANK=r, OUTS=outs)
 
 
 # ---------------------------------------------------------------- copies
@@ -784,16 +787,30 @@ def kernel_for(graph: Graph, node: Node) -> Kernel:
 OPTIMIZER_KINDS = {"sgd": 0, "adam": 1, "adamw": 2}
 
 
-def sum_squares_kernel(n: int, slot: int) -> Kernel:
-    """stats[slot] = sum(grad ** 2); bindings: grad (read), stats (read_write)."""
+NORM_CHUNK = 4096  # gradient elements per workgroup of the norm partial sums
+
+
+def norm_partials(n: int) -> int:
+    """How many partial sums (stats slots) a gradient of n elements writes."""
+    return max(1, -(-n // NORM_CHUNK))
+
+
+def sum_squares_kernel(n: int, first_slot: int) -> Kernel:
+    """stats[first_slot + w] = sum of squares of chunk w of the gradient; bindings:
+    grad (read), stats (read_write)."""
     return _finish("train:sum_squares", "reduction", "sum_squares.wgsl", ["grad"], ["f32"], "f32",
-                   [n, slot], (1, 1, 1))
+                   [n, first_slot], grid_1d(norm_partials(n)), CHUNK=NORM_CHUNK)
 
 
-def optimizer_kernel(n: int, n_grads: int, kind: str, lr_multiplier: float, weight_decay: float,
+def norm_total_kernel(count: int) -> Kernel:
+    """stats[1] = sum of the partials stats[2:2 + count]; binding: stats (read_write)."""
+    return _finish("train:norm_total", "reduction", "norm_total.wgsl", [], [], "f32", [count], (1, 1, 1))
+
+
+def optimizer_kernel(n: int, kind: str, lr_multiplier: float, weight_decay: float,
                      momentum: float, betas, eps: float, clip_norm: float | None) -> Kernel:
     """In-place update of one parameter; bindings: grad, stats, step (read), p, s1, s2 (read_write)."""
-    meta = [n, n_grads, OPTIMIZER_KINDS[kind], f32_bits(lr_multiplier), f32_bits(weight_decay),
+    meta = [n, 0, OPTIMIZER_KINDS[kind], f32_bits(lr_multiplier), f32_bits(weight_decay),
             f32_bits(momentum), f32_bits(betas[0]), f32_bits(betas[1]), f32_bits(eps),
             f32_bits(clip_norm or 0.0)]
     return _finish(f"train:{kind}", "optimizer", "optimizer.wgsl", ["grad", "stats", "step"],

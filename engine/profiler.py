@@ -211,8 +211,9 @@ def session_dispatches(session) -> list[DispatchInfo]:
 
 
 def _optimizer_dispatches(session) -> list[DispatchInfo]:
-    """A TrainingSession's kernels after the graph's: a gradient's sum of squares per
-    parameter (for clipping), then each parameter's in-place update."""
+    """A TrainingSession's kernels after the graph's: a gradient's sum-of-squares
+    partials per parameter, their total (the squared global norm, for clipping), then
+    each parameter's in-place update."""
     graph, config = session.graph, session.config
     kind = config.optimizer
     flops_per = {"sgd": 2 + 2 * bool(getattr(config, "momentum", 0)), "adam": 14, "adamw": 16}.get(kind, 4)
@@ -226,6 +227,11 @@ def _optimizer_dispatches(session) -> list[DispatchInfo]:
         updates.append(DispatchInfo(f"optimizer:{kind}", "pointwise", [name], [f"{kind}_update"], shapes,
                                     tuple(int(w) for w in wg_u), node.nbytes * (3 + 2 * n_state),
                                     flops_per * node.size))
+    partials = session.norm_partial_count
+    (_, _, wg_t) = session._norm_steps[-1]
+    norms.append(DispatchInfo("norm_total", "reduction", ["gradient norm"], ["norm_total"],
+                              {"inputs": [[partials]], "output": [[1]]}, tuple(int(w) for w in wg_t),
+                              4 * partials + 4, partials))
     return norms + updates
 
 

@@ -82,28 +82,32 @@ class TrainingSession(Session):
 
     def _build_optimizer(self):
         c = self.config
-        n_grads = len(self.pairs)
-        self.stats = self._storage("stats", 4 * (1 + n_grads))
+        sizes = [self.graph[self.graph.parameters[name]].size for name, _ in self.pairs]
+        self.norm_partial_count = partials = sum(codegen.norm_partials(n) for n in sizes)
+        self.stats = self._storage("stats", 4 * (2 + partials))  # loss, squared norm, partials
         self.step_values = self._storage("step", 16)
         self._norm_steps, self._update_steps = [], []
         self.optimizer_state: dict[str, list] = {}
         kind = c.optimizer
-        for slot, (name, grad_output) in enumerate(self.pairs, start=1):
+        slot = 2
+        for name, grad_output in self.pairs:
             node = self.graph[self.graph.parameters[name]]
             grad = self.buffers[self.plan.outputs[grad_output]]
             param = self.buffers[self.plan.parameters[name]]
             self._norm_steps.append(self._dispatch(codegen.sum_squares_kernel(node.size, slot),
                                                    [grad, self.stats], reads=1))
+            slot += codegen.norm_partials(node.size)
             needs = 2 if kind != "sgd" else (1 if c.momentum else 0)
             state = [self._storage(f"{name}.state{i}", node.nbytes) for i in range(needs)]
             self.optimizer_state[name] = state
             padded = state + [self._storage("unused", 16) for _ in range(2 - len(state))]
             decays = self.model_graph.param_meta.get(name, {}).get("decay", False)
-            kernel = codegen.optimizer_kernel(node.size, n_grads, kind, c.multiplier(name),
+            kernel = codegen.optimizer_kernel(node.size, kind, c.multiplier(name),
                                               c.weight_decay if decays else 0.0, c.momentum, c.betas,
                                               c.eps, c.clip_norm)
             self._update_steps.append(self._dispatch(kernel, [grad, self.stats, self.step_values, param, *padded],
                                                      reads=3))
+        self._norm_steps.append(self._dispatch(codegen.norm_total_kernel(partials), [self.stats], reads=0))
         self._loss_buffer = self.buffers[self.plan.loss_buffer]
 
     # ------------------------------------------------------------ step
@@ -136,9 +140,8 @@ class TrainingSession(Session):
 
     def finish_step(self) -> tuple[float, float]:
         """Wait for the step's results: (loss, gradient norm before clipping)."""
-        stats = np.frombuffer(self.device.queue.read_buffer(self.stats, 0, 4 * (1 + len(self.pairs))),
-                              dtype=np.float32)
-        loss, norm = float(stats[0]), math.sqrt(float(np.sum(stats[1:], dtype=np.float64)))
+        stats = np.frombuffer(self.device.queue.read_buffer(self.stats, 0, 8), dtype=np.float32)
+        loss, norm = float(stats[0]), math.sqrt(float(stats[1]))
         if math.isfinite(loss) and math.isfinite(norm):
             self.step_count += 1
         return loss, norm

@@ -1,9 +1,9 @@
-// Optimizer update of one parameter, in place, with no host round trip: the global
-// gradient norm comes from the per-gradient sums of squares in `stats` (slot 0 holds
-// the step's loss), the learning rate and bias corrections of this step from `step`.
+// Optimizer update of one parameter, in place, with no host round trip: the squared
+// global gradient norm is stats[1] (norm_total.wgsl; slot 0 holds the step's loss), the
+// learning rate and bias corrections of this step come from `step`.
 // A non-finite loss or norm leaves the parameter and its state untouched, so a NaN
 // step loses nothing.
-// meta:  [n, n_grads, kind (0 sgd, 1 adam, 2 adamw), lr_mult, wd, momentum, b1, b2, eps, clip (0 = off)]
+// meta:  [n, unused, kind (0 sgd, 1 adam, 2 adamw), lr_mult, wd, momentum, b1, b2, eps, clip (0 = off)]
 // step:  [lr, 1 - b1^t, sqrt(1 - b2^t), first step (1.0 or 0.0)]
 
 {{PRELUDE}}
@@ -20,9 +20,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         @builtin(local_invocation_id) lid: vec3<u32>) {
     let i = flat_index(wg, nwg, lid, 256u);
     if (i >= m(0u)) { return; }
-    var sq = 0.0;
-    for (var k = 0u; k < m(1u); k = k + 1u) { sq = sq + stats[1u + k]; }
-    let norm = sqrt(sq);
+    let norm = sqrt(stats[1]);
     let loss = stats[0];
     if (!is_finite_(loss) || !is_finite_(norm)) { return; }
     let clip = mf(9u);
