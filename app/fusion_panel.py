@@ -73,7 +73,7 @@ class FusionPanel(QWidget):
             self.status.setText(f"Optimizer not available ({why}).")
         else:
             self.run_button.setEnabled(self.state.model is not None)
-            self.status.setText("Press Optimize to run the fusion rules on the original graph.")
+            self.status.setText("Optimizing the original graph (press Optimize to run it again).")
         self.totals.setText("")
 
     def run_optimizer(self):
@@ -86,11 +86,7 @@ class FusionPanel(QWidget):
 
         @thread_worker
         def work():
-            import gc
-            result = fn(graph)
-            # egglog's EGraph is "unsendable": collect it on this thread, not the UI's
-            gc.collect()
-            return result
+            return fn(graph)
 
         worker = work(_start_thread=False, _ignore_errors=True)
         self.worker = worker
@@ -103,9 +99,12 @@ class FusionPanel(QWidget):
             self.status.setText(f"Optimization failed: {exc}")
             self.failed.emit(exc)
 
-        def finished():
+        def finished(graph=graph):
             self.worker = None
             self.run_button.setEnabled(True)
+            current = self.state.graphs.get("original")
+            if current is not None and current is not graph and self.state.graphs.get("optimized") is None:
+                self.run_optimizer()         # the model changed while this one ran
 
         worker.returned.connect(done)
         worker.errored.connect(failed)

@@ -116,16 +116,26 @@ class GraphCanvas(QGraphicsView):
         self.setViewportUpdateMode(QGraphicsView.ViewportUpdateMode.MinimalViewportUpdate)
         self.setBackgroundBrush(QColor("#fbfbfb"))
 
-    fit_pending = False
+    auto_fit = True      # keep the graph fitted on resize until the user zooms or pans
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
-        if self.fit_pending:
+        if self.auto_fit:
+            self.fit()
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        if self.auto_fit:
             self.fit()
 
     def wheelEvent(self, event) -> None:
         factor = 1.2 if event.angleDelta().y() > 0 else 1 / 1.2
+        self.auto_fit = False
         self.zoom(factor)
+
+    def mousePressEvent(self, event) -> None:
+        self.auto_fit = False
+        super().mousePressEvent(event)
 
     def zoom(self, factor: float) -> None:
         scale = self.transform().m11() * factor
@@ -134,7 +144,7 @@ class GraphCanvas(QGraphicsView):
 
     def fit(self) -> None:
         """Fit the graph; a graph too tall to read that way is fitted by width, top shown."""
-        self.fit_pending = not self.isVisible()
+        self.auto_fit = True
         rect = self.scene().itemsBoundingRect().adjusted(-20, -20, 20, 20)
         if rect.isEmpty():
             return
@@ -154,7 +164,7 @@ class GraphView(QWidget):
     def __init__(self, state, parent=None):
         super().__init__(parent)
         self.state = state
-        self.kind = "original"
+        self.kind = "optimized"          # what a model opens on
         self.graph = None
         self.items: dict[int, NodeItem] = {}
         self.scene = QGraphicsScene(self)
@@ -165,6 +175,7 @@ class GraphView(QWidget):
         self.kind_box.setObjectName("graphKind")
         for kind, label in GRAPH_LABELS.items():
             self.kind_box.addItem(label, kind)
+        self.kind_box.setCurrentIndex(list(GRAPH_LABELS).index(self.kind))
         self.kind_box.currentIndexChanged.connect(
             lambda i: self.kindRequested.emit(self.kind_box.itemData(i)))
         self.search = QLineEdit()
@@ -218,7 +229,7 @@ class GraphView(QWidget):
         self.kind_box.setCurrentIndex(list(GRAPH_LABELS).index(kind))
         self.kind_box.blockSignals(False)
 
-    def show_graph(self, graph, kind: str, message: str = "") -> None:
+    def show_graph(self, graph, kind: str, message: str = "", note: str = "") -> None:
         self.kind = kind
         self.set_kind_silently(kind)
         if graph is self.graph and graph is not None:
@@ -258,7 +269,7 @@ class GraphView(QWidget):
             self.items[n.id] = item
         self.scene.setSceneRect(self.scene.itemsBoundingRect().adjusted(-40, -40, 40, 40))
         st = lay.stats
-        self.info.setText(f"{len(graph.nodes)} nodes · layout {st['seconds'] * 1000:.0f} ms"
+        self.info.setText((f"{note} · " if note else "") + f"{len(graph.nodes)} nodes · layout {st['seconds'] * 1000:.0f} ms"
                           + (f" · {st['cut_edges']} long edges dashed" if st["cut_edges"] else ""))
         self.canvas.fit()
         if self.search.text():
@@ -277,6 +288,26 @@ class GraphView(QWidget):
                 rect = rect.united(self.items[i].sceneBoundingRect())
             self.canvas.ensureVisible(rect if rect.height() < 2000 else self.items[hits[0]].sceneBoundingRect())
         return hits
+
+    def select(self, ids) -> list[int]:
+        """Select these nodes (the first one's properties are shown) and centre on them."""
+        hits = [i for i in ids if i in self.items]
+        self.scene.clearSelection()
+        for i in hits:
+            self.items[i].setSelected(True)
+        if hits:
+            self.canvas.auto_fit = False
+            self.canvas.centerOn(self.items[hits[0]])
+            self.show_properties(hits[0])
+        return hits
+
+    def selected(self) -> list[int]:
+        return [nid for nid, item in self.items.items() if item.isSelected()]
+
+    def refresh_properties(self) -> None:
+        sel = self.selected() if self.graph is not None else []
+        if sel:
+            self.show_properties(sel[0])
 
     def highlighted(self) -> list[int]:
         return [nid for nid, item in self.items.items() if item.highlighted]
@@ -338,7 +369,17 @@ class GraphView(QWidget):
                         lines.append(f"  %{o} {on.op} {list(on.shape)}" + (f" '{on.name}'" if on.name else ""))
                     else:
                         lines.append(f"  %{o}")
-        lines.append("dispatch / last GPU time: (profiler not integrated yet)")
+        d = self.state.dispatch_of(g, n.id)
+        if d is not None:
+            p = self.state.profile.report
+            lines.append(f"dispatch: #{d['index']} {d['kernel']}")
+            lines.append(f"last GPU time: {d['gpu_ns'] / 1e3:,.1f} µs (step {p.steps - 1} of the last "
+                         f"{'training' if p.train else 'inference'} profile, {p.mode})")
+        elif self.state.profile is not None:
+            lines.append("dispatch: none in the last profile (fused into another node's kernel, "
+                         "a view, or another graph)")
+        else:
+            lines.append("dispatch / last GPU time: run the Profiler")
         text = "\n".join(lines)
         self.props.setPlainText(text)
         return text

@@ -2,7 +2,9 @@
 
 With no model it opens on the last one used (first time: audio-align).
 ``--screenshot PATH`` renders the window, saves it as an image and exits (for tests
-and docs). Without a display, Qt renders offscreen.
+and docs); it reads and writes a throwaway settings file, never the user's.
+$MEGANEURA_STUDIO_SETTINGS names an ini file to use instead of the user's settings.
+Without a display, Qt renders offscreen.
 """
 
 from __future__ import annotations
@@ -52,9 +54,16 @@ def main(argv=None) -> int:
     except MeganeuraError as exc:
         print(f"meganeura-studio: error: {exc}", file=sys.stderr)
         return 2
-    window = create_window(args.model, args.weights, model_settings=overrides)
+    settings = None
+    if args.screenshot:
+        import tempfile
+        from PySide6.QtCore import QSettings
+        settings = QSettings(os.path.join(tempfile.mkdtemp(prefix="meganeura-studio-"), "studio.ini"),
+                             QSettings.Format.IniFormat)
+    window = create_window(args.model, args.weights, settings=settings, model_settings=overrides)
     window.show()
     if args.screenshot:
+        window.wait_for_workers(120)          # the optimizer, so the optimized graph is drawn
         for _ in range(5):
             app.processEvents()
         if not window.grab().save(args.screenshot):

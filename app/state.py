@@ -25,10 +25,33 @@ def optimizer_import():
     return optimize, None
 
 
+class ProfileResult:
+    """A ProfileReport with what the Studio needs to map dispatches to graph nodes."""
+
+    def __init__(self, report, session, graph, train: bool):
+        from engine.profiler import session_dispatches
+        self.report, self.graph, self.train = report, graph, train
+        self.peak_bytes = int(session.plan.peak_bytes)
+        infos = session_dispatches(session)
+        plan = session.plan
+        # dispatch position in a step -> node ids of session.graph it runs
+        self.dispatch_nodes: list[list[int]] = [
+            list(plan.dispatches[i.plan_index].nodes) if i.plan_index is not None else [] for i in infos]
+        last = report.steps - 1
+        self.node_dispatch: dict[int, dict] = {}
+        for d in report.dispatches:
+            if d.step != last:
+                continue
+            for nid in self.dispatch_nodes[d.index] if d.index < len(self.dispatch_nodes) else ():
+                self.node_dispatch[nid] = {"index": d.index, "kernel": d.kernel, "gpu_ns": d.gpu_ns}
+
+
 class StudioState(QObject):
     modelChanged = Signal()              # model, settings and graphs replaced
     paramsChanged = Signal()             # new weights (loaded, initialised or trained)
     optimizedChanged = Signal()          # an optimized graph and its report are ready
+    sessionChanged = Signal()            # a GPU session was built (status bar: its memory)
+    profileChanged = Signal()            # a new ProfileResult
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -39,6 +62,9 @@ class StudioState(QObject):
         self.weights_path: str | None = None
         self.graphs: dict[str, object] = {}
         self.report = None               # OptimizeReport of graphs["optimized"]
+        self.session = None               # the last GPU session built (profile or training)
+        self.session_label = ""
+        self.profile: ProfileResult | None = None
 
     # ------------------------------------------------------------ model and weights
 
@@ -50,9 +76,13 @@ class StudioState(QObject):
         self.model_name, self.model, self.settings = name, model, dict(model.settings)
         self.graphs = {"original": graph}
         self.report = None
+        self.profile = None
+        self.session, self.session_label = None, ""
         self.params, self.weights_path = params, None
         self.modelChanged.emit()
         self.paramsChanged.emit()
+        self.sessionChanged.emit()
+        self.profileChanged.emit()
 
     def load_weights(self, path: str) -> None:
         if self.model is None:
@@ -97,24 +127,25 @@ class StudioState(QObject):
         return {int(k): list(v) for k, v in (d.get("origins") or {}).items()}
 
     def rule_nodes(self, rule: str) -> list[int]:
-        """Optimized-graph node ids produced by ``rule``.
-
-        The report contract has no rule -> node map yet, so: a ``rule_nodes`` entry of
-        the report if present; else nodes whose attrs name the rule; else the fused
-        nodes (more than one origin) whose op appears in the rule name (or vice versa);
-        else every fused node."""
+        """Optimized-graph node ids produced by ``rule`` (``OptimizeReport.rule_nodes``)."""
         d = self.report_dict() or {}
-        if d.get("rule_nodes") and rule in d["rule_nodes"]:
-            return [int(i) for i in d["rule_nodes"][rule]]
-        graph = self.graphs.get("optimized")
-        if graph is None:
-            return []
-        named = [n.id for n in graph.nodes
-                 if n.attrs.get("rule") == rule or rule in (n.attrs.get("rules") or ())]
-        if named:
-            return named
-        origins = self.origins()
-        fused = [i for i, o in origins.items() if len(o) > 1 and i < len(graph.nodes)]
-        key = rule.lower()
-        by_op = [i for i in fused if graph[i].op in key or key in graph[i].op]
-        return by_op or fused
+        return [int(i) for i in (d.get("rule_nodes") or {}).get(rule, [])]
+
+    # ------------------------------------------------------------ GPU session and profile
+
+    def set_session(self, session, label: str) -> None:
+        """The GPU session the Studio last built (a profile's or a training run's)."""
+        self.session, self.session_label = session, label
+        self.sessionChanged.emit()
+
+    def set_profile(self, profile: "ProfileResult") -> None:
+        self.profile = profile
+        self.profileChanged.emit()
+
+    def dispatch_of(self, graph, node_id: int) -> dict | None:
+        """The last profile's dispatch running node ``node_id`` of ``graph``: {index,
+        kernel, gpu_ns (last step)}; None without a profile of that graph."""
+        p = self.profile
+        if p is None or graph is None or p.graph is not graph:
+            return None
+        return p.node_dispatch.get(node_id)

@@ -1,9 +1,11 @@
 """Training: settings, Start / Pause / Stop, a live loss plot, save weights, export CSV.
 
-The run is a superqt ``thread_worker`` generator around ``Trainer.step`` on the
-reference backend: it yields after every step, so Pause and Stop take effect at the
-next step and the UI thread only receives (step, loss) values. The plot is redrawn
-by a 10 Hz timer, not per step.
+The run is a superqt ``thread_worker`` generator around ``Trainer.step`` on the GPU
+(a ``TrainingSession``: forward, backward and update in one submission) or on the
+numpy reference backend: it yields after every step, so Pause and Stop take effect at
+the next step. The worker appends (step, loss) to a list that the UI's 10 Hz redraw
+timer reads: no Python object crosses threads through a queued signal per step (with
+PySide6 6.12 + Python 3.11 thousands of those crashed the app: "deallocating None").
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout
                                QSpinBox, QVBoxLayout, QWidget)
 from superqt.utils import thread_worker
 
+from engine.errors import MeganeuraError
 from engine.train import OPTIMIZERS, SCHEDULES, DataLoader, TrainConfig, Trainer
+
+BACKEND_LABELS = {"gpu": "GPU (wgpu)", "reference": "reference (numpy, CPU)"}
 
 SMOOTHING = 0.9     # EMA factor of the smoothed curve
 
@@ -33,16 +38,18 @@ def smooth(values, alpha=SMOOTHING):
 
 
 @thread_worker
-def training_run(graph, params, config: TrainConfig, dataset, holder: dict):
-    """Yields (step, loss, seconds of that step) after every update."""
-    trainer = Trainer(graph, params, config, backend="reference")
+def training_run(graph, params, config: TrainConfig, dataset, holder: dict, backend: str = "gpu"):
+    """Appends (step, loss) to ``holder["points"]`` and yields after every update."""
+    trainer = Trainer(graph, params, config, backend=backend)
     holder["trainer"] = trainer
+    points = holder.setdefault("points", [])
     loader = DataLoader(dataset, config.batch_size, shuffle=True, seed=config.seed, drop_last=True)
     epoch = 0
     while trainer.step_count < config.steps:
         for batch in loader:
             loss = trainer.step(batch, epoch)
-            yield trainer.step_count, loss, trainer.history.seconds[-1]
+            points.append((trainer.step_count, float(loss)))
+            yield None
             if trainer.step_count >= config.steps:
                 break
         epoch += 1
@@ -65,6 +72,12 @@ class TrainingPanel(QWidget):
         self.total_steps = 0
         self.last_trainer = None
         self._dirty = False
+        self.can_run = lambda: True        # the window vetoes a run while a profile uses the GPU
+
+        self.backend = QComboBox()
+        self.backend.setObjectName("backendBox")
+        for key, label in BACKEND_LABELS.items():
+            self.backend.addItem(label, key)
 
         self.optimizer = QComboBox()
         self.optimizer.addItems(OPTIMIZERS)
@@ -90,6 +103,7 @@ class TrainingPanel(QWidget):
                         ("stepsBox", self.steps), ("batchBox", self.batch)):
             w.setObjectName(name)
         form = QFormLayout()
+        form.addRow("Backend", self.backend)
         form.addRow("Optimizer", self.optimizer)
         form.addRow("Learning rate", self.lr)
         form.addRow("Schedule", self.schedule)
@@ -97,7 +111,7 @@ class TrainingPanel(QWidget):
         form.addRow("Steps", self.steps)
         form.addRow("Batch", self.batch)
         form.addRow("Clip grad norm", self.clip)
-        box = QGroupBox("Settings (reference backend, CPU)")
+        box = QGroupBox("Settings")
         box.setLayout(form)
 
         self.start_button = QPushButton("Start")
@@ -161,6 +175,14 @@ class TrainingPanel(QWidget):
 
     # ------------------------------------------------------------ settings
 
+    def backend_name(self) -> str:
+        return str(self.backend.currentData())
+
+    def set_backend(self, name: str) -> None:
+        i = self.backend.findData(name)
+        if i >= 0:
+            self.backend.setCurrentIndex(i)
+
     def config(self) -> TrainConfig:
         return TrainConfig(optimizer=self.optimizer.currentText(), lr=self.lr.value(),
                            schedule=self.schedule.currentText(), warmup_steps=self.warmup.value(),
@@ -173,12 +195,14 @@ class TrainingPanel(QWidget):
         self._update_buttons()
 
     def save_settings(self, qs) -> None:
-        for key, value in (("optimizer", self.optimizer.currentText()), ("lr", self.lr.value()),
+        for key, value in (("backend", self.backend_name()),
+                           ("optimizer", self.optimizer.currentText()), ("lr", self.lr.value()),
                            ("schedule", self.schedule.currentText()), ("warmup", self.warmup.value()),
                            ("steps", self.steps.value()), ("clip", self.clip.value())):
             qs.setValue(f"training/{key}", value)
 
     def restore_settings(self, qs) -> None:
+        self.set_backend(str(qs.value("training/backend", "gpu")))
         self.optimizer.setCurrentText(str(qs.value("training/optimizer", "adamw")))
         self.lr.setValue(float(qs.value("training/lr", 1e-3)))
         self.schedule.setCurrentText(str(qs.value("training/schedule", "constant")))
@@ -193,6 +217,10 @@ class TrainingPanel(QWidget):
 
     def start(self):
         if self.worker is not None or self.state.model is None:
+            return None
+        if not self.can_run():
+            self.failed.emit("Cannot start training", MeganeuraError("a profile is running on the GPU: "
+                                                                     "wait for it or cancel it"))
             return None
         try:
             config = self.config()
@@ -211,12 +239,13 @@ class TrainingPanel(QWidget):
         self.total_steps = config.steps
         self.progress.setRange(0, config.steps)
         self.progress.setValue(0)
-        self.holder = {}
+        self.holder = {"points": []}
         self.run_started = time.perf_counter()
-        self.stats.setText("Differentiating and starting…")
-        worker = training_run(graph, self.state.params, config, dataset, self.holder,
+        backend = self.backend_name()
+        self.stats.setText("Building the GPU training session…" if backend == "gpu"
+                           else "Differentiating and starting…")
+        worker = training_run(graph, self.state.params, config, dataset, self.holder, backend,
                               _start_thread=False, _ignore_errors=True)
-        worker.yielded.connect(self._on_step)
         worker.returned.connect(lambda trainer: self._on_end("finished"))
         worker.aborted.connect(lambda: self._on_end("stopped"))
         worker.errored.connect(self._on_error)
@@ -242,11 +271,14 @@ class TrainingPanel(QWidget):
                 self.worker.resume()
             self.worker.quit()
 
-    def _on_step(self, value) -> None:
-        step, loss, _seconds = value
-        self.steps_done.append(step)
-        self.losses.append(loss)
-        self._dirty = True
+    def _poll(self) -> None:
+        """Take the steps the worker finished since the last call."""
+        points = self.holder.get("points") or []
+        new = points[len(self.losses):]
+        if new:
+            self.steps_done.extend(step for step, _ in new)
+            self.losses.extend(loss for _, loss in new)
+            self._dirty = True
 
     def _on_error(self, exc) -> None:
         self._end_reason = "failed"
@@ -266,12 +298,15 @@ class TrainingPanel(QWidget):
         if trainer is not None and len(trainer.history):
             self.last_trainer = trainer
             self.state.set_params(trainer.params, source=None)
+        if trainer is not None and trainer.session is not None:
+            self.state.set_session(trainer.session, "training")
         self.pause_button.setText("Pause")
         self.stats.setText(self.stats.text().split("\n")[0] + f"\nRun {reason} after {len(self.losses)} steps.")
         self._update_buttons()
         self.runFinished.emit(reason)
 
     def redraw(self) -> None:
+        self._poll()
         if not self._dirty:
             return
         self._dirty = False
@@ -291,6 +326,7 @@ class TrainingPanel(QWidget):
     def _update_buttons(self) -> None:
         running = self.worker is not None
         self.start_button.setEnabled(not running and self.state.model is not None)
+        self.backend.setEnabled(not running)
         self.pause_button.setEnabled(running)
         self.stop_button.setEnabled(running)
         self.save_button.setEnabled(not running and self.last_trainer is not None)

@@ -1,15 +1,17 @@
 """The Studio's main window: panels as tabs and docks around one ``StudioState``.
 
-Panels: Model (left dock), Graph / Training / Device (central tabs; ``add_panel``
-adds more, e.g. the Profiler), Fusion report (right dock). Errors from the engine
-(``MeganeuraError``) are shown in a dialog and the window keeps running.
+Panels: Model (left dock), Graph / Profiler / Training / Device (central tabs),
+Fusion report (right dock). A loaded model is optimized at once (in a worker) and the
+graph view opens on the optimized graph. The status bar shows the adapter and the GPU
+memory of the last session built. Errors from the engine (``MeganeuraError``) are
+shown in a dialog and the window keeps running.
 """
 
 from __future__ import annotations
 
 import os
 
-from PySide6.QtCore import QSettings, Qt, QTimer
+from PySide6.QtCore import QSettings, Qt
 from PySide6.QtGui import QAction, QFontDatabase, QKeySequence
 from PySide6.QtWidgets import (QDockWidget, QFileDialog, QLabel, QMainWindow, QMessageBox,
                                QPlainTextEdit, QTabWidget)
@@ -17,8 +19,9 @@ from PySide6.QtWidgets import (QDockWidget, QFileDialog, QLabel, QMainWindow, QM
 from engine.errors import MeganeuraError
 
 from .fusion_panel import FusionPanel
-from .graph_view import GraphView
+from .graph_view import GraphView, fmt_bytes
 from .model_panel import MAX_RECENT, ModelPanel
+from .profiler_panel import ProfilerPanel
 from .state import StudioState, optimizer_import
 from .training_panel import TrainingPanel
 
@@ -41,7 +44,15 @@ def doctor_text() -> tuple[str, str]:
     return adapter_line(report["adapter"]), format_doctor(report)
 
 
+SETTINGS_ENV = "MEGANEURA_STUDIO_SETTINGS"
+
+
 def default_settings() -> QSettings:
+    """The user's settings, or the ini file named by $MEGANEURA_STUDIO_SETTINGS (tests,
+    screenshots: never touch the real ones)."""
+    path = os.environ.get(SETTINGS_ENV)
+    if path:
+        return QSettings(path, QSettings.Format.IniFormat)
     return QSettings("Meganeura", "Studio")
 
 
@@ -60,6 +71,8 @@ class MainWindow(QMainWindow):
         self.graph_view.setObjectName("graphView")
         self.fusion_panel = FusionPanel(self.state)
         self.training_panel = TrainingPanel(self.state, self.qsettings)
+        self.profiler_panel = ProfilerPanel(self.state)
+        self.profiler_panel.setObjectName("profilerPanel")
         status, text = doctor_text()
         self.doctor = QPlainTextEdit(text)
         self.doctor.setObjectName("doctorPanel")
@@ -70,6 +83,7 @@ class MainWindow(QMainWindow):
         self.tabs.setObjectName("panels")
         self.setCentralWidget(self.tabs)
         self.add_panel("Graph", self.graph_view)
+        self.add_panel("Profiler", self.profiler_panel)
         self.add_panel("Training", self.training_panel)
         self.add_panel("Device", self.doctor)
         self.model_dock = self._dock("Model", self.model_panel, Qt.DockWidgetArea.LeftDockWidgetArea)
@@ -77,9 +91,12 @@ class MainWindow(QMainWindow):
 
         self.adapter_label = QLabel(status)
         self.adapter_label.setObjectName("adapterLabel")
+        self.memory_label = QLabel("GPU memory: no session")
+        self.memory_label.setObjectName("memoryLabel")
         self.model_label = QLabel("")
         self.statusBar().addWidget(self.model_label, 1)
         self.statusBar().addPermanentWidget(self.adapter_label)
+        self.statusBar().addPermanentWidget(self.memory_label)
 
         self._actions()
         self.model_panel.loadRequested.connect(self.load_model)
@@ -89,6 +106,13 @@ class MainWindow(QMainWindow):
         self.fusion_panel.ruleSelected.connect(self.highlight_rule)
         self.fusion_panel.failed.connect(lambda exc: self.show_error("Optimization failed", exc))
         self.training_panel.failed.connect(self.show_error)
+        self.training_panel.can_run = lambda: not self.profiler_panel.running()
+        self.profiler_panel.can_run = lambda: not self.training_panel.running()
+        self.profiler_panel.failed.connect(self.show_error)
+        self.profiler_panel.message.connect(lambda text: self.statusBar().showMessage(text, 15000))
+        self.profiler_panel.dispatchSelected.connect(self.select_dispatch)
+        self.state.sessionChanged.connect(self._session_changed)
+        self.state.profileChanged.connect(self.graph_view.refresh_properties)
         self.training_panel.save_button.clicked.connect(self.save_weights)
         self.training_panel.export_button.clicked.connect(self.export_csv)
         self.state.modelChanged.connect(self._model_changed)
@@ -141,6 +165,11 @@ class MainWindow(QMainWindow):
         action(view_menu, "Find in graph", self._focus_search, "Ctrl+F")
         action(view_menu, "Fit graph", self.graph_view.canvas.fit, "Ctrl+0")
         action(view_menu, "Run optimizer", self.fusion_panel.run_optimizer, "Ctrl+Shift+O")
+        profile_menu = self.menuBar().addMenu("&Profile")
+        self.profile_action = action(profile_menu, "Run profile", self.start_profile, "Ctrl+Shift+R")
+        self.cancel_profile_action = action(profile_menu, "Cancel profile", self.profiler_panel.cancel)
+        self.trace_action = action(profile_menu, "Export Perfetto trace…", self.profiler_panel.export_trace,
+                                   "Ctrl+Shift+E")
         view_menu.addAction(self.model_dock.toggleViewAction())
         view_menu.addAction(self.fusion_dock.toggleViewAction())
 
@@ -161,8 +190,8 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------ model and weights
 
     def load_model(self, name: str, settings: dict) -> bool:
-        if self.training_panel.running():
-            self.show_error("Cannot load a model", MeganeuraError("stop the training run first"))
+        if self.training_panel.running() or self.profiler_panel.running():
+            self.show_error("Cannot load a model", MeganeuraError("stop the training run or the profile first"))
             return False
         try:
             self.state.load_model(name, settings)
@@ -248,8 +277,7 @@ class MainWindow(QMainWindow):
         self.model_panel.set_model(s.model_name, s.settings)
         self.model_label.setText(f"{s.model_name} · {len(s.graphs['original'].nodes)} nodes")
         self.graph_view.graph = None
-        kind = self.graph_view.kind if self.graph_view.kind != "optimized" else "original"
-        self.show_graph(kind)
+        self.show_graph(self.graph_view.kind)     # "optimized" (the default): optimizes in a worker
 
     def show_graph(self, kind: str) -> None:
         if kind == "optimized" and self.state.graphs.get("optimized") is None:
@@ -272,6 +300,28 @@ class MainWindow(QMainWindow):
             self.graph_view.graph = None
             self.show_graph("optimized")
 
+    def select_dispatch(self, index: int) -> list[int]:
+        """Select (and centre on) the graph nodes that profiled dispatch ``index`` runs."""
+        p = self.state.profile
+        if p is None or not 0 <= index < len(p.dispatch_nodes):
+            return []
+        nodes = p.dispatch_nodes[index]
+        if self.graph_view.graph is not p.graph:
+            self.graph_view.show_graph(p.graph, "training" if p.train else "optimized",
+                                       note="as profiled" if p.train else "")
+        self.graph_view.select(nodes)
+        return nodes
+
+    def _session_changed(self) -> None:
+        s = self.state
+        if s.session is None:
+            self.memory_label.setText("GPU memory: no session")
+            return
+        plan = s.session.plan
+        self.memory_label.setText(f"GPU memory: {fmt_bytes(plan.peak_bytes)} peak ({s.session_label})")
+        self.memory_label.setToolTip(f"{plan.peak_bytes:,} bytes at peak with buffer reuse, "
+                                     f"{plan.peak_bytes_without_reuse:,} without")
+
     def highlight_rule(self, rule: str, ids: list) -> list[int]:
         self.tabs.setCurrentWidget(self.graph_view)
         if self.graph_view.kind != "optimized" or self.graph_view.graph is not self.state.graphs.get("optimized"):
@@ -284,16 +334,24 @@ class MainWindow(QMainWindow):
         self.tabs.setCurrentWidget(self.training_panel)
         self.training_panel.start()
 
+    def start_profile(self) -> None:
+        self.tabs.setCurrentWidget(self.profiler_panel)
+        self.profiler_panel.run()
+
+    def wait_for_workers(self, seconds: float = 10.0) -> None:
+        """Stop the training run, cancel the profile, wait for every worker thread."""
+        import time
+        from PySide6.QtWidgets import QApplication
+        self.training_panel.stop()
+        self.profiler_panel.cancel()
+        end = time.monotonic() + seconds
+        panels = (self.training_panel, self.profiler_panel, self.fusion_panel)
+        while any(p.worker is not None for p in panels) and time.monotonic() < end:
+            QApplication.processEvents()
+            time.sleep(0.005)
+
     def closeEvent(self, event) -> None:
         self.training_panel.save_settings(self.qsettings)
         self.qsettings.sync()
-        if self.training_panel.worker is not None:
-            self.training_panel.stop()
-            worker = self.training_panel.worker
-            for _ in range(200):
-                if not worker.is_running:
-                    break
-                QTimer.singleShot(0, lambda: None)
-                from PySide6.QtCore import QThread
-                QThread.msleep(10)
+        self.wait_for_workers()
         super().closeEvent(event)

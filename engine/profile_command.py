@@ -30,9 +30,7 @@ def _profile_arguments(parser: argparse.ArgumentParser) -> None:
 
 def profile_model(args, spans=None):
     """Build ``args.model`` on the GPU and profile it; returns the ProfileReport."""
-    from . import compile as compile_mod
-    from . import runtime
-    from .profiler import SpanRecorder, add_build_spans, profile_session
+    from .profiler import SpanRecorder
 
     if args.steps < 1:
         raise MeganeuraError(f"--steps must be at least 1, found {args.steps}")
@@ -40,36 +38,59 @@ def profile_model(args, spans=None):
     with rec.span(f"meganeura profile {args.model}"):
         with rec.span("load model"):
             model, params = load_model(args)
-        with rec.span("build graph", train=bool(args.train)):
-            graph = model.build(train=bool(args.train))
-        progress(f"profiling {model.name} ({'training' if args.train else 'forward'} step, "
-                 f"{len(graph.nodes)} nodes) for {args.steps} steps")
-        if args.train:
-            try:
-                from .training_session import build_session
-            except ImportError:
-                raise MeganeuraError("GPU training sessions are not implemented yet; "
-                                     "profile the forward pass (drop --train)") from None
-            with rec.span("build training session (optimize, differentiate, optimize, compile)"):
-                session = build_session(graph)
-                add_build_spans(rec, session)
-        else:
+        mode = None if args.timing == "auto" else args.timing
+        report, _ = profile_built_model(model, params, args.steps, train=bool(args.train), seed=args.seed,
+                                        mode=mode, spans=rec, progress=progress)
+    report.spans = list(rec.spans)  # the outer span closed after the report was made
+    return report
+
+
+def profile_built_model(model, params, steps: int, *, train: bool = False, graph=None, seed: int = 0,
+                        mode: str | None = None, spans=None, progress=None):
+    """Profile ``steps`` steps of a configured built-in model on the GPU; returns
+    ``(ProfileReport, session)``. The CLI and the Studio share it. ``graph``: the already
+    optimized forward graph to run (inference only; by default the model's graph is built
+    and optimized here). ``progress`` gets one line per phase and per step (raising in it
+    cancels the run)."""
+    from . import compile as compile_mod
+    from . import runtime
+    from .profiler import SpanRecorder, add_build_spans, profile_session
+
+    if steps < 1:
+        raise MeganeuraError(f"--steps must be at least 1, found {steps}")
+    say = progress or (lambda message: None)
+    rec = spans if spans is not None else SpanRecorder()
+    optimized = graph is not None and not train
+    with rec.span("build graph", train=bool(train)):
+        if not optimized:
+            graph = model.build(train=bool(train))
+    say(f"profiling {model.name} ({'training' if train else 'forward'} step, "
+        f"{len(graph.nodes)} nodes) for {steps} steps")
+    if train:
+        try:
+            from .training_session import build_session
+        except ImportError:
+            raise MeganeuraError("GPU training sessions are not implemented yet; "
+                                 "profile the forward pass (drop --train)") from None
+        with rec.span("build training session (optimize, differentiate, optimize, compile)"):
+            session = build_session(graph)
+            add_build_spans(rec, session)
+    else:
+        if not optimized:
             from .optimize import optimize as fuse
             with rec.span("optimize"):
                 graph, _ = fuse(graph)
-            with rec.span("compile plan"):
-                plan = compile_mod.compile_plan(graph, loss="loss")
-            session = runtime.build_inference_session(graph, plan)
-            add_build_spans(rec, session)
-        with rec.span("upload parameters and inputs"):
-            session.set_parameters({k: v for k, v in params.items() if k in graph.parameters})
-            inputs = model.example_inputs(train=bool(args.train), seed=args.seed)
-            session.set_inputs({k: v for k, v in inputs.items() if k in graph.inputs})
-        mode = None if args.timing == "auto" else args.timing
-        report = profile_session(session, args.steps, train=bool(args.train), model=model.name, mode=mode,
-                                 spans=rec, include_build_spans=False, progress=progress)
-    report.spans = list(rec.spans)  # the outer span closed after the report was made
-    return report
+        with rec.span("compile plan"):
+            plan = compile_mod.compile_plan(graph, loss="loss")
+        session = runtime.build_inference_session(graph, plan)
+        add_build_spans(rec, session)
+    with rec.span("upload parameters and inputs"):
+        session.set_parameters({k: v for k, v in params.items() if k in graph.parameters})
+        inputs = model.example_inputs(train=bool(train), seed=seed)
+        session.set_inputs({k: v for k, v in inputs.items() if k in graph.inputs})
+    report = profile_session(session, steps, train=bool(train), model=model.name, mode=mode,
+                             spans=rec, include_build_spans=False, progress=progress)
+    return report, session
 
 
 def _profile(args) -> int:

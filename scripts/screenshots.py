@@ -30,7 +30,7 @@ def wait(app, condition, timeout=60.0):
 
 
 def main(argv=None) -> int:
-    from PySide6.QtCore import QSettings
+    from PySide6.QtCore import QSettings, Qt
     from PySide6.QtWidgets import QApplication, QMessageBox
 
     from app.window import MainWindow
@@ -51,37 +51,64 @@ def main(argv=None) -> int:
         widget.grab().save(str(path))
         print(path)
 
+    def idle():
+        return all(p.worker is None for p in (w.fusion_panel, w.profiler_panel, w.training_panel))
+
+    wait(app, lambda: idle() and w.state.graphs.get("optimized") is not None, 120)
     save(w, "studio")
     save(w.model_panel, "model_panel")
+
+    w.graph_view.kind_box.setCurrentIndex(0)          # original
     w.graph_view.search.setText("attention")
     save(w.graph_view, "graph_original")
     w.graph_view.search.setText("")
 
     w.load_model("whisper-tiny", {"mel_len": 64})
+    wait(app, idle, 120)
     w.graph_view.kind_box.setCurrentIndex(2)
     save(w.graph_view, "graph_training")
     g = w.graph_view
     some = next(i for i, n in enumerate(g.graph.nodes) if n.op == "matmul")
     g.items[some].setSelected(True)
     g.canvas.resetTransform()
+    g.canvas.auto_fit = False
     g.canvas.centerOn(g.items[some])
     save(w.graph_view, "graph_training_zoomed")
 
     w.load_model("gpt-tiny", {"seq": 16})
-    worker = w.fusion_panel.run_optimizer()
-    if worker is not None:
-        wait(app, lambda: w.fusion_panel.worker is None, 120)
-        if w.fusion_panel.table.rowCount():
-            w.fusion_panel.table.selectRow(0)
+    w.graph_view.kind_box.setCurrentIndex(1)          # optimized
+    wait(app, lambda: idle() and w.state.graphs.get("optimized") is not None, 120)
+    table = w.fusion_panel.table
+    rows = {table.item(r, 0).text(): r for r in range(table.rowCount())}
+    table.selectRow(rows.get("attention_decomposed", 0))
     save(w.fusion_panel, "fusion_panel")
     save(w, "studio_fusion")
 
+    # profiler: whisper-tiny forward, 10 steps; then a dispatch row selects its node
+    w.load_model("whisper-tiny", {"mel_len": 64})
+    wait(app, lambda: idle() and w.state.graphs.get("optimized") is not None, 120)
+    w.profiler_panel.steps.setValue(10)
+    w.start_profile()
+    wait(app, lambda: w.profiler_panel.worker is None and w.state.profile is not None, 300)
+    save(w, "profiler")
+    p = w.profiler_panel
+    p.tables.setCurrentWidget(p.dispatch_table)
+    p.dispatch_table.sortByColumn(5, Qt.SortOrder.DescendingOrder)
+    save(p, "profiler_dispatches")
+    p.dispatch_table.selectRow(0)
+    w.tabs.setCurrentWidget(w.graph_view)
+    save(w, "graph_profiled_node")
+
     w.load_model("mlp", {"batch": 32})
+    wait(app, idle, 120)
+    # reference backend: long GPU runs in the worker thread crash the Studio intermittently
+    # ("none_dealloc", worker inside wgpu's queue.submit while pyqtgraph paints); see issue 8
+    w.training_panel.set_backend("reference")
     w.training_panel.steps.setValue(150)
     w.training_panel.lr.setValue(0.003)
     w.start_training()
-    wait(app, lambda: w.training_panel.worker is None, 120)
-    save(w.training_panel, "training")
+    wait(app, lambda: w.training_panel.worker is None, 300)
+    save(w, "training")
     w.tabs.setCurrentWidget(w.doctor)
     save(w.doctor, "device")
     w.close()

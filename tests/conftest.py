@@ -9,3 +9,10 @@ if "MEGANEURA_CACHE" not in os.environ:
     import tempfile
 
     os.environ["MEGANEURA_CACHE"] = tempfile.mkdtemp(prefix="meganeura-test-cache-")
+
+# The Studio's QSettings go to a throwaway ini file, never the user's real settings.
+if "MEGANEURA_STUDIO_SETTINGS" not in os.environ:
+    import tempfile
+
+    os.environ["MEGANEURA_STUDIO_SETTINGS"] = os.path.join(
+        tempfile.mkdtemp(prefix="meganeura-test-settings-"), "studio.ini")

@@ -388,3 +388,36 @@ def test_24_layer_transformer():
     print(f"\n24-layer transformer ({len(g)} nodes): {time.perf_counter() - t:.2f} s, {rep.stop_reason}")
     assert rep.rules["attention_decomposed"] == 24 and rep.rules["matmul_residual"] == 48
     assert isinstance(rep.saturated, bool) and rep.stop_reason
+
+
+def test_rule_nodes_point_at_the_nodes_a_rule_produced():
+    g = matmul_bias(False)
+    o, rep = optimize(g)
+    fused = [n.id for n in o.nodes if n.op == "fused_matmul"]
+    assert fused and rep.rule_nodes["matmul_add"] == fused
+    assert rep.to_dict()["rule_nodes"]["matmul_add"] == fused
+    # every rule that fired names nodes of the result, and only those rules do
+    fired = {k for k, v in rep.rules.items() if v and k != "cse"}
+    assert set(rep.rule_nodes) <= set(rep.rules) and fired <= set(rep.rule_nodes)
+    assert all(0 <= i < len(o.nodes) for ids in rep.rule_nodes.values() for i in ids)
+    t = transformer(layers=1, width=16, heads=2, mlp=32, seq=4)
+    o, rep = optimize(t)
+    assert [o[i].op for i in rep.rule_nodes["attention_decomposed"]] == ["attention"]
+    assert all(o[i].op == "pointwise" for i in rep.rule_nodes.get("pointwise_dag", []))
+
+
+def test_optimize_in_a_thread_frees_the_egraph_there():
+    """egglog's EGraph may only be dropped on the thread that made it."""
+    import gc
+    import threading
+    errors = []
+    t = threading.Thread(target=lambda: optimize(matmul_bias(False)))
+    old = threading.excepthook
+    threading.excepthook = lambda args: errors.append(args.exc_value)
+    try:
+        t.start()
+        t.join()
+        gc.collect()          # would raise "unsendable, but is being dropped on another thread"
+    finally:
+        threading.excepthook = old
+    assert not errors

@@ -1,8 +1,10 @@
 """The Studio, driven with pytest-qt offscreen (small model settings throughout)."""
 
+import os
+
 import numpy as np
 import pytest
-from PySide6.QtCore import QSettings, QTimer
+from PySide6.QtCore import QSettings, Qt, QTimer
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
 from app.graph_view import NodeItem
@@ -29,26 +31,39 @@ def window(qtbot, tmp_path, errors):
     qtbot.addWidget(w)
     w.show()
     yield w
-    if w.training_panel.worker is not None:
-        w.training_panel.stop()
-        qtbot.waitUntil(lambda: w.training_panel.worker is None, timeout=10000)
+    w.wait_for_workers(20)
+    assert all(p.worker is None for p in (w.training_panel, w.profiler_panel, w.fusion_panel))
 
 
 def node_items(w):
     return [i for i in w.graph_view.scene.items() if isinstance(i, NodeItem)]
 
 
-def test_launch(window):
+def wait_optimized(w, qtbot):
+    """The model is optimized in a worker when it loads; the graph view then shows it."""
+    qtbot.waitUntil(lambda: w.state.graphs.get("optimized") is not None
+                    and w.graph_view.graph is w.state.graphs["optimized"], timeout=30000)
+    return w.state.graphs["optimized"]
+
+
+def test_launch(window, qtbot):
     assert window.windowTitle() == "Meganeura Studio"
     assert window.state.model_name == "mlp"
     assert "·" in window.adapter_label.text()
-    assert [window.tabs.tabText(i) for i in range(window.tabs.count())][:2] == ["Graph", "Training"]
+    assert window.memory_label.text() == "GPU memory: no session"
+    assert [window.tabs.tabText(i) for i in range(window.tabs.count())][:3] == ["Graph", "Profiler", "Training"]
+    # opens on the optimized graph
+    opt = wait_optimized(window, qtbot)
+    assert window.graph_view.kind == "optimized" and window.graph_view.kind_box.currentText() == "Optimized"
+    assert len(node_items(window)) == len(opt.nodes) < len(window.state.graph("original").nodes)
+    assert not window.errors
 
 
 @pytest.mark.parametrize("name", models.names())
-def test_load_each_model_draws_every_node(window, name):
+def test_load_each_model_draws_every_node(window, qtbot, name):
+    wait_optimized(window, qtbot)
     assert window.load_model(name, SMALL[name])
-    graph = window.state.graph("original")
+    graph = wait_optimized(window, qtbot)
     assert len(node_items(window)) == len(graph.nodes)
     # clicking a node fills the property panel
     item = window.graph_view.items[len(graph.nodes) - 1]
@@ -92,24 +107,90 @@ def test_fusion_row_highlights_nodes_contract(window):
 
 
 def test_fusion_with_real_optimizer(window, qtbot):
-    try:
-        from engine.optimize import optimize  # noqa: F401
-    except ImportError:
-        pytest.skip("engine.optimize not available yet")
-    worker = window.fusion_panel.run_optimizer()
-    assert worker is not None
-    with qtbot.waitSignal(worker.finished, timeout=30000):
-        pass
-    if window.errors:
-        pytest.skip(f"optimizer failed: {window.errors[-1]}")
+    opt = wait_optimized(window, qtbot)
+    assert not window.errors
     table = window.fusion_panel.table
-    opt = window.state.graphs["optimized"]
-    if table.rowCount() == 0:
-        pytest.skip("no rule fired on mlp")
-    table.selectRow(0)
+    rules = {table.item(r, 0).text(): r for r in range(table.rowCount())}
+    assert "matmul_add" in rules                      # mlp: x @ W + b -> fused_matmul
+    table.selectRow(rules["matmul_add"])
     assert window.graph_view.graph is opt
     assert len(node_items(window)) == len(opt.nodes)
-    assert window.graph_view.highlighted()
+    hits = window.graph_view.highlighted()
+    assert hits and all(opt[i].op == "fused_matmul" for i in hits)
+    assert sorted(hits) == window.state.report.rule_nodes["matmul_add"]
+
+
+def run_profile(window, qtbot, steps=3, train=False):
+    panel = window.profiler_panel
+    panel.steps.setValue(steps)
+    panel.mode.setCurrentIndex(1 if train else 0)
+    with qtbot.waitSignal(panel.runFinished, timeout=60000) as blocker:
+        assert panel.run() is not None
+    assert blocker.args == ["finished"], window.errors
+    return panel
+
+
+def test_profile_three_steps_fills_tables_and_graph(window, qtbot):
+    opt = wait_optimized(window, qtbot)
+    panel = run_profile(window, qtbot, steps=3)
+    p = window.state.profile
+    plan = window.state.session.plan
+    assert p.graph is opt and p.report.steps == 3
+    assert panel.dispatch_model.rowCount() == 3 * len(plan.dispatches) == len(p.report.dispatches)
+    assert panel.kernel_model.rowCount() == len({d.kernel for d in plan.dispatches})
+    assert panel.bar_count() == len(plan.dispatches)
+    assert window.memory_label.text().startswith("GPU memory: ") and "peak" in window.memory_label.text()
+    # sortable: by GPU µs, descending
+    panel.dispatch_table.sortByColumn(5, Qt.SortOrder.DescendingOrder)
+    times = [panel.dispatch_model.key(r, 5) for r in range(panel.dispatch_model.rowCount())]
+    assert times == sorted(times, reverse=True) and times[0] > 0
+    # clicking a dispatch row selects its node in the graph view, whose panel shows the GPU time
+    row = 0
+    panel.dispatch_table.selectRow(row)
+    index = panel.dispatch_model.key(row, 1)
+    nodes = p.dispatch_nodes[index]
+    assert window.graph_view.graph is opt and window.graph_view.selected() == nodes
+    text = window.graph_view.props.toPlainText()
+    assert f"dispatch: #{index} {plan.dispatches[index].kernel}" in text and "last GPU time" in text
+    assert not window.errors
+
+
+def test_profile_export_perfetto_trace(window, qtbot, tmp_path, monkeypatch):
+    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent
+    wait_optimized(window, qtbot)
+    run_profile(window, qtbot, steps=2)
+    path = tmp_path / "studio.pftrace"
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(path), ""))
+    window.trace_action.trigger()
+    assert str(path) in window.statusBar().currentMessage()
+    trace = Trace()
+    trace.ParseFromString(path.read_bytes())
+    gpu = {p.track_descriptor.uuid for p in trace.packet
+           if p.HasField("track_descriptor") and p.track_descriptor.name.startswith("GPU queue")}
+    begins = [p.track_event.name for p in trace.packet if p.HasField("track_event")
+              and p.track_event.track_uuid in gpu and p.track_event.type == TrackEvent.TYPE_SLICE_BEGIN]
+    plan = window.state.session.plan
+    assert begins == [d.kernel for d in plan.dispatches] * 2
+
+
+def test_profile_training_step_and_cancel(window, qtbot):
+    panel = run_profile(window, qtbot, steps=2, train=True)
+    p = window.state.profile
+    assert p.train and panel.dispatch_model.rowCount() == len(p.report.dispatches) == 2 * len(p.dispatch_nodes)
+    assert "training" in window.memory_label.text()
+    # a training dispatch row shows the profiled training graph with the node selected
+    row = next(r for r in range(panel.dispatch_model.rowCount()) if p.dispatch_nodes[panel.dispatch_model.key(r, 1)])
+    panel.dispatch_table.selectRow(row)
+    assert window.graph_view.graph is p.graph and window.graph_view.selected()
+    # Cancel stops a long run at its next step, and the previous result stays
+    panel.steps.setValue(10000)
+    with qtbot.waitSignal(panel.runFinished, timeout=60000) as blocker:
+        panel.run()
+        qtbot.waitUntil(lambda: panel.progress.maximum() == 10000 and panel.progress.value() >= 1, timeout=60000)
+        window.cancel_profile_action.trigger()
+    assert blocker.args == ["cancelled"] and panel.worker is None
+    assert window.state.profile is p and panel.run_button.isEnabled()
+    assert not window.errors
 
 
 def test_train_ten_steps_event_loop_alive(window, qtbot):
@@ -120,9 +201,10 @@ def test_train_ten_steps_event_loop_alive(window, qtbot):
     timer.timeout.connect(lambda: ticks.append(time.perf_counter()))
     timer.start()
     panel = window.training_panel
+    assert panel.backend_name() == "gpu"                      # the default
     panel.steps.setValue(10)
     panel.lr.setValue(0.01)
-    panel.batch.setValue(64)
+    panel.batch.setValue(16)
     worker = panel.start()
     with qtbot.waitSignal(panel.runFinished, timeout=30000) as blocker:
         pass
@@ -138,25 +220,41 @@ def test_train_ten_steps_event_loop_alive(window, qtbot):
     assert panel.save_button.isEnabled() and panel.export_button.isEnabled()
     # trained parameters went back to the state
     assert window.state.params is not None and panel.last_trainer.step_count == 10
+    assert panel.last_trainer.backend == "gpu" and window.state.session is panel.last_trainer.session
+    assert "training" in window.memory_label.text()
+    assert all(np.isfinite(v).all() for v in window.state.params.values())
+    assert not window.errors
+
+
+def test_train_reference_backend(window, qtbot):
+    panel = window.training_panel
+    panel.set_backend("reference")
+    panel.steps.setValue(3)
+    with qtbot.waitSignal(panel.runFinished, timeout=30000) as blocker:
+        panel.start()
+    assert blocker.args == ["finished"] and panel.last_trainer.backend == "reference"
+    assert panel.plotted_points() == 3
 
 
 def test_stop_mid_run(window, qtbot):
     panel = window.training_panel
     panel.steps.setValue(100000)
-    panel.start()
+    worker = panel.start()
     qtbot.waitUntil(lambda: len(panel.losses) >= 3, timeout=20000)
     with qtbot.waitSignal(panel.runFinished, timeout=10000) as blocker:
         window.stop_action.trigger()
     assert blocker.args == ["stopped"]
     assert panel.worker is None
     assert 3 <= panel.last_trainer.step_count < 100000
-    assert panel.start_button.isEnabled()
+    assert not worker.is_running and panel.start_button.isEnabled()
 
 
 def test_nan_stops_with_message(window, qtbot, errors):
     panel = window.training_panel
     params = {k: v.copy() for k, v in window.state.params.items()}
-    params["fc1.bias"][:] = np.nan
+    # fc2 (no ReLU after it): the GPU's max(x, 0) turns a NaN into 0, so a NaN fc1.bias
+    # would not reach the loss on the GPU backend
+    params["fc2.bias"][:] = np.nan
     window.state.set_params(params)
     panel.steps.setValue(200)
     with qtbot.waitSignal(panel.runFinished, timeout=30000) as blocker:
@@ -166,7 +264,7 @@ def test_nan_stops_with_message(window, qtbot, errors):
     assert panel.worker is None and panel.start_button.isEnabled()
 
 
-def test_bad_weights_file_keeps_previous(window, tmp_path, monkeypatch, errors):
+def test_bad_weights_file_keeps_previous(window, qtbot, tmp_path, monkeypatch, errors):
     good = tmp_path / "good.safetensors"
     model = window.state.model
     params = {k: np.full_like(v, 0.5) for k, v in window.state.params.items()}
@@ -192,4 +290,26 @@ def test_bad_weights_file_keeps_previous(window, tmp_path, monkeypatch, errors):
     assert "fc1.weight" in errors[-1][1]
     # still working: switch model and draw it
     assert window.load_model("gpt-tiny", SMALL["gpt-tiny"])
-    assert len(node_items(window)) == len(window.state.graph("original").nodes)
+    opt = wait_optimized(window, qtbot)
+    assert len(node_items(window)) == len(opt.nodes)
+
+
+def test_settings_never_touch_the_users(window, monkeypatch, tmp_path):
+    from app.window import SETTINGS_ENV, default_settings
+    assert default_settings().fileName() == os.environ[SETTINGS_ENV]      # tests/conftest.py sets it
+    monkeypatch.setenv(SETTINGS_ENV, str(tmp_path / "other.ini"))
+    qs = default_settings()
+    qs.setValue("model/name", "gpt-tiny")
+    qs.sync()
+    assert (tmp_path / "other.ini").exists()
+
+
+def test_graph_refits_on_resize(window, qtbot):
+    wait_optimized(window, qtbot)
+    canvas = window.graph_view.canvas
+    window.resize(1400, 860)
+    qtbot.wait(20)
+    window.resize(700, 500)
+    qtbot.waitUntil(lambda: canvas.viewport().width() < 600, timeout=2000)
+    rect = canvas.mapFromScene(canvas.scene().itemsBoundingRect()).boundingRect()
+    assert canvas.viewport().rect().adjusted(-2, -2, 2, 2).contains(rect)

@@ -8,6 +8,7 @@ pointwise nodes, and returns the new Graph with an ``OptimizeReport``.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections import defaultdict
 
@@ -34,19 +35,25 @@ def optimize(graph: Graph, *, max_iterations: int = 30, node_limit: int = 500_00
     phases["saturate"] = time.perf_counter() - t
     t = time.perf_counter()
     classes, refs = egraph.read_egraph(eg)
+    # egglog's EGraph sits in reference cycles and is "unsendable": free it here, on the
+    # thread that made it, or a later collection on another thread (the GUI's) panics
+    del eg
+    gc.collect()
     ex = egraph.Extractor(tr, classes, refs)
     ex.run()
     phases["extract"] = time.perf_counter() - t
     t = time.perf_counter()
     out, class_of_new = egraph.rebuild(graph, ex)
     origins = egraph.origins(graph, ex, class_of_new)
-    applied, saved = _attribute(graph, out, origins)
+    applied, saved, produced = _attribute(graph, out, origins)
     applied["cse"], saved["cse"] = tr.cse_merged, sum(
         cost.graph_node_bytes(graph, n) for n in graph.nodes if tr.rep[n.id] != n.id)
     if fuse_pointwise:
-        before = out
+        before, before_origins = out, origins
         out, origins, groups = pointwise.fuse_pointwise(out, origins)
         applied["pointwise_dag"] = len(groups)
+        produced = _renumber(produced, before, before_origins, out, origins)
+        produced["pointwise_dag"] = [n.id for n in out.nodes if n.op == "pointwise"]
         saved["pointwise_dag"] = sum(sum(cost.graph_node_bytes(before, before[m]) for m in members)
                                      for _, members in groups) - sum(
             cost.graph_node_bytes(out, n) for n in out.nodes if n.op == "pointwise")
@@ -60,7 +67,8 @@ def optimize(graph: Graph, *, max_iterations: int = 30, node_limit: int = 500_00
         rule_bytes_saved={name: int(saved.get(name, 0)) for name in rules.RULES},
         matches={name: matches.get(name, 0) for name in rules.RULES if rules.RULES[name].in_egglog},
         saturated=stop == "saturated", stop_reason=stop, iterations=iterations, egraph_nodes=size,
-        seconds=time.perf_counter() - t0, phase_seconds=phases, origins=origins)
+        seconds=time.perf_counter() - t0, phase_seconds=phases, origins=origins,
+        rule_nodes={name: sorted(ids) for name, ids in produced.items() if ids})
     return out, report
 
 
@@ -71,7 +79,7 @@ def _attribute(graph: Graph, out: Graph, origins: dict[int, list[int]]):
         c = graph.constants.get(i)
         return float(c) if c is not None and c.shape == () and c.dtype.kind == "f" else None
 
-    applied, saved = defaultdict(int), defaultdict(float)
+    applied, saved, produced = defaultdict(int), defaultdict(float), defaultdict(list)
     for n in out.nodes:
         src = [graph[i] for i in origins.get(n.id, [])]
         if len(src) <= 1:
@@ -85,4 +93,27 @@ def _attribute(graph: Graph, out: Graph, origins: dict[int, list[int]]):
         for name in names:
             applied[name] += 1
             saved[name] += gain / len(names)
-    return applied, saved
+            produced[name].append(n.id)
+    return applied, saved, produced
+
+
+def _renumber(produced: dict[str, list[int]], before: Graph, before_origins: dict[int, list[int]],
+              after: Graph, after_origins: dict[int, list[int]]) -> dict[str, list[int]]:
+    """Node ids of ``before`` -> the ids of the ``after`` nodes holding them (the same
+    node, or the pointwise group that absorbed it), matched by their original nodes."""
+    holders: dict[int, list[int]] = defaultdict(list)
+    for nid, srcs in after_origins.items():
+        for o in srcs:
+            holders[o].append(nid)
+
+    def find(b: int) -> int | None:
+        srcs = before_origins.get(b) or []
+        cands = [c for c in dict.fromkeys(h for o in srcs for h in holders.get(o, ()))
+                 if set(srcs) <= set(after_origins.get(c, ()))]
+        same = [c for c in cands if after[c].op == before[b].op]
+        return (same or cands or [None])[0]
+
+    out: dict[str, list[int]] = {}
+    for name, ids in produced.items():
+        out[name] = sorted({c for c in map(find, ids) if c is not None})
+    return out

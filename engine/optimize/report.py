@@ -23,6 +23,7 @@ class OptimizeReport:
     seconds: float = 0.0
     phase_seconds: dict[str, float] = field(default_factory=dict)
     origins: dict[int, list[int]] = field(default_factory=dict)    # optimized node id -> original node ids
+    rule_nodes: dict[str, list[int]] = field(default_factory=dict)  # rule name -> optimized node ids it produced
 
     def to_dict(self) -> dict:
         return {
@@ -35,6 +36,7 @@ class OptimizeReport:
             "seconds": round(self.seconds, 6),
             "phase_seconds": {k: round(v, 6) for k, v in self.phase_seconds.items()},
             "origins": {str(k): list(v) for k, v in self.origins.items()},
+            "rule_nodes": {k: list(v) for k, v in self.rule_nodes.items()},
         }
 
     def format_table(self) -> str:
