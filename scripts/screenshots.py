@@ -101,9 +101,6 @@ def main(argv=None) -> int:
 
     w.load_model("mlp", {"batch": 32})
     wait(app, idle, 120)
-    # reference backend: long GPU runs in the worker thread crash the Studio intermittently
-    # ("none_dealloc", worker inside wgpu's queue.submit while pyqtgraph paints); see issue 8
-    w.training_panel.set_backend("reference")
     w.training_panel.steps.setValue(150)
     w.training_panel.lr.setValue(0.003)
     w.start_training()

@@ -1,0 +1,39 @@
+"""The Studio's workers (superqt thread_worker) send a value to the UI thread at every
+training or profiling step. PySide6 6.12.0 drops a reference of each object sent by a
+cross-thread signal and aborts the process within a few thousand steps ("deallocating
+None"); pyproject.toml excludes it. This runs the pattern in a child process, since the
+failure is an abort, not an exception."""
+
+import subprocess
+import sys
+import textwrap
+
+
+def test_many_yields_from_a_worker_thread_keep_reference_counts():
+    script = textwrap.dedent("""
+        import os, sys
+        os.environ["QT_QPA_PLATFORM"] = "offscreen"
+        from PySide6.QtCore import QCoreApplication
+        from superqt.utils import thread_worker
+
+        app = QCoreApplication([])
+
+        @thread_worker
+        def steps(n):
+            for i in range(n):
+                yield None
+
+        before = sys.getrefcount(None)
+        got = [0]
+        worker = steps(20000, _start_thread=False)
+        worker.yielded.connect(lambda v: got.__setitem__(0, got[0] + 1))
+        worker.finished.connect(app.quit)
+        worker.start()
+        app.exec()
+        print(got[0], sys.getrefcount(None) - before)
+    """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    received, drift = map(int, run.stdout.split())
+    assert received == 20000
+    assert abs(drift) < 1000
