@@ -130,7 +130,7 @@ POINTWISE_EXPR = {
     "rsqrt": "(1.0 / sqrt({0}))",
     "reciprocal": "(1.0 / {0})",
     "abs": "abs({0})",
-    "relu": "max({0}, 0.0)",
+    "relu": "select({0}, 0.0, {0} < 0.0)",  # keeps NaN, as numpy and torch do
     "sigmoid": "sigmoid_({0})",
     "tanh": "tanh_({0})",
     "silu": "({0} * sigmoid_({0}))",
@@ -145,7 +145,7 @@ POINTWISE_EXPR = {
     "abs_grad": "({0} * sign({1}))",
 }
 
-ACTIVATION_EXPR = {"none": "x", "relu": "max(x, 0.0)", "silu": "x * sigmoid_(x)",
+ACTIVATION_EXPR = {"none": "x", "relu": "select(x, 0.0, x < 0.0)", "silu": "x * sigmoid_(x)",
                    "gelu": "gelu_(x)", "gelu_tanh": "gelu_tanh_(x)"}
 
 

@@ -435,3 +435,20 @@ def test_attention_over_many_keys_with_whisper_head_dim():
     v = g.input("v", [1, 600, 64])
     g.output("o", g.attention(q, k, v, num_heads=1))
     check(g)
+
+
+def test_relu_keeps_nan_so_a_poisoned_weight_reaches_the_loss():
+    g = Graph("relu-nan")
+    x = g.input("x", [2, 3])
+    w = g.parameter("w", [3, 3])
+    g.output("y", g.relu(x))
+    g.output("z", g.apply("fused_matmul", x, w, activation="relu"))
+    s = build_inference_session(g, optimize=False)
+    xv = np.array([[np.nan, -1.0, 2.0], [0.5, -0.5, 0.0]], dtype=np.float32)
+    s.set_inputs({"x": xv})
+    s.set_parameters({"w": np.eye(3, dtype=np.float32)})
+    s.run()
+    want = reference.run(g, {"x": xv}, {"w": np.eye(3)})
+    assert np.isnan(want["y"]).any() and np.isnan(want["z"]).any()
+    for name in ("y", "z"):
+        np.testing.assert_array_equal(s.read_output(name), want[name])  # NaN where NaN
