@@ -318,47 +318,75 @@ def test_transformer_block_gradients_match_torch():
 
 # ---------------------------------------------------------------- built-in models against torch
 
-def builtin_model_grads_against_torch(monkeypatch, model, inputs, torch_loss):
+def jittered(model, seed=0):
+    """Initial values plus noise, so zero-initialised layers (audio-align's projector.fc2)
+    and unit norms do not make gradients trivially zero or symmetric."""
+    rng = np.random.default_rng(seed + 1)
+    return {k: (v + rng.normal(0, 0.05, v.shape)).astype(np.float32) for k, v in model.init_params(seed).items()}
+
+
+def builtin_model_grads_against_torch(model, inputs, torch_loss, params=None):
     """Engine gradients (float32 reference) of a built-in model's training graph against
-    autograd through the independent torch implementation in tests/torch_reference.py."""
+    autograd (float64) through the independent torch implementation in
+    tests/torch_reference.py, with the same weights. Frozen parameters are torch leaves
+    with requires_grad=False: both sides must give them no gradient."""
     import torch_reference as tr
-    params = model.init_params(seed=0)
-    train, pairs = differentiate(model.build(train=True))
+    params = model.init_params(seed=0) if params is None else params
+    graph = model.build(train=True)
+    train, pairs = differentiate(graph)
     got = reference.run(train, inputs, params, np.float32)
-    leaves = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True)
-              for k, v in model.to_file_layout(params).items()}
-    monkeypatch.setattr(tr, "tensors", lambda _: leaves)
-    loss = torch_loss(tr, params)
+    trainable = {n for n, m in graph.param_meta.items() if m["trainable"]}
+    w = tr.leaves(model.to_file_layout(params), trainable=trainable.__contains__)
+    loss = torch_loss(tr, w)
     loss.backward()
     np.testing.assert_allclose(got["loss"], loss.item(), rtol=1e-5)
-    assert {p for p, _ in pairs} == {n for n, m in train.param_meta.items() if m["trainable"]}
+    assert {p for p, _ in pairs} == trainable
+    assert all(w[n].grad is None for n in set(params) - trainable)
     for name, grad_name in pairs:
-        want = leaves[name].grad.numpy()
+        want = w[name].grad.numpy()
         want = want.T if name in model.weight_transposes else want
         err = relative_error(got[grad_name].astype(np.float64), want)
         assert err < 1e-4, f"{model.name}: d loss / d {name}: relative error {err:.2e}"
+    return pairs
 
 
-def test_gpt_tiny_gradients_match_torch(monkeypatch):
+def test_gpt_tiny_gradients_match_torch():
     from engine import models
     model = models.create("gpt-tiny", batch=1, seq=8)
     inputs = model.example_inputs(train=True)
-    targets = torch.from_numpy(inputs["targets"].astype(np.int64)).reshape(-1)
-    builtin_model_grads_against_torch(monkeypatch, model, inputs, lambda tr, params: F.cross_entropy(
-        tr.gpt_logits(inputs["tokens"], params).reshape(-1, 257), targets, ignore_index=-100))
+    builtin_model_grads_against_torch(model, inputs, lambda tr, w: tr.cross_entropy(
+        tr.gpt_forward(inputs["tokens"], w), inputs["targets"]))
 
 
-def test_mlp_model_gradients_match_torch(monkeypatch):
+def test_mlp_model_gradients_match_torch():
     from engine import models
     model = models.create("mlp", batch=4)
     inputs = model.example_inputs(train=True)
     labels = torch.from_numpy(inputs["labels"].astype(np.int64))
+    builtin_model_grads_against_torch(model, inputs, lambda tr, w: F.cross_entropy(
+        tr.mlp_forward(tr.as_tensor(inputs["x"]), w), labels))
 
-    def loss(tr, params):
-        w = tr.tensors(params)
-        h = F.relu(tr.linear(torch.from_numpy(inputs["x"]).double(), w, "fc1"))
-        return F.cross_entropy(tr.linear(h, w, "fc2"), labels)
-    builtin_model_grads_against_torch(monkeypatch, model, inputs, loss)
+
+def test_whisper_tiny_gradients_match_torch():
+    from engine import models
+    model = models.create("whisper-tiny", batch=1, mel_len=16, samples=1)
+    inputs = model.example_inputs(train=True)
+    pairs = builtin_model_grads_against_torch(model, inputs, lambda tr, w: tr.whisper_loss(
+        tr.as_tensor(inputs["mel"]), tr.as_tensor(inputs["target"]), w), params=jittered(model))
+    assert "model.encoder.embed_positions.weight" not in dict(pairs)  # not trained, as in HF
+    assert "model.encoder.conv1.weight" in dict(pairs)
+
+
+def test_audio_align_gradients_match_torch_and_skip_the_frozen_encoder():
+    from engine import models
+    model = models.create("audio-align", batch=2, mel_len=8, seq=6)
+    inputs = model.example_inputs(train=True)
+    pairs = builtin_model_grads_against_torch(model, inputs, lambda tr, w: tr.cross_entropy(
+        tr.audio_align_forward(tr.as_tensor(inputs["mel"]), inputs["tokens"], w), inputs["targets"]),
+        params=jittered(model))
+    names = dict(pairs)
+    assert not any(n.startswith("model.encoder.") for n in names)
+    assert {"projector.fc1.weight", "projector.fc2.weight", "audio_norm.weight", "gpt.embed.weight"} <= set(names)
 
 
 def test_audio_align_frozen_encoder_costs_only_its_forward():

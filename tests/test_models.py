@@ -260,3 +260,29 @@ def test_gpt_targets_are_the_shifted_tokens():
     np.testing.assert_array_equal(targets[:, :-1][both_text], tokens[:, 1:][both_text])
     assert both_text.sum() > 100
     assert decode(tokens[0]).startswith(("the ", "a ", "my "))
+
+
+@pytest.mark.parametrize("dtype, eps", [(torch.float16, 2.0 ** -11), (torch.bfloat16, 2.0 ** -8)])
+def test_whisper_weights_in_half_precision_load_and_match_f32(tmp_path, whisper, whisper_params, dtype, eps):
+    """A file written by torch/safetensors in f16 or bf16 loads through load_weights (widened
+    to float32, transposes applied) and gives the f32 weights' outputs within the format's
+    precision: each weight is rounded exactly as torch rounds it, and the output moves by
+    about the relative rounding error (unit roundoff ``eps``) of the weights (measured:
+    1.5 eps for both formats)."""
+    from safetensors.torch import save_file
+    file_layout = whisper.to_file_layout(whisper_params)
+    path = tmp_path / f"whisper-{str(dtype).split('.')[-1]}.safetensors"
+    save_file({k: torch.from_numpy(v).to(dtype) for k, v in file_layout.items()}, str(path))
+    loaded = whisper.load_weights(path)
+    assert loaded.keys() == whisper_params.keys()
+    for name, value in loaded.items():
+        assert value.dtype == np.float32 and value.shape == whisper_params[name].shape
+        rounded = torch.from_numpy(file_layout[name]).to(dtype).float().numpy()
+        np.testing.assert_array_equal(value, rounded.T if name in whisper.weight_transposes else rounded)
+        assert np.abs(value - whisper_params[name]).max() <= eps * np.abs(whisper_params[name]).max()
+    mel = {"mel": whisper.dataset(0)["mel"][:1]}
+    g = whisper.build(batch=1)
+    full = reference.run(g, mel, whisper_params)["hidden"]
+    half = reference.run(g, mel, loaded)["hidden"]
+    err = rel_err(half, full)
+    assert 0 < err < 5 * eps, f"{dtype}: relative error {err:.2e} vs unit roundoff {eps:.1e}"

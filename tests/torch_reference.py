@@ -4,18 +4,44 @@ They read weights in PyTorch/HuggingFace layout (Linear [out, in]), i.e. what
 ``model.to_file_layout(params)`` gives, so they also check the transposes. They
 use torch's own ops (conv1d, layer_norm, scaled_dot_product_attention, ...),
 not the engine's reference functions.
+
+Two levels:
+- tensor functions (``*_forward``, ``*_loss``) take a dict of torch tensors ``w``
+  (e.g. leaves with requires_grad, from ``leaves``) and tensor inputs, and return
+  tensors, so autograd runs through them;
+- numpy wrappers (``whisper_encoder``, ``audio_align_logits``, ``mlp_logits``,
+  ``gpt_logits``) take numpy params/inputs and compute in float64.
 """
 
 from __future__ import annotations
+
+from typing import Mapping
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+IGNORE = -100
 
-def tensors(params: dict) -> dict[str, torch.Tensor]:
-    return {k: torch.from_numpy(np.asarray(v, dtype=np.float64)) for k, v in params.items()}
 
+def tensors(params: Mapping, dtype=torch.float64) -> dict[str, torch.Tensor]:
+    return {k: torch.as_tensor(np.asarray(v), dtype=dtype) for k, v in params.items()}
+
+
+def leaves(params: Mapping, trainable=lambda name: True, dtype=torch.float64) -> dict[str, torch.Tensor]:
+    """Fresh leaf tensors; ``requires_grad`` only where ``trainable(name)``."""
+    return {k: torch.tensor(np.asarray(v), dtype=dtype, requires_grad=bool(trainable(k))) for k, v in params.items()}
+
+
+def as_tensor(x, dtype=torch.float64) -> torch.Tensor:
+    return x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x), dtype=dtype)
+
+
+def as_ids(x) -> torch.Tensor:
+    return x.long() if isinstance(x, torch.Tensor) else torch.from_numpy(np.asarray(x).astype(np.int64))
+
+
+# ---------------------------------------------------------------- building blocks
 
 def linear(x, w, name, bias=True):
     return F.linear(x, w[f"{name}.weight"], w.get(f"{name}.bias") if bias else None)
@@ -29,8 +55,8 @@ def split_heads(x, heads):
 def rotate_half_rope(x, base=10000.0):
     """x [b, heads, t, d]: rotate pairs (i, i + d/2) by position * base^(-2i/d)."""
     d, t = x.shape[-1], x.shape[-2]
-    freqs = base ** (-torch.arange(0, d, 2, dtype=x.dtype) / d)
-    angles = torch.arange(t, dtype=x.dtype)[:, None] * freqs[None, :]
+    freqs = base ** (-torch.arange(0, d, 2, dtype=x.dtype, device=x.device) / d)
+    angles = torch.arange(t, dtype=x.dtype, device=x.device)[:, None] * freqs[None, :]
     cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
     rotated = torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1)
     return x * cos + rotated * sin
@@ -56,9 +82,17 @@ def rms_norm(x, w, name, eps=1e-6):
     return F.rms_norm(x, x.shape[-1:], w[f"{name}.weight"], eps)
 
 
-def whisper_encoder(mel: np.ndarray, params: dict, layers=4, heads=6) -> np.ndarray:
-    w, p = tensors(params), "model.encoder"
-    x = F.gelu(F.conv1d(torch.from_numpy(mel).double(), w[f"{p}.conv1.weight"], w[f"{p}.conv1.bias"], padding=1))
+def cross_entropy(logits, targets):
+    """Mean cross-entropy over the positions whose target is not IGNORE."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), as_ids(targets).reshape(-1), ignore_index=IGNORE)
+
+
+# ---------------------------------------------------------------- models on tensors
+
+def whisper_forward(mel, w, prefix="model.encoder", layers=4, heads=6) -> torch.Tensor:
+    """mel [b, 80, t] -> hidden [b, t/2, 384]."""
+    p = prefix
+    x = F.gelu(F.conv1d(mel, w[f"{p}.conv1.weight"], w[f"{p}.conv1.bias"], padding=1))
     x = F.gelu(F.conv1d(x, w[f"{p}.conv2.weight"], w[f"{p}.conv2.bias"], stride=2, padding=1))
     x = x.permute(0, 2, 1)
     x = x + w[f"{p}.embed_positions.weight"][: x.shape[1]]
@@ -68,7 +102,12 @@ def whisper_encoder(mel: np.ndarray, params: dict, layers=4, heads=6) -> np.ndar
                                k_bias=False)
         h = F.gelu(linear(layer_norm(x, w, f"{lp}.final_layer_norm"), w, f"{lp}.fc1"))
         x = x + linear(h, w, f"{lp}.fc2")
-    return layer_norm(x, w, f"{p}.layer_norm").numpy()
+    return layer_norm(x, w, f"{p}.layer_norm")
+
+
+def whisper_loss(mel, target, w) -> torch.Tensor:
+    """whisper-tiny's training loss: MSE of ``hidden`` against ``target``."""
+    return F.mse_loss(whisper_forward(mel, w), target)
 
 
 def gpt_decode(x: torch.Tensor, w: dict, prefix="", depth=6, heads=6) -> torch.Tensor:
@@ -82,24 +121,50 @@ def gpt_decode(x: torch.Tensor, w: dict, prefix="", depth=6, heads=6) -> torch.T
     return linear(rms_norm(x, w, f"{prefix}norm"), w, f"{prefix}lm_head", bias=False)
 
 
-def embed(tokens: np.ndarray, w: dict, prefix="") -> torch.Tensor:
-    return w[f"{prefix}embed.weight"][torch.from_numpy(tokens.astype(np.int64))]
+def embed(tokens, w: dict, prefix="") -> torch.Tensor:
+    return w[f"{prefix}embed.weight"][as_ids(tokens)]
 
 
-def gpt_logits(tokens: np.ndarray, params: dict) -> torch.Tensor:
-    w = tensors(params)
+def gpt_forward(tokens, w) -> torch.Tensor:
     return gpt_decode(embed(tokens, w), w)
 
 
-def audio_align_logits(mel: np.ndarray, tokens: np.ndarray, params: dict) -> np.ndarray:
-    w = tensors(params)
-    audio = torch.from_numpy(whisper_encoder(mel, params))
-    audio = rms_norm(linear(F.gelu(linear(audio, w, "projector.fc1")), w, "projector.fc2"), w, "audio_norm")
+def audio_soft_tokens(hidden, w) -> torch.Tensor:
+    """Encoder output -> projector -> audio_norm."""
+    return rms_norm(linear(F.gelu(linear(hidden, w, "projector.fc1")), w, "projector.fc2"), w, "audio_norm")
+
+
+def audio_align_forward(mel, tokens, w, hidden=None) -> torch.Tensor:
+    """Logits over the text positions. ``hidden``, the (frozen) encoder's output for
+    ``mel``, may be given to skip recomputing it."""
+    if hidden is None:
+        hidden = whisper_forward(mel, w)
+    audio = audio_soft_tokens(hidden, w)
     logits = gpt_decode(torch.cat([audio, embed(tokens, w, "gpt.")], 1), w, "gpt.")
-    return logits[:, audio.shape[1]:].numpy()
+    return logits[:, audio.shape[1]:]
+
+
+def mlp_forward(x, w) -> torch.Tensor:
+    return linear(F.relu(linear(x, w, "fc1")), w, "fc2")
+
+
+# ---------------------------------------------------------------- numpy wrappers (float64)
+
+def whisper_encoder(mel: np.ndarray, params: dict) -> np.ndarray:
+    with torch.no_grad():
+        return whisper_forward(as_tensor(mel), tensors(params)).numpy()
+
+
+def gpt_logits(tokens: np.ndarray, params: dict) -> torch.Tensor:
+    with torch.no_grad():
+        return gpt_forward(tokens, tensors(params))
+
+
+def audio_align_logits(mel: np.ndarray, tokens: np.ndarray, params: dict) -> np.ndarray:
+    with torch.no_grad():
+        return audio_align_forward(as_tensor(mel), tokens, tensors(params)).numpy()
 
 
 def mlp_logits(x: np.ndarray, params: dict) -> np.ndarray:
-    w = tensors(params)
-    h = F.relu(linear(torch.from_numpy(x).double(), w, "fc1"))
-    return linear(h, w, "fc2").numpy()
+    with torch.no_grad():
+        return mlp_forward(as_tensor(x), tensors(params)).numpy()
