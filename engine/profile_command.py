@@ -67,13 +67,11 @@ def profile_built_model(model, params, steps: int, *, train: bool = False, graph
     say(f"profiling {model.name} ({'training' if train else 'forward'} step, "
         f"{len(graph.nodes)} nodes) for {steps} steps")
     if train:
-        try:
-            from .training_session import build_session
-        except ImportError:
-            raise MeganeuraError("GPU training sessions are not implemented yet; "
-                                 "profile the forward pass (drop --train)") from None
+        from .train import TrainConfig
+        from .training_session import build_session
+        config = TrainConfig(**model.TRAIN_DEFAULTS, batch_size=model.settings["batch"], seed=seed)
         with rec.span("build training session (optimize, differentiate, optimize, compile)"):
-            session = build_session(graph)
+            session = build_session(graph, config)
             add_build_spans(rec, session)
     else:
         if not optimized:
