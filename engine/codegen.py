@@ -114,7 +114,7 @@ def _finish(name, archetype, template, operand_names, operand_types, out_type, m
     while n4 * 4 < len(meta):
         n4 *= 2
     prelude = _render("common.wgsl", META_N=n4)
-    source = _render(template, PRELUDE=prelude,
+    source = _render(template, PRELUDE=prelude, WG_REDUCE=_template("wg_reduce.wgsl"),
                      BINDINGS=_bindings(operand_names, operand_types, out_type), **subs)
     return Kernel(name, archetype, source, operand_types, out_type, meta, workgroups, n4)
 
@@ -300,14 +300,13 @@ def _matmul(graph: Graph, node: Node) -> Kernel:
     if max(gx, gy, nbatch) > MAX_WORKGROUPS:
         raise DeviceError(f"{graph.format_node(node)}: matmul grid {gx} x {gy} x {nbatch} exceeds "
                           f"{MAX_WORKGROUPS} workgroups per dimension")
+    common = dict(BR=br, OPERANDS=_render("matmul_operands.wgsl", ACTIVATION=act), EPILOGUE="\n".join(epi))
     if variant == "simple":
         k = _finish(f"matmul:{node.op}", "matmul", "matmul.wgsl", names, types, "f32", meta,
-                    (gx, gy, max(nbatch, 1)), BR=br, ACTIVATION=act, A_PROLOGUE=prologue,
-                    EPILOGUE="\n".join(epi))
+                    (gx, gy, max(nbatch, 1)), A_PROLOGUE=prologue, **common)
     else:
         k = _finish(f"matmul:{node.op}", "matmul", "matmul_tiled.wgsl", names, types, "f32", meta,
-                    (gx, gy, max(nbatch, 1)), BR=br, ACTIVATION=act, EPILOGUE="\n".join(epi),
-                    **_tiled_subs(tile // 16, tile // 16))
+                    (gx, gy, max(nbatch, 1)), **common, **_tiled_subs(tile // 16, tile // 16))
     k.notes["variant"] = f"{tile}x{tile} tile" + ("" if variant == "simple" else f", {tile // 16}x{tile // 16}/thread")
     return k
 

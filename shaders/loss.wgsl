@@ -7,19 +7,7 @@
 
 {{BINDINGS}}
 
-var<workgroup> red: array<f32, 256>;
-
-fn wg_sum(v: f32, t: u32) -> f32 {
-    red[t] = v;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s = s >> 1u) {
-        if (t < s) { red[t] = red[t] + red[t + s]; }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
+{{WG_REDUCE}}
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>) {

@@ -15,24 +15,7 @@ const TS: u32 = 16u;
 var<workgroup> As: array<array<f32, 16>, 16>;
 var<workgroup> Bs: array<array<f32, 16>, 16>;
 
-fn op_base(op: u32) -> u32 { return 5u + BR + op * (BR + 2u); }
-
-fn boff(b: u32, op: u32) -> u32 {
-    var rem = b;
-    var off = 0u;
-    let base = op_base(op);
-    for (var d = i32(BR) - 1; d >= 0; d = d - 1) {
-        let n = m(5u + u32(d));
-        off = off + (rem % n) * m(base + u32(d));
-        rem = rem / n;
-    }
-    return off;
-}
-
-fn srow(op: u32) -> u32 { return m(op_base(op) + BR); }
-fn scol(op: u32) -> u32 { return m(op_base(op) + BR + 1u); }
-
-fn act(x: f32) -> f32 { return {{ACTIVATION}}; }
+{{OPERANDS}}
 
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {

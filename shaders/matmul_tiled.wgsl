@@ -20,24 +20,7 @@ const BS: u32 = {{BS}}u;
 var<workgroup> As: array<vec4<f32>, {{A_SLOTS}}>;
 var<workgroup> Bs: array<vec4<f32>, {{B_SLOTS}}>;
 
-fn op_base(op: u32) -> u32 { return 5u + BR + op * (BR + 2u); }
-
-fn boff(b: u32, op: u32) -> u32 {
-    var rem = b;
-    var off = 0u;
-    let base = op_base(op);
-    for (var d = i32(BR) - 1; d >= 0; d = d - 1) {
-        let n = m(5u + u32(d));
-        off = off + (rem % n) * m(base + u32(d));
-        rem = rem / n;
-    }
-    return off;
-}
-
-fn srow(op: u32) -> u32 { return m(op_base(op) + BR); }
-fn scol(op: u32) -> u32 { return m(op_base(op) + BR + 1u); }
-
-fn act(x: f32) -> f32 { return {{ACTIVATION}}; }
+{{OPERANDS}}
 
 fn store(b: u32, row: u32, col: u32, acc: f32) {
     let M = m(0u);

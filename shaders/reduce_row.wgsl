@@ -8,31 +8,7 @@
 
 {{BINDINGS}}
 
-var<workgroup> red: array<f32, 256>;
-
-fn wg_sum(v: f32, t: u32) -> f32 {
-    red[t] = v;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s = s >> 1u) {
-        if (t < s) { red[t] = red[t] + red[t + s]; }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
-
-fn wg_max(v: f32, t: u32) -> f32 {
-    red[t] = v;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s = s >> 1u) {
-        if (t < s) { red[t] = max(red[t], red[t + s]); }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
+{{WG_REDUCE}}
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

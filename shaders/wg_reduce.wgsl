@@ -1,0 +1,28 @@
+// Tree reductions over the 256 threads of a workgroup, shared by the row-reduction
+// and scalar-loss kernels; every thread gets the result.
+
+var<workgroup> red: array<f32, 256>;
+
+fn wg_sum(v: f32, t: u32) -> f32 {
+    red[t] = v;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s = s >> 1u) {
+        if (t < s) { red[t] = red[t] + red[t + s]; }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+fn wg_max(v: f32, t: u32) -> f32 {
+    red[t] = v;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s = s >> 1u) {
+        if (t < s) { red[t] = max(red[t], red[t + s]); }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
