@@ -26,7 +26,7 @@ from .. import nn
 from ..audio import HOP, log_mel_spectrogram, pad_or_trim, tone, write_wav
 from ..graph import Graph
 from .base import BuiltinModel, Setting, positive
-from .gpt import BOS, GPT, IGNORE, RMS_EPS, encode
+from .gpt import GPT, IGNORE, RMS_EPS, encode, next_token_row
 from .whisper import MAX_MEL_LEN, N_MELS, WIDTH, WhisperEncoder
 
 CLIPS = ((220.0, "low tone"), (330.0, "mid low tone"), (440.0, "middle tone"),
@@ -36,12 +36,7 @@ CLIP_SECONDS = 5.0
 
 def text_row(text: str, seq: int) -> tuple[np.ndarray, np.ndarray]:
     """tokens = [BOS] + bytes, targets = the bytes shifted by one; padded with BOS / -100."""
-    ids = encode(text)[: seq + 1]
-    tokens = np.full(seq, BOS, np.int32)
-    targets = np.full(seq, IGNORE, np.int32)
-    tokens[: len(ids) - 1] = ids[:-1]
-    targets[: len(ids) - 1] = ids[1:]
-    return tokens, targets
+    return next_token_row(encode(text), seq)
 
 
 class AudioAlign(BuiltinModel):

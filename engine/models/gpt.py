@@ -97,6 +97,12 @@ def training_row(rng: np.random.Generator, seq: int) -> tuple[np.ndarray, np.nda
         ids += more
     if len(ids) < 2:  # seq shorter than one sentence: cut one
         ids = (ids + more)[: seq + 1]
+    return next_token_row(ids, seq)
+
+
+def next_token_row(ids: list[int], seq: int) -> tuple[np.ndarray, np.ndarray]:
+    """tokens = ids[:-1], targets = ids[1:] (the next token), padded to seq with BOS / -100."""
+    ids = list(ids)[: seq + 1]
     tokens = np.full(seq, BOS, np.int32)
     targets = np.full(seq, IGNORE, np.int32)
     tokens[: len(ids) - 1] = ids[:-1]
