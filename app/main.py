@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 
-from .window import DEFAULT_MODEL, MainWindow, adapter_line, doctor_text  # noqa: F401
+from .window import DEFAULT_MODEL, MainWindow
 
 
 def parse_args(argv=None) -> argparse.Namespace:

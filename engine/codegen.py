@@ -233,7 +233,6 @@ def _matmul(graph: Graph, node: Node) -> Kernel:
     norm = node.op == "norm_matmul"
     if norm:
         # inputs: x, w, b  ->  A = x (prologue * w[k], epilogue * rsqrt(mean x^2 + eps)), B = b
-        w = graph[node.inputs[1]]
         b = graph[node.inputs[2]]
         extras = []
     else:

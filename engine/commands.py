@@ -194,7 +194,7 @@ def _train_arguments(parser):
     parser.add_argument("--backend", choices=("gpu", "reference"), default="gpu")
 
 
-def train_config(model, args) -> "TrainConfig":
+def train_config(model, args):
     from .train import TrainConfig
     fields = dict(model.TRAIN_DEFAULTS)
     chosen = {"optimizer": args.optimizer, "lr": args.lr, "schedule": args.schedule,

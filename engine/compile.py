@@ -10,7 +10,6 @@ reported.
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
 import warnings

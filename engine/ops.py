@@ -20,7 +20,6 @@ from typing import Any, Callable
 import numpy as np
 from scipy import special
 
-from .errors import ShapeError
 
 Shape = tuple[int, ...]
 

@@ -577,11 +577,6 @@ def _check_train(session, train: bool) -> bool:
         return True
     if not train:
         return False
-    try:
-        from .training_session import build_session  # noqa: F401
-    except ImportError:
-        raise MeganeuraError("GPU training sessions are not implemented yet; profile the forward "
-                             "pass with train=False (meganeura profile MODEL without --train)") from None
     raise MeganeuraError("this is an inference session; build a training session with "
                          "engine.build_session(graph) to profile training steps")
 

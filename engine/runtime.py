@@ -8,7 +8,6 @@ an output (``queue.read_buffer``) is the only wait.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Mapping
 

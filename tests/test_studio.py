@@ -9,7 +9,6 @@ from PySide6.QtWidgets import QFileDialog, QMessageBox
 
 from app.graph_view import NodeItem
 from app.window import MainWindow
-from engine.autodiff import differentiate
 from engine import models
 
 SMALL = {"mlp": {"batch": 8}, "whisper-tiny": {"mel_len": 64}, "gpt-tiny": {"seq": 16, "batch": 2},

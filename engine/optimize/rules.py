@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from egglog import (Expr, String, StringLike, f64, f64Like, function, i64, i64Like, relation, rule,
+from egglog import (Expr, f64, f64Like, function, i64, i64Like, relation, rule,
                     ruleset, eq, union, set_, var, vars_)
 
 # ---------------------------------------------------------------- codes carried in terms
