@@ -7,6 +7,8 @@ same object afterwards. ``adapter_info()`` describes the adapter wgpu chose
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import platform
 import threading
 from importlib import metadata
@@ -141,6 +143,31 @@ def get_device():
                     f"could not create a device on {adapter.summary}: {exc}"
                 ) from exc
         return _device
+
+
+def forget_device(device) -> None:
+    """Drop the process-wide device if it is ``device`` (it was lost): the next
+    ``get_device()`` creates a new one."""
+    global _device
+    with _lock:
+        if _device is device:
+            _device = None
+
+
+@contextmanager
+def device_guard(what: str, device):
+    """Turn wgpu's errors about a lost device ("Parent device is lost") into a
+    DeviceError that says what happened and what to do, and forget that device."""
+    try:
+        yield
+    except Exception as exc:
+        if "device is lost" not in str(exc) and "device was lost" not in str(exc).lower():
+            raise
+        forget_device(device)
+        raise DeviceError(
+            f"the GPU device was lost while {what} (a driver reset, the GPU removed or out of "
+            f"memory); its buffers, trained weights included, are gone: build a new session, and "
+            f"save weights regularly during long runs") from None
 
 
 def device_features() -> list[str]:

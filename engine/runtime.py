@@ -15,7 +15,7 @@ import numpy as np
 
 from . import codegen
 from .compile import ExecutionPlan, cached_plan, compile_plan
-from .device import _limit, get_device
+from .device import _limit, device_guard, get_device
 from .errors import DeviceError, MeganeuraError, ShapeError
 from .graph import Graph
 
@@ -158,7 +158,8 @@ class Session:
     def _write(self, buffer_id: int, arr: np.ndarray):
         data = np.ascontiguousarray(arr)
         if data.nbytes:
-            self.device.queue.write_buffer(self.buffers[buffer_id], 0, data)
+            with device_guard("uploading a tensor", self.device):
+                self.device.queue.write_buffer(self.buffers[buffer_id], 0, data)
 
     def _node_for(self, kind: str, name: str, table: Mapping[str, int]):
         if name not in table:
@@ -200,7 +201,8 @@ class Session:
         nbytes = 4 * node.size
         if nbytes == 0:
             return np.zeros(node.shape, dtype=_NP[node.dtype])
-        raw = self.device.queue.read_buffer(self.buffers[buffer_id], 0, nbytes)
+        with device_guard("reading a tensor back", self.device):
+            raw = self.device.queue.read_buffer(self.buffers[buffer_id], 0, nbytes)
         return np.frombuffer(raw, dtype=_NP[node.dtype], count=node.size).reshape(node.shape).copy()
 
     def parameter_buffers(self) -> dict[str, object]:
@@ -249,9 +251,10 @@ class Session:
 
     def run(self) -> None:
         """Record every dispatch into one compute pass and submit once (no wait)."""
-        enc = self.device.create_command_encoder(label="step")
-        self.record(enc)
-        self.device.queue.submit([enc.finish()])
+        with device_guard("running a step", self.device):
+            enc = self.device.create_command_encoder(label="step")
+            self.record(enc)
+            self.device.queue.submit([enc.finish()])
 
     def profile(self, steps: int = 10, train: bool = False, **options):
         """Run ``steps`` steps with GPU timestamps around every dispatch; returns an
@@ -273,7 +276,8 @@ class Session:
             if "loss" not in self.graph.outputs:
                 raise MeganeuraError(f"graph {self.graph.name!r} has no 'loss' output")
             buf = self.plan.outputs["loss"]
-        raw = self.device.queue.read_buffer(self.buffers[buf], 0, 4)
+        with device_guard("reading the loss", self.device):
+            raw = self.device.queue.read_buffer(self.buffers[buf], 0, 4)
         return float(np.frombuffer(raw, dtype=np.float32, count=1)[0])
 
 

@@ -19,6 +19,7 @@ from . import codegen
 from .autodiff import differentiate
 from .compile import cached_plan
 from .graph import Graph
+from .device import device_guard
 from .runtime import _PIPELINES, Session
 from .train import TrainConfig, freeze_by_multiplier, learning_rate
 
@@ -149,11 +150,12 @@ class TrainingSession(Session):
     def step(self) -> tuple[float, float]:
         """One training step on the inputs already set: returns (loss, gradient norm
         before clipping). A non-finite loss or norm leaves the parameters untouched."""
-        self.prepare_step()
-        enc = self.device.create_command_encoder(label=f"train step {self.step_count}")
-        self.record(enc)
-        self.device.queue.submit([enc.finish()])
-        return self.finish_step()
+        with device_guard(f"running training step {self.step_count}", self.device):
+            self.prepare_step()
+            enc = self.device.create_command_encoder(label=f"train step {self.step_count}")
+            self.record(enc)
+            self.device.queue.submit([enc.finish()])
+            return self.finish_step()
 
     def get_parameters(self) -> dict[str, np.ndarray]:
         return {name: self.get_parameter(name) for name in self.graph.parameters}

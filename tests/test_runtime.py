@@ -452,3 +452,47 @@ def test_relu_keeps_nan_so_a_poisoned_weight_reaches_the_loss():
     assert np.isnan(want["y"]).any() and np.isnan(want["z"]).any()
     for name in ("y", "z"):
         np.testing.assert_array_equal(s.read_output(name), want[name])  # NaN where NaN
+
+
+def test_a_lost_device_gives_a_clear_error():
+    """Sessions on devices of their own (the process-wide one must survive the test),
+    destroyed under them."""
+    from engine import device as device_mod
+    from engine.train import TrainConfig
+    from engine.training_session import TrainingSession
+
+    adapter = device_mod.get_adapter()
+    own = adapter.request_device_sync()
+    g = Graph("lost")
+    x = g.input("x", [4])
+    g.output("y", g.exp(x))
+    s = runtime.Session(g, compile_plan(g, loss=None), own)
+    s.set_input("x", np.zeros(4, np.float32))
+    s.run()
+    own.destroy()
+    for action in (lambda: s.set_input("x", np.ones(4, np.float32)), s.run, lambda: s.read_output("y")):
+        with pytest.raises(DeviceError, match="device was lost while .*build a new session"):
+            action()
+
+    t = Graph("lost-train")
+    xi = t.input("x", [2, 3])
+    w = t.parameter("w", [3, 1])
+    t.output("loss", t.mean(t.matmul(xi, w)))
+    own = adapter.request_device_sync()
+    session = TrainingSession(t, TrainConfig(optimizer="sgd", lr=0.1), device=own)
+    session.set_inputs({"x": np.ones((2, 3), np.float32)})
+    session.set_parameters({"w": np.ones((3, 1), np.float32)})
+    assert session.step()[0] == pytest.approx(3.0)
+    own.destroy()
+    with pytest.raises(DeviceError, match="lost while running training step 1"):
+        session.step()
+
+
+def test_the_lost_process_device_is_forgotten(monkeypatch):
+    from engine import device as device_mod
+    lost = object()
+    monkeypatch.setattr(device_mod, "_device", lost)
+    device_mod.forget_device(object())      # another device: kept
+    assert device_mod._device is lost
+    device_mod.forget_device(lost)
+    assert device_mod._device is None
