@@ -35,6 +35,59 @@ class UnsupportedOpError(DeviceError):
     """The graph uses an op that has no GPU kernel yet."""
 
 
+MATMUL_PRECISIONS = ("f32", "f16")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What generated kernels may use beyond core WGSL, and how matmuls may round.
+
+    Kernels take a faster path where the device offers a feature (subgroup
+    reductions, f16 arithmetic, cooperative matrices on the tensor cores) and the
+    plain path otherwise; the choice is made here, from plain data, so a plan can be
+    compiled without a GPU and says which path each dispatch took.
+    ``matmul_precision="f16"`` lets large matmuls round their inputs to f16 (f32
+    accumulation) on cooperative matrices; "f32" (the default) keeps every product exact
+    to f32 rounding.
+    """
+
+    subgroups: bool = False
+    f16: bool = False
+    cooperative_matrix: bool = False
+    matmul_precision: str = "f32"
+
+    def __post_init__(self):
+        if self.matmul_precision not in MATMUL_PRECISIONS:
+            raise ValueError(f"matmul precision {self.matmul_precision!r} is not one of "
+                             f"{', '.join(MATMUL_PRECISIONS)}")
+
+    @classmethod
+    def from_features(cls, features, matmul_precision: str = "f32") -> "Capabilities":
+        """The capabilities a device with these wgpu feature names gives."""
+        names = {str(f) for f in features}
+        return cls(subgroups="subgroup" in names, f16="shader-f16" in names,
+                   cooperative_matrix="cooperative-matrix" in names and "shader-f16" in names
+                   and "subgroup" in names,
+                   matmul_precision=matmul_precision)
+
+    @property
+    def coop_matmul(self) -> bool:
+        """Whether matmuls run on cooperative matrices (f16 inputs, f32 accumulation)."""
+        return self.cooperative_matrix and self.f16 and self.matmul_precision == "f16"
+
+    def describe(self) -> dict:
+        """Which path each archetype takes (``meganeura doctor`` and the plan show it)."""
+        return {
+            "reductions": "subgroup" if self.subgroups else "workgroup memory",
+            "matmul": ("cooperative matrix 16x16x16, f16 inputs, f32 accumulation" if self.coop_matmul
+                       else "register-blocked f32"),
+            "matmul_precision": self.matmul_precision,
+        }
+
+
+PLAIN = Capabilities()
+
+
 @dataclass
 class Kernel:
     name: str
@@ -108,14 +161,30 @@ def _bindings(names: list[str], types: list[str], out_type: str) -> str:
     return "\n".join(lines)
 
 
-def _finish(name, archetype, template, operand_names, operand_types, out_type, meta, workgroups, **subs):
+# Entry-point arguments and first lines that the subgroup reductions need; templates
+# that include {{WG_REDUCE}} put {{SG_ARGS}} after main's last argument and {{SG_INIT}}
+# first in its body.
+_SG_ARGS = (",\n        @builtin(subgroup_invocation_id) sg_lane: u32, @builtin(subgroup_id) sg_id: u32,"
+            "\n        @builtin(num_subgroups) sg_count: u32")
+_SG_INIT = "    sg_lane_ = sg_lane; sg_id_ = sg_id; sg_count_ = sg_count;"
+
+
+def _finish(name, archetype, template, operand_names, operand_types, out_type, meta, workgroups,
+            caps: Capabilities = PLAIN, enables=(), **subs):
     meta = list(meta) or [0]
     n4 = 1
     while n4 * 4 < len(meta):
         n4 *= 2
     prelude = _render("common.wgsl", META_N=n4)
-    source = _render(template, PRELUDE=prelude, WG_REDUCE=_template("wg_reduce.wgsl"),
-                     BINDINGS=_bindings(operand_names, operand_types, out_type), **subs)
+    text = _template(template)
+    reduce, sg = "wg_reduce.wgsl", {"SG_ARGS": "", "SG_INIT": ""}
+    if caps.subgroups and "{{WG_REDUCE}}" in text:
+        # naga takes subgroup built-ins without an `enable` (it rejects `enable subgroups;`)
+        reduce, sg = "wg_reduce_subgroup.wgsl", {"SG_ARGS": _SG_ARGS, "SG_INIT": _SG_INIT}
+    source = _render(template, PRELUDE=prelude, WG_REDUCE=_template(reduce),
+                     BINDINGS=_bindings(operand_names, operand_types, out_type), **sg, **subs)
+    if enables:
+        source = "".join(f"enable {e};\n" for e in dict.fromkeys(enables)) + source
     return Kernel(name, archetype, source, operand_types, out_type, meta, workgroups, n4)
 
 
@@ -169,7 +238,7 @@ def _expr(op: str, args: list[str], attrs: dict, consts: list[float]) -> str:
     return POINTWISE_EXPR[op].format(*args)
 
 
-def _pointwise(graph: Graph, node: Node) -> Kernel:
+def _pointwise(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     if node.op == "pointwise":
         program = node.attrs["program"]
     else:
@@ -226,7 +295,7 @@ def _pointwise(graph: Graph, node: Node) -> Kernel:
 
 # ---------------------------------------------------------------- matmul
 
-def _matmul(graph: Graph, node: Node) -> Kernel:
+def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     a, b = graph[node.inputs[0]], graph[node.inputs[1]]
     attrs = node.attrs
     ta, tb = attrs.get("transpose_a", False), attrs.get("transpose_b", False)
@@ -400,7 +469,7 @@ _ROW_MODES = {
 _ROW_OPERANDS = {"layer_norm": ["x", "w", "bias"], "rms_norm": ["x", "w"]}
 
 
-def _row_reduce(graph: Graph, node: Node) -> Kernel:
+def _row_reduce(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     x = graph[node.inputs[0]]
     if node.op in ("sum", "mean", "max") and node.attrs.get("axis") is None:
         rows, n = 1, x.size
@@ -410,7 +479,7 @@ def _row_reduce(graph: Graph, node: Node) -> Kernel:
     eps = node.attrs.get("eps", 0.0)
     names = _ROW_OPERANDS.get(node.op, ["x"])
     return _finish(f"reduce:{node.op}", "reduction", "reduce_row.wgsl", names, ["f32"] * len(names),
-                   "f32", [rows, n, f32_bits(eps)], grid_1d(rows), MODE=_ROW_MODES[node.op])
+                   "f32", [rows, n, f32_bits(eps)], grid_1d(rows), caps, MODE=_ROW_MODES[node.op])
 
 
 _LOSS_MODES = {
@@ -469,7 +538,7 @@ _LOSS_MODES = {
 }
 
 
-def _loss(graph: Graph, node: Node) -> Kernel:
+def _loss(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     x = graph[node.inputs[0]]
     if node.op == "cross_entropy":
         c = x.shape[-1]
@@ -483,10 +552,10 @@ def _loss(graph: Graph, node: Node) -> Kernel:
         meta = [1, x.size, 0]
         names, types = (["logits", "tgt"] if node.op == "bce_loss" else ["pred", "tgt"]), ["f32", "f32"]
     return _finish(f"loss:{node.op}", "reduction", "loss.wgsl", names, types, "f32", meta, (1, 1, 1),
-                   MODE=_LOSS_MODES[node.op])
+                   caps, MODE=_LOSS_MODES[node.op])
 
 
-def _sum_to(graph: Graph, node: Node) -> Kernel:
+def _sum_to(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     x = graph[node.inputs[0]]
     r = len(x.shape)
     out_p = (1,) * (r - len(node.shape)) + tuple(node.shape)
@@ -503,7 +572,7 @@ def _sum_to(graph: Graph, node: Node) -> Kernel:
 
 # ---------------------------------------------------------------- copies
 
-def _copy(graph: Graph, node: Node) -> Kernel:
+def _copy(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     out = node.shape
     r = len(out)
     operands = [graph[i] for i in node.inputs]
@@ -544,7 +613,7 @@ def _copy(graph: Graph, node: Node) -> Kernel:
                    RANK=r, AXIS=axis, PIECES="\n".join(lines), ZERO=f"{t}(0)")
 
 
-def _embedding(graph: Graph, node: Node) -> Kernel:
+def _embedding(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     table = graph[node.inputs[0]]
     meta = [node.size, table.shape[1], table.shape[0]]
     return _finish("gather:embedding", "gather", "embedding.wgsl", ["table", "ids"], ["f32", "i32"],
@@ -553,7 +622,7 @@ def _embedding(graph: Graph, node: Node) -> Kernel:
 
 # ---------------------------------------------------------------- rope, conv, attention
 
-def _rope(graph: Graph, node: Node) -> Kernel:
+def _rope(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     b, t, w = node.shape
     a = node.attrs
     d = w // a["num_heads"]
@@ -564,7 +633,7 @@ def _rope(graph: Graph, node: Node) -> Kernel:
                    grid_1d(-(-node.size // WG)))
 
 
-def _conv(graph: Graph, node: Node) -> Kernel:
+def _conv(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     x, w = graph[node.inputs[0]], graph[node.inputs[1]]
     a = node.attrs
     if node.op == "conv1d":
@@ -581,7 +650,7 @@ def _conv(graph: Graph, node: Node) -> Kernel:
                    BIAS=" + bias[(idx / (OW * OH)) % O]" if has_bias else "")
 
 
-def _attention(graph: Graph, node: Node) -> Kernel:
+def _attention(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     q, k = graph[node.inputs[0]], graph[node.inputs[1]]
     a = node.attrs
     h = a["num_heads"]
@@ -644,7 +713,7 @@ _ROW_KERNELS = {
 }
 
 
-def _row_kernel(graph: Graph, node: Node) -> Kernel:
+def _row_kernel(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     names, mode = _ROW_KERNELS[node.op]
     a = node.attrs
     x = graph[node.inputs[1 if node.op == "max_grad" else 0]]
@@ -665,10 +734,10 @@ def _row_kernel(graph: Graph, node: Node) -> Kernel:
             extra = [i32_bits(a.get("ignore_index", -100))]
     meta = [rows, n, f32_bits(a.get("eps", 0.0))] + extra
     return _finish(f"reduce:{node.op}", "reduction", "reduce_row.wgsl", names, types, "f32", meta,
-                   grid_1d(rows), MODE=mode.replace("{{GN_ACT}}", act))
+                   grid_1d(rows), caps, MODE=mode.replace("{{GN_ACT}}", act))
 
 
-def _embedding_grad(graph: Graph, node: Node) -> Kernel:
+def _embedding_grad(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     dout = graph[node.inputs[0]]
     dim = node.shape[1]
     meta = [node.size, dim, dout.size // dim]
@@ -712,7 +781,7 @@ _CONV_GRAD_MODES = {
 }
 
 
-def _conv_grad(graph: Graph, node: Node) -> Kernel:
+def _conv_grad(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     a = node.attrs
     if node.op == "conv_input_grad":
         dout, w = graph[node.inputs[0]], graph[node.inputs[1]]
@@ -763,8 +832,8 @@ def unsupported_ops() -> list[str]:
     return sorted(n for n, d in OPS.items() if n not in _BUILDERS and d.archetype not in ("source", "view"))
 
 
-def kernel_for(graph: Graph, node: Node) -> Kernel:
-    """The kernel that runs ``node`` (one dispatch)."""
+def kernel_for(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    """The kernel that runs ``node`` (one dispatch) on a device with ``caps``."""
     builder = _BUILDERS.get(node.op)
     if builder is None:
         raise UnsupportedOpError(
@@ -775,7 +844,7 @@ def kernel_for(graph: Graph, node: Node) -> Kernel:
             if op not in POINTWISE_EXPR and op not in ("gelu", "pow"):
                 raise UnsupportedOpError(f"no GPU kernel for op {op!r} inside the pointwise program "
                                          f"of {graph.format_node(node)} yet")
-    return builder(graph, node)
+    return builder(graph, node, caps)
 
 
 # ---------------------------------------------------------------- training-step kernels

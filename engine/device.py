@@ -18,7 +18,8 @@ from .errors import DeviceError
 # Features the engine can use when the adapter offers them. wgpu spells them in
 # kebab-case; subgroups and cooperative matrices have had several names across
 # wgpu-native releases, hence the loose matching in _interesting_features().
-WANTED_FEATURES = ("timestamp-query", "timestamp-query-inside-passes", "shader-f16", "subgroup")
+WANTED_FEATURES = ("timestamp-query", "timestamp-query-inside-passes", "shader-f16", "subgroup",
+                   "cooperative-matrix")
 _INTERESTING_EXACT = ("timestamp-query", "timestamp-query-inside-passes", "shader-f16")
 _INTERESTING_PREFIXES = ("subgroup", "cooperative-matri", "cooperative_matri", "coop-matri")
 
@@ -119,9 +120,10 @@ def adapter_info(adapter=None) -> dict:
 def get_device():
     """The process-wide wgpu device, created on first call.
 
-    Requests timestamp-query, shader-f16 and subgroup features where the adapter
-    offers them, and the adapter's maximum buffer sizes (wgpu's defaults are much
-    smaller: 128 MiB bindings, 256 MiB buffers).
+    Requests timestamp-query, shader-f16, subgroup and cooperative-matrix features
+    where the adapter offers them, and the adapter's maximum buffer and workgroup-memory
+    sizes (wgpu's defaults are much smaller: 128 MiB bindings, 256 MiB buffers, 16 KiB of
+    workgroup memory).
     """
     global _device
     adapter = get_adapter()
@@ -130,7 +132,8 @@ def get_device():
             offered = {str(f) for f in adapter.features}
             features = [f for f in WANTED_FEATURES if f in offered]
             limits = {}
-            for name in ("max_storage_buffer_binding_size", "max_buffer_size"):
+            for name in ("max_storage_buffer_binding_size", "max_buffer_size",
+                         "max_compute_workgroup_storage_size"):
                 value = _limit(adapter.limits, name)
                 if value is not None:
                     limits[name.replace("_", "-")] = value
@@ -139,9 +142,16 @@ def get_device():
                     label="meganeura", required_features=features, required_limits=limits
                 )
             except Exception as exc:
-                raise DeviceError(
-                    f"could not create a device on {adapter.summary}: {exc}"
-                ) from exc
+                # An experimental feature the driver advertises but cannot enable must not
+                # cost the user the device: retry with the core set.
+                core = [f for f in features if f != "cooperative-matrix"]
+                try:
+                    _device = adapter.request_device_sync(
+                        label="meganeura", required_features=core, required_limits=limits)
+                except Exception:
+                    raise DeviceError(
+                        f"could not create a device on {adapter.summary}: {exc}"
+                    ) from exc
         return _device
 
 

@@ -35,10 +35,12 @@ class Session:
     """A graph compiled for the GPU: its buffers, pipelines and bind groups."""
 
     def __init__(self, graph: Graph, plan: ExecutionPlan | None = None, device=None,
-                 parameter_buffers: Mapping[str, object] | None = None):
+                 parameter_buffers: Mapping[str, object] | None = None,
+                 capabilities: codegen.Capabilities | None = None):
         """``parameter_buffers`` (name -> GPU buffer, e.g. another session's
         ``parameter_buffers()``) are used instead of new ones: sessions that share them
-        see each other's updates with no copy."""
+        see each other's updates with no copy. ``capabilities`` (default: what the
+        device offers, f32 matmuls) picks each kernel's path."""
         import wgpu
 
         t_start = time.perf_counter_ns()
@@ -47,6 +49,7 @@ class Session:
         self.device = device if device is not None else get_device()
         self._wgpu = wgpu
         dev = self.device
+        self.capabilities = capabilities or codegen.Capabilities.from_features(dev.features)
         limits = dev.limits
         max_binding = _limit(limits, "max_storage_buffer_binding_size") or 2**27
         uniform_align = _limit(limits, "min_uniform_buffer_offset_alignment") or 256
@@ -56,7 +59,7 @@ class Session:
         self.kernels: list[codegen.Kernel] = []
         for d in self.plan.dispatches:
             (nid,) = d.nodes
-            self.kernels.append(codegen.kernel_for(graph, graph[nid]))
+            self.kernels.append(codegen.kernel_for(graph, graph[nid], self.capabilities))
         t_kernels = time.perf_counter_ns()
 
         # One GPU buffer per plan buffer, each checked against the binding limit.

@@ -10,7 +10,8 @@
 {{WG_REDUCE}}
 
 @compute @workgroup_size(256)
-fn main(@builtin(local_invocation_id) lid: vec3<u32>) {
+fn main(@builtin(local_invocation_id) lid: vec3<u32>{{SG_ARGS}}) {
+{{SG_INIT}}
     let t = lid.x;
 {{MODE}}
 }

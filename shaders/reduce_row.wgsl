@@ -12,7 +12,8 @@
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_id) lid: vec3<u32>) {
+        @builtin(local_invocation_id) lid: vec3<u32>{{SG_ARGS}}) {
+{{SG_INIT}}
     let row = wg.y * nwg.x + wg.x;
     let rows = m(0u);
     let N = m(1u);
