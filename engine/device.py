@@ -180,6 +180,43 @@ def device_guard(what: str, device):
             f"save weights regularly during long runs") from None
 
 
+# How naga guards generated kernels: "checked" (wgpu's default: every index clamped and
+# every loop given a counter against infinite loops), "no-loop-bounding" (our loops all
+# end: bounds checks only) or "unchecked" (neither: each kernel guards its own accesses).
+SHADER_CHECKS = {"checked": None, "no-loop-bounding": 1, "unchecked": 0}
+
+
+def shader_checks() -> str:
+    """The runtime checks compiled into kernels: ``MEGANEURA_SHADER_CHECKS`` or
+    "no-loop-bounding"."""
+    import os
+    mode = os.environ.get("MEGANEURA_SHADER_CHECKS", "no-loop-bounding")
+    if mode not in SHADER_CHECKS:
+        raise DeviceError(f"MEGANEURA_SHADER_CHECKS={mode!r} is not one of {', '.join(SHADER_CHECKS)}")
+    return mode
+
+
+def shader_module(device, label: str, code: str, checks: str | None = None):
+    """A WGSL shader module; ``checks`` (default ``shader_checks()``) says which of
+    naga's runtime checks it keeps. Creating a module with fewer checks goes through
+    wgpu-native's ``wgpuDeviceCreateShaderModuleTrusted``, which wgpu-py does not wrap."""
+    flags = SHADER_CHECKS[checks or shader_checks()]
+    if flags is None:
+        return device.create_shader_module(label=label, code=code)
+    from wgpu.backends.wgpu_native import _api
+    source = _api.new_struct_p("WGPUShaderSourceWGSL *", code=_api.to_c_string_view(code))
+    source[0].chain.next = _api.ffi.NULL
+    source[0].chain.sType = _api.lib.WGPUSType_ShaderSourceWGSL
+    descriptor = _api.new_struct_p(
+        "WGPUShaderModuleDescriptor *",
+        nextInChain=_api.ffi.cast("WGPUChainedStruct *", source),
+        label=_api.to_c_string_view(label))
+    handle = _api.libf.wgpuDeviceCreateShaderModuleTrusted(device._internal, descriptor, flags)
+    if handle == _api.ffi.NULL:
+        raise RuntimeError("shader module creation failed")
+    return _api.GPUShaderModule(label, handle, device)
+
+
 def device_features() -> list[str]:
     """Features enabled on the device of ``get_device()``."""
     return sorted(str(f) for f in get_device().features)

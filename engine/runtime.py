@@ -15,7 +15,7 @@ import numpy as np
 
 from . import codegen
 from .compile import ExecutionPlan, cached_plan, compile_plan
-from .device import _limit, device_guard, get_device
+from .device import _limit, device_guard, get_device, shader_module
 from .errors import DeviceError, MeganeuraError, ShapeError
 from .graph import Graph
 
@@ -148,7 +148,7 @@ class Session:
         entries.append({"binding": len(k.operand_types) + 1, "visibility": wgpu.ShaderStage.COMPUTE,
                         "buffer": {"type": wgpu.BufferBindingType.storage}})
         try:
-            module = dev.create_shader_module(label=k.name, code=k.source)
+            module = shader_module(dev, k.name, k.source)
             bgl = dev.create_bind_group_layout(label=k.name, entries=entries)
             pl = dev.create_pipeline_layout(label=k.name, bind_group_layouts=[bgl])
             pipeline = dev.create_compute_pipeline(label=k.name, layout=pl,

@@ -19,7 +19,7 @@ from . import codegen
 from .autodiff import differentiate
 from .compile import cached_plan
 from .graph import Graph
-from .device import device_guard
+from .device import device_guard, shader_module
 from .runtime import _PIPELINES, Session
 from .train import TrainConfig, freeze_by_multiplier, learning_rate
 
@@ -64,7 +64,7 @@ class TrainingSession(Session):
                    for i, t in enumerate(kinds)]
         bgl = self.device.create_bind_group_layout(label=k.name, entries=entries)
         layout = self.device.create_pipeline_layout(label=k.name, bind_group_layouts=[bgl])
-        module = self.device.create_shader_module(label=k.name, code=k.source)
+        module = shader_module(self.device, k.name, k.source)
         pipeline = self.device.create_compute_pipeline(label=k.name, layout=layout,
                                                        compute={"module": module, "entry_point": "main"})
         _PIPELINES[key] = (pipeline, bgl)
