@@ -35,54 +35,29 @@ class UnsupportedOpError(DeviceError):
     """The graph uses an op that has no GPU kernel yet."""
 
 
-MATMUL_PRECISIONS = ("f32", "f16")
-
-
 @dataclass(frozen=True)
 class Capabilities:
-    """What generated kernels may use beyond core WGSL, and how matmuls may round.
+    """What generated kernels may use beyond core WGSL.
 
-    Kernels take a faster path where the device offers a feature (subgroup
-    reductions, f16 arithmetic, cooperative matrices on the tensor cores) and the
-    plain path otherwise; the choice is made here, from plain data, so a plan can be
-    compiled without a GPU and says which path each dispatch took.
-    ``matmul_precision="f16"`` lets large matmuls round their inputs to f16 (f32
-    accumulation) on cooperative matrices; "f32" (the default) keeps every product exact
-    to f32 rounding.
+    Kernels take a faster path where the device offers a feature (subgroup reductions)
+    and the plain path otherwise; the choice is made here, from plain data, so a plan can
+    be compiled without a GPU and says which path each dispatch took. Cooperative
+    matrices are not among them: the adapter may offer them, but wgpu-native 29 keeps
+    wgpu's experimental features switched off and its C API has no way to switch them on
+    (``meganeura doctor`` says so).
     """
 
     subgroups: bool = False
-    f16: bool = False
-    cooperative_matrix: bool = False
-    matmul_precision: str = "f32"
-
-    def __post_init__(self):
-        if self.matmul_precision not in MATMUL_PRECISIONS:
-            raise ValueError(f"matmul precision {self.matmul_precision!r} is not one of "
-                             f"{', '.join(MATMUL_PRECISIONS)}")
 
     @classmethod
-    def from_features(cls, features, matmul_precision: str = "f32") -> "Capabilities":
+    def from_features(cls, features) -> "Capabilities":
         """The capabilities a device with these wgpu feature names gives."""
-        names = {str(f) for f in features}
-        return cls(subgroups="subgroup" in names, f16="shader-f16" in names,
-                   cooperative_matrix="cooperative-matrix" in names and "shader-f16" in names
-                   and "subgroup" in names,
-                   matmul_precision=matmul_precision)
-
-    @property
-    def coop_matmul(self) -> bool:
-        """Whether matmuls run on cooperative matrices (f16 inputs, f32 accumulation)."""
-        return self.cooperative_matrix and self.f16 and self.matmul_precision == "f16"
+        return cls(subgroups="subgroup" in {str(f) for f in features})
 
     def describe(self) -> dict:
         """Which path each archetype takes (``meganeura doctor`` and the plan show it)."""
-        return {
-            "reductions": "subgroup" if self.subgroups else "workgroup memory",
-            "matmul": ("cooperative matrix 16x16x16, f16 inputs, f32 accumulation" if self.coop_matmul
-                       else "register-blocked f32"),
-            "matmul_precision": self.matmul_precision,
-        }
+        return {"reductions": "subgroup" if self.subgroups else "workgroup memory",
+                "matmul": "register-blocked f32 (vec4 loads where the layout allows)"}
 
 
 PLAIN = Capabilities()
@@ -99,6 +74,7 @@ class Kernel:
     workgroups: tuple[int, int, int]
     meta_vec4: int = 1
     notes: dict = field(default_factory=dict)
+    guarded: bool = False  # every memory access is bounds-checked by the kernel itself
 
 
 # ---------------------------------------------------------------- helpers
@@ -324,8 +300,9 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
                      strides[br + s_col_axis] if padded[br + s_col_axis] != 1 else 0]
 
     # A is (m, k): stored [.., m, k] or [.., k, m] when transposed
-    meta += op_words(a.shape, 1, 0) if ta else op_words(a.shape, 0, 1)
-    meta += op_words(b.shape, 1, 0) if tb else op_words(b.shape, 0, 1)
+    words_a = op_words(a.shape, 1, 0) if ta else op_words(a.shape, 0, 1)
+    words_b = op_words(b.shape, 1, 0) if tb else op_words(b.shape, 0, 1)
+    meta += words_a + words_b
     for e in extras:
         meta += op_words(e.shape, 0, 1)
 
@@ -363,8 +340,8 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
         if not epi:
             epi.append("    v = act(v);")
     variant = "simple" if norm else matmul_variant(m_, n_, max(nbatch, 1))
-    tile = TILE if variant == "simple" else int(variant)
-    gx, gy = -(-n_ // tile), -(-m_ // tile)
+    tile_m, tile_n = _tile_of(variant)
+    gx, gy = -(-n_ // tile_n), -(-m_ // tile_m)
     if max(gx, gy, nbatch) > MAX_WORKGROUPS:
         raise DeviceError(f"{graph.format_node(node)}: matmul grid {gx} x {gy} x {nbatch} exceeds "
                           f"{MAX_WORKGROUPS} workgroups per dimension")
@@ -372,44 +349,148 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     if variant == "simple":
         k = _finish(f"matmul:{node.op}", "matmul", "matmul.wgsl", names, types, "f32", meta,
                     (gx, gy, max(nbatch, 1)), A_PROLOGUE=prologue, **common)
-    else:
-        k = _finish(f"matmul:{node.op}", "matmul", "matmul_tiled.wgsl", names, types, "f32", meta,
-                    (gx, gy, max(nbatch, 1)), **common, **_tiled_subs(tile // 16, tile // 16))
-    k.notes["variant"] = f"{tile}x{tile} tile" + ("" if variant == "simple" else f", {tile // 16}x{tile // 16}/thread")
+        k.notes["variant"] = f"{TILE}x{TILE} tile"
+        return k
+    # outer axis first: A's is m, B's is n
+    fetch_a = operand_fetch(words_a, m_, k_)
+    fetch_b = operand_fetch(words_b[:-2] + [words_b[-1], words_b[-2]], n_, k_)
+    types[0] = "vec4<f32>" if fetch_a.endswith("vec4") else "f32"
+    types[1] = "vec4<f32>" if fetch_b.endswith("vec4") else "f32"
+    k = _finish(f"matmul:{node.op}", "matmul", "matmul_tiled.wgsl", names, types, "f32", meta,
+                (gx, gy, max(nbatch, 1)), **common, **_tiled_subs(variant, fetch_a, fetch_b))
+    tm, tn, bk, unroll = TILED[variant]
+    k.notes["variant"] = (f"{tile_m}x{tile_n} tile, {tm}x{tn}/thread, BK {bk}{', unrolled' if unroll else ''}, "
+                          f"A {fetch_a}, B {fetch_b}")
+    k.guarded = True
     return k
 
 
+def _tile_of(variant: str) -> tuple[int, int]:
+    """(rows, columns) of the output tile of a matmul kernel variant."""
+    if variant == "simple":
+        return TILE, TILE
+    tm, tn, _, _ = TILED[variant]
+    return 16 * tm, 16 * tn
+
+
 def matmul_variant(m_: int, n_: int, nbatch: int) -> str:
-    """Which matmul kernel a (batched) m x n output gets: ``"128"`` (128 x 128 tile, 8 x 8
-    outputs per thread) when that still gives enough workgroups to fill a large GPU,
-    else ``"64"`` (64 x 64, 4 x 4), else ``"simple"`` (16 x 16, one output per thread).
-    ``MEGANEURA_MATMUL=simple|64|128`` forces one (for benchmarks and tests)."""
+    """Which matmul kernel a (batched) m x n output gets. Measured on an H100
+    (docs/benchmarks.md, run 5): the 128 x 128 tile with BK 8 is fastest once it makes
+    at least two waves of workgroups (33 TFLOP/s at 4096^3); below that the 64 x 64 tile,
+    which keeps more workgroups per SM, wins (23 TFLOP/s on gpt-tiny's 2048 x 1536 x 384,
+    where the 128 tile gave 15-21); outputs thinner than 64 keep the 16 x 16 kernel.
+    ``MEGANEURA_MATMUL`` forces one of ``MATMUL_KERNELS`` (benchmarks and tests)."""
     forced = os.environ.get("MEGANEURA_MATMUL", "auto")
-    if forced in ("simple", "64", "128"):
+    if forced in MATMUL_KERNELS:
         return forced
     tiles = lambda t: -(-m_ // t) * -(-n_ // t) * nbatch
-    if tiles(128) >= 128:
-        return "128"
+    if tiles(128) >= 264:
+        return "128k8"
     if tiles(64) >= 64 and min(m_, n_) >= 64:  # skinny outputs (m = 32) ran faster on "simple"
         return "64"
     return "simple"
 
 
-def _tiled_subs(tm: int, tn: int) -> dict:
-    """The generated parts of matmul_tiled.wgsl for tm x tn outputs per thread (4 or 8 each)."""
+# Register-blocked f32 kernels: name -> (rows per thread, columns per thread, BK, k loop
+# unrolled). The tile is 16 x 16 threads times that.
+TILED = {"64": (4, 4, 16, False), "64u": (4, 4, 16, True), "128x64": (8, 4, 16, False),
+         "128x64u": (8, 4, 16, True), "128": (8, 8, 16, False), "128u": (8, 8, 16, True),
+         "128k8": (8, 8, 8, False), "128k8u": (8, 8, 8, True)}
+MATMUL_KERNELS = ("simple", *TILED)
+
+# The two tiled operands as one description each: A's tile runs along m ("outer") and k,
+# B's along n and k; both are stored k-major in workgroup memory.
+_TILE_OPERANDS = {
+    "a": dict(src="a_in", base="a0", s_outer="sam", s_k="sak", extent="M", origin="row0", smem="As",
+              slots="AS"),
+    "b": dict(src="b_in", base="b0", s_outer="sbn", s_k="sbk", extent="N", origin="col0", smem="Bs",
+              slots="BS"),
+}
+
+def operand_fetch(strides, outer_extent: int, k_extent: int) -> str:
+    """How the tiled kernel fetches an operand whose ``strides`` are its batch strides,
+    then the strides of its outer axis (m for A, n for B) and of k: "outer-vec4" / "k-vec4" (vec4 loads
+    along the contiguous axis: it has stride 1, its extent and every other stride are
+    multiples of 4), else "outer-scalar" / "k-scalar" (scalar loads, threads
+    consecutive along the axis with the smaller stride)."""
+    s_outer, s_k = strides[-2], strides[-1]
+    others_aligned = all(s % 4 == 0 for s in strides[:-2])
+    if s_outer == 1 and s_k % 4 == 0 and outer_extent % 4 == 0 and others_aligned:
+        return "outer-vec4"
+    if s_k == 1 and s_outer % 4 == 0 and k_extent % 4 == 0 and others_aligned:
+        return "k-vec4"
+    return "outer-scalar" if s_outer <= s_k else "k-scalar"
+
+
+def _fetch_operand(name: str, fetch: str, tile: int, bk: int):
+    """WGSL that fetches one operand's tile of ``tile`` x ``bk`` elements (256 threads):
+    (per-thread index constants, register declarations, loads of step ``kb`` into the
+    registers, the registers as (name, outer index, k index)). A vec4 register holds 4
+    elements consecutive along the axis ``fetch`` names."""
+    p = _TILE_OPERANDS[name]
+    vec = fetch.endswith("vec4")
+    along_outer = fetch.startswith("outer")
+    count = tile * bk // 256 // (4 if vec else 1)
+    width = (tile if along_outer else bk) // (4 if vec else 1)  # threads along the fast axis
+    consts, decl, load, regs = [], [], [], []
+    for i in range(count):
+        e, r = f"(tid + {256 * i}u)", f"{name}r{i}"
+        fast, slow = f"{e} % {width}u", f"{e} / {width}u"
+        o, kk = (fast, slow) if along_outer else (slow, fast)
+        if vec and along_outer:
+            o = f"4u * ({o})"
+        if vec and not along_outer:
+            kk = f"4u * ({kk})"
+        consts.append(f"    let {name}o{i} = {o};")
+        consts.append(f"    let {name}k{i} = {kk};")
+        go, gk = f"{p['origin']} + {name}o{i}", f"kb + {name}k{i}"
+        zero = "vec4<f32>(0.0)" if vec else "0.0"
+        addr = f"{p['base']} + ({go}) * {p['s_outer']} + ({gk}) * {p['s_k']}"
+        decl.append(f"    var {r} = {zero};")
+        load.append(f"        {r} = {zero};")
+        load.append(f"        if ({go} < {p['extent']} && {gk} < K) "
+                    f"{{ {r} = {p['src']}[{'(' + addr + ') >> 2u' if vec else addr}]; }}")
+        regs.append((r, f"{name}o{i}", f"{name}k{i}"))
+    return consts, decl, load, regs
+
+
+def _store_tiled(name: str, fetch: str, regs) -> list[str]:
+    """Stores of the fetched registers into buffer ``buf`` of the f32 kernel's k-major
+    vec4 tile."""
+    p = _TILE_OPERANDS[name]
+    slot = lambda k: f"{p['smem']}[buf * {p['slots']} * BK + ({k}) * {p['slots']}"
+    out = []
+    for r, o, k in regs:
+        if fetch == "outer-vec4":
+            out.append(f"        {slot(k)} + {o} / 4u] = {r};")
+        elif fetch == "k-vec4":
+            out += [f"        {slot(f'{k} + {j}u')} + {o} / 4u][{o} % 4u] = {r}.{c};" for j, c in enumerate("xyzw")]
+        else:
+            out.append(f"        {slot(k)} + {o} / 4u][{o} % 4u] = {r};")
+    return out
+
+
+def _tiled_subs(preset: str, fetch_a: str, fetch_b: str) -> dict:
+    """The generated parts of matmul_tiled.wgsl for a ``TILED`` preset and the given
+    operand fetches (see ``operand_fetch``)."""
+    tm, tn, bk, unroll = TILED[preset]
     bm, bn = 16 * tm, 16 * tn
     gs, hs = range(tm // 4), range(tn // 4)
     acc = [f"c{g}{i}_{h}" for g in gs for i in range(4) for h in hs]
     decl = "\n".join(f"    var {c} = vec4<f32>(0.0);" for c in acc)
     comp = []
-    for g in gs:
-        comp.append(f"            let a{g} = As[kk * AS + {16 * g}u + ty];")
-    for h in hs:
-        comp.append(f"            let b{h} = Bs[kk * BS + {16 * h}u + tx];")
-    for g in gs:
-        for i, x in enumerate("xyzw"):
-            for h in hs:
-                comp.append(f"            c{g}{i}_{h} = fma(vec4<f32>(a{g}.{x}), b{h}, c{g}{i}_{h});")
+    for kk in (range(bk) if unroll else ["kk"]):
+        k = f"{kk}u" if unroll else kk
+        for g in gs:
+            comp.append(f"            let a{g}_{kk} = As[ab + {k} * AS + {16 * g}u + ty];")
+        for h in hs:
+            comp.append(f"            let b{h}_{kk} = Bs[bb + {k} * BS + {16 * h}u + tx];")
+        for g in gs:
+            for i, x in enumerate("xyzw"):
+                for h in hs:
+                    comp.append(f"            c{g}{i}_{h} = fma(vec4<f32>(a{g}_{kk}.{x}), b{h}_{kk}, c{g}{i}_{h});")
+    if not unroll:
+        comp = ["        for (var kk = 0u; kk < BK; kk = kk + 1u) {", *comp, "        }"]
     store = []
     for g in gs:
         for i in range(4):
@@ -417,9 +498,13 @@ def _tiled_subs(tm: int, tn: int) -> dict:
             for h in hs:
                 for j, x in enumerate("xyzw"):
                     store.append(f"    store(b, r{g}{i}, col0 + {64 * h + j}u + tx * 4u, c{g}{i}_{h}.{x});")
-    return dict(BM=bm, BN=bn, TM=tm, TN=tn, AS=bm // 4 + 1, BS=bn // 4 + 1,
-                A_SLOTS=8 * (bm // 4 + 1), B_SLOTS=8 * (bn // 4 + 1),
-                ACC_DECL=decl, COMPUTE="\n".join(comp), STORE="\n".join(store))
+    ca, da, la, ra = _fetch_operand("a", fetch_a, bm, bk)
+    cb, db, lb, rb = _fetch_operand("b", fetch_b, bn, bk)
+    sa, sb = _store_tiled("a", fetch_a, ra), _store_tiled("b", fetch_b, rb)
+    return dict(BM=bm, BN=bn, BK=bk, TM=tm, TN=tn, AS=bm // 4 + 1, BS=bn // 4 + 1,
+                A_SLOTS=2 * bk * (bm // 4 + 1), B_SLOTS=2 * bk * (bn // 4 + 1),
+                ACC_DECL=decl, COMPUTE="\n".join(comp), STORE_OUT="\n".join(store),
+                LOAD_DECL="\n".join(ca + cb + da + db), LOAD="\n".join(la + lb), STORE="\n".join(sa + sb))
 
 
 # ---------------------------------------------------------------- reductions

@@ -18,8 +18,7 @@ from .errors import DeviceError
 # Features the engine can use when the adapter offers them. wgpu spells them in
 # kebab-case; subgroups and cooperative matrices have had several names across
 # wgpu-native releases, hence the loose matching in _interesting_features().
-WANTED_FEATURES = ("timestamp-query", "timestamp-query-inside-passes", "shader-f16", "subgroup",
-                   "cooperative-matrix")
+WANTED_FEATURES = ("timestamp-query", "timestamp-query-inside-passes", "shader-f16", "subgroup")
 _INTERESTING_EXACT = ("timestamp-query", "timestamp-query-inside-passes", "shader-f16")
 _INTERESTING_PREFIXES = ("subgroup", "cooperative-matri", "cooperative_matri", "coop-matri")
 
@@ -120,10 +119,11 @@ def adapter_info(adapter=None) -> dict:
 def get_device():
     """The process-wide wgpu device, created on first call.
 
-    Requests timestamp-query, shader-f16, subgroup and cooperative-matrix features
-    where the adapter offers them, and the adapter's maximum buffer and workgroup-memory
-    sizes (wgpu's defaults are much smaller: 128 MiB bindings, 256 MiB buffers, 16 KiB of
-    workgroup memory).
+    Requests timestamp-query, shader-f16 and subgroup features where the adapter
+    offers them, and the adapter's maximum buffer and workgroup-memory sizes (wgpu's
+    defaults are much smaller: 128 MiB bindings, 256 MiB buffers, 16 KiB of workgroup
+    memory). Not cooperative-matrix: wgpu-native 29 refuses every experimental feature
+    ("experimental features are not enabled") and its C API has no switch for them.
     """
     global _device
     adapter = get_adapter()
@@ -142,16 +142,9 @@ def get_device():
                     label="meganeura", required_features=features, required_limits=limits
                 )
             except Exception as exc:
-                # An experimental feature the driver advertises but cannot enable must not
-                # cost the user the device: retry with the core set.
-                core = [f for f in features if f != "cooperative-matrix"]
-                try:
-                    _device = adapter.request_device_sync(
-                        label="meganeura", required_features=core, required_limits=limits)
-                except Exception:
-                    raise DeviceError(
-                        f"could not create a device on {adapter.summary}: {exc}"
-                    ) from exc
+                raise DeviceError(
+                    f"could not create a device on {adapter.summary}: {exc}"
+                ) from exc
         return _device
 
 
@@ -186,11 +179,12 @@ def device_guard(what: str, device):
 SHADER_CHECKS = {"checked": None, "no-loop-bounding": 1, "unchecked": 0}
 
 
-def shader_checks() -> str:
-    """The runtime checks compiled into kernels: ``MEGANEURA_SHADER_CHECKS`` or
+def shader_checks(guarded: bool = False) -> str:
+    """The runtime checks compiled into a kernel: ``MEGANEURA_SHADER_CHECKS`` when set,
+    else "unchecked" for a kernel that guards every access itself (``guarded``), else
     "no-loop-bounding"."""
     import os
-    mode = os.environ.get("MEGANEURA_SHADER_CHECKS", "no-loop-bounding")
+    mode = os.environ.get("MEGANEURA_SHADER_CHECKS") or ("unchecked" if guarded else "no-loop-bounding")
     if mode not in SHADER_CHECKS:
         raise DeviceError(f"MEGANEURA_SHADER_CHECKS={mode!r} is not one of {', '.join(SHADER_CHECKS)}")
     return mode

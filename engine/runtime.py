@@ -15,7 +15,7 @@ import numpy as np
 
 from . import codegen
 from .compile import ExecutionPlan, cached_plan, compile_plan
-from .device import _limit, device_guard, get_device, shader_module
+from .device import _limit, device_guard, get_device, shader_checks, shader_module
 from .errors import DeviceError, MeganeuraError, ShapeError
 from .graph import Graph
 
@@ -148,7 +148,7 @@ class Session:
         entries.append({"binding": len(k.operand_types) + 1, "visibility": wgpu.ShaderStage.COMPUTE,
                         "buffer": {"type": wgpu.BufferBindingType.storage}})
         try:
-            module = shader_module(dev, k.name, k.source)
+            module = shader_module(dev, k.name, k.source, shader_checks(k.guarded))
             bgl = dev.create_bind_group_layout(label=k.name, entries=entries)
             pl = dev.create_pipeline_layout(label=k.name, bind_group_layouts=[bgl])
             pipeline = dev.create_compute_pipeline(label=k.name, layout=pl,
@@ -285,7 +285,7 @@ class Session:
 
 
 def build_inference_session(graph: Graph, plan: ExecutionPlan | None = None, share_with: Session | None = None,
-                            optimize: bool = True) -> Session:
+                            optimize: bool = True, capabilities: codegen.Capabilities | None = None) -> Session:
     """A Session running ``graph`` forward on the default device, fused by
     ``engine.optimize`` unless ``optimize=False`` (or a plan is given). With
     ``share_with`` (e.g. a training session of the same model at another batch size) it
@@ -296,4 +296,5 @@ def build_inference_session(graph: Graph, plan: ExecutionPlan | None = None, sha
         graph, _ = fuse(graph)
     shared = share_with.parameter_buffers() if share_with is not None else None
     device = share_with.device if share_with is not None else None
-    return Session(graph, plan if plan is not None else cached_plan(graph, loss="loss"), device, shared)
+    return Session(graph, plan if plan is not None else cached_plan(graph, loss="loss"), device, shared,
+                   capabilities)

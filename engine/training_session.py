@@ -29,7 +29,8 @@ class TrainingSession(Session):
     backward of fused ops is fused too), optimize the training graph again, compile,
     and build the GPU session. ``optimize=False`` skips both fusion passes."""
 
-    def __init__(self, graph: Graph, config: TrainConfig | None = None, device=None, optimize: bool = True):
+    def __init__(self, graph: Graph, config: TrainConfig | None = None, device=None, optimize: bool = True,
+                 capabilities: codegen.Capabilities | None = None):
         from .optimize import optimize as fuse
         self.config = config or TrainConfig()
         forward = freeze_by_multiplier(graph, self.config)
@@ -39,7 +40,7 @@ class TrainingSession(Session):
         if optimize:
             train_graph, self.training_report = fuse(train_graph)
         plan = cached_plan(train_graph, gradients=dict(self.pairs), loss=self.config.loss)
-        super().__init__(train_graph, plan, device)
+        super().__init__(train_graph, plan, device, capabilities=capabilities)
         self.model_graph = graph
         self.step_count = 0
         self._build_optimizer()
@@ -162,9 +163,9 @@ class TrainingSession(Session):
 
 
 def build_session(graph: Graph, config: TrainConfig | None = None, params=None,
-                  optimize: bool = True) -> TrainingSession:
+                  optimize: bool = True, capabilities: codegen.Capabilities | None = None) -> TrainingSession:
     """A GPU training session of ``graph`` (which has a scalar ``loss`` output)."""
-    session = TrainingSession(graph, config, optimize=optimize)
+    session = TrainingSession(graph, config, optimize=optimize, capabilities=capabilities)
     if params is not None:
         session.set_parameters(params)
     return session

@@ -283,6 +283,39 @@ def test_rule_does_not_fire(rule, build, op):
     check_same(g, o)
 
 
+def _weight_grad(k, m=64, n=96):
+    g = Graph("dw")
+    x = g.input("x", (k, m))
+    dy = g.input("dy", (k, n))
+    g.output("dw", g.matmul(x, dy, transpose_a=True))
+    return g
+
+
+def test_split_k_weight_gradient_runs_as_slices_on_the_gpu():
+    from engine.optimize.split_k import splits_for
+    from engine.runtime import build_inference_session
+    g = _weight_grad(1024)
+    o, rep = optimize(g)
+    assert splits_for(64, 96, 1024) == 4
+    assert rep.rules["split_k"] == 1, rep.format_table()
+    (mm,) = [n for n in o.nodes if n.op == "matmul"]
+    assert mm.shape == (4, 64, 96) and o[o.outputs["dw"]].op == "sum_to"
+    assert rep.rule_nodes["split_k"] == [o.outputs["dw"]]
+    check_same(g, o)
+    ins, _ = _values(g)
+    s = build_inference_session(o, optimize=False)
+    s.set_inputs(ins)
+    s.run()
+    want = ins["x"].T @ ins["dy"]
+    assert np.abs(s.read_output("dw") - want).max() / np.abs(want).max() < 1e-5
+
+
+@pytest.mark.parametrize("k,m,n", [(512, 64, 96), (1024, 1024, 2048), (1027, 64, 96)])
+def test_split_k_leaves_short_or_wide_or_odd_matmuls(k, m, n):
+    o, rep = optimize(_weight_grad(k, m, n))
+    assert rep.rules["split_k"] == 0 and not any(n.op == "sum_to" for n in o.nodes)
+
+
 def test_group_norm_silu_attribute():
     o, _ = optimize(group_norm_silu(False))
     assert [n.attrs["activation"] for n in o.nodes if n.op == "group_norm"] == ["silu"]

@@ -181,6 +181,49 @@ def test_fused_matmul_epilogue(activation):
     check(g)
 
 
+@pytest.mark.parametrize("kernel", list(codegen.TILED))
+def test_tiled_matmul_kernels(kernel, monkeypatch):
+    """Each register-blocked kernel on every operand layout: transposed or not, vec4
+    loads (extents multiples of 4) and scalar ones (ragged), batches that broadcast, and
+    the fused epilogue; shapes cross tile edges."""
+    monkeypatch.setenv("MEGANEURA_MATMUL", kernel)
+    g = Graph("tiled")
+    outs = {}
+    for ta, tb in [(False, False), (True, False), (False, True), (True, True)]:
+        for m, k, n in [(132, 40, 72), (70, 33, 130)]:
+            a = g.input(f"a{ta:d}{tb:d}{m}", [k, m] if ta else [m, k])
+            b = g.input(f"b{ta:d}{tb:d}{m}", [n, k] if tb else [k, n])
+            outs[f"c{ta:d}{tb:d}{m}"] = g.matmul(a, b, transpose_a=ta, transpose_b=tb)
+    x = g.input("x", [3, 68, 20])
+    w = g.input("w", [20, 36])
+    bias = g.parameter("bias", [36])
+    res = g.input("res", [3, 68, 36])
+    outs["batched"] = g.matmul(x, g.input("y", [3, 20, 44]))
+    outs["broadcast"] = g.matmul(x, w)
+    outs["epilogue"] = g.apply("fused_matmul", x, w, bias, res, activation="gelu", has_add=True,
+                               has_residual=True)
+    for name, node in outs.items():
+        g.output(name, node)
+    s = check(g)
+    variants = {s.kernels[i].notes["variant"] for i in range(len(s.kernels))}
+    assert all(v.startswith(f"{16 * codegen.TILED[kernel][0]}x") for v in variants), variants
+    fetches = " ".join(variants)
+    for fetch in ("outer-vec4", "k-vec4", "outer-scalar", "k-scalar"):
+        assert fetch in fetches, (fetch, variants)
+
+
+def test_matmul_operand_fetch_and_kernel_choice():
+    # strides: batch..., outer, k
+    assert codegen.operand_fetch([1, 384], 2048, 384) == "outer-vec4"     # A stored [k, m]
+    assert codegen.operand_fetch([384, 1], 2048, 384) == "k-vec4"         # A stored [m, k]
+    assert codegen.operand_fetch([257, 1], 100, 257) == "k-scalar"        # row stride not aligned
+    assert codegen.operand_fetch([6, 1, 70], 70, 6) == "outer-scalar"
+    assert codegen.operand_fetch([2, 1, 8], 8, 2) == "outer-scalar"       # odd batch stride
+    assert codegen.matmul_variant(4096, 4096, 1) == "128k8"
+    assert codegen.matmul_variant(2048, 1536, 1) == "64"
+    assert codegen.matmul_variant(32, 4096, 1) == "simple"
+
+
 def test_norm_matmul():
     g = Graph("nmm")
     x = g.input("x", [3, 5, 21])

@@ -1,0 +1,168 @@
+"""Kernel variants side by side on the GPU, against PyTorch on the same shapes in one run.
+
+    .venv/bin/python bench/bench_kernels.py                 # full sizes (meant for a real GPU)
+    .venv/bin/python bench/bench_kernels.py --quick         # tiny sizes: runs on lavapipe
+    .venv/bin/python bench/bench_kernels.py --checks checked,no-loop-bounding,unchecked
+
+Each row is one kernel (a one-node graph session) with a forced variant: its GPU time
+(profiler timestamps, median over steps), TFLOP/s, and its error against numpy float64
+(relative Frobenius norm), next to torch's time for the same op (CUDA events, median;
+fp32 with TF32 off, and the TF32 and fp16 rates as extra columns: what tensor cores
+give, which WGSL cannot reach here). ``--checks`` runs the
+matmul rows once per naga runtime-check mode (MEGANEURA_SHADER_CHECKS), each in a
+process of its own since the mode is read when pipelines are built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import torch  # noqa: E402
+
+from bench_vs_torch import TorchTimer, adapter_desc, fmt, log  # noqa: E402
+from engine import codegen  # noqa: E402
+from engine.device import adapter_info, get_device, shader_checks  # noqa: E402
+from engine.graph import Graph  # noqa: E402
+from engine.runtime import Session  # noqa: E402
+
+# (label, m, n, k, transpose_a, transpose_b, batch)
+MATMULS_FULL = [
+    ("square", 1024, 1024, 1024, False, False, ()),
+    ("square", 4096, 4096, 4096, False, False, ()),
+    ("skinny", 32, 4096, 4096, False, False, ()),
+    ("gpt fwd x@W", 2048, 1536, 384, False, False, ()),
+    ("gpt dX=dY@W^T", 2048, 384, 1536, False, True, ()),
+    ("gpt dW=X^T@dY", 384, 1536, 2048, True, False, ()),
+    ("whisper fwd", 1500, 1536, 384, False, False, ()),
+    ("attn scores", 256, 256, 64, False, True, (48,)),
+]
+MATMULS_QUICK = [
+    ("square", 128, 128, 128, False, False, ()),
+    ("ragged", 130, 70, 36, True, False, ()),
+    ("weight grad", 64, 96, 128, True, False, ()),
+]
+F32_VARIANTS = ["auto", *codegen.TILED, "simple"]
+
+
+def matmul_graph(m, n, k, ta, tb, batch):
+    g = Graph(f"matmul-{m}x{n}x{k}")
+    a = g.input("a", batch + ((k, m) if ta else (m, k)))
+    b = g.input("b", (n, k) if tb else (k, n))
+    g.output("c", g.matmul(a, b, transpose_a=ta, transpose_b=tb))
+    return g
+
+
+def time_ours(g, inputs, caps, steps):
+    """(median GPU ms, relative error vs float64, variant) of a one-node graph."""
+    s = Session(g, capabilities=caps)
+    s.set_inputs(inputs)
+    s.run()
+    out = s.read_output("c")
+    a, b = (inputs[k].astype(np.float64) for k in ("a", "b"))
+    node = g[g.outputs["c"]]
+    if node.attrs.get("transpose_a"):
+        a = np.swapaxes(a, -1, -2)
+    if node.attrs.get("transpose_b"):
+        b = np.swapaxes(b, -1, -2)
+    ref = a @ b
+    err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+    rep = s.profile(steps=steps, measure_overhead=False, include_build_spans=False)
+    return statistics.median(rep.gpu_step_ns) / 1e6, err, s.kernels[0].notes.get("variant", "")
+
+
+def time_torch(inputs, ta, tb, timer, steps):
+    """torch ms for fp32 (TF32 off), TF32 and fp16 on the same operands."""
+    a = torch.tensor(inputs["a"], device=timer.device)
+    b = torch.tensor(inputs["b"], device=timer.device)
+    a = a.transpose(-1, -2) if ta else a
+    b = b.transpose(-1, -2) if tb else b
+    torch.backends.cuda.matmul.allow_tf32 = False
+    out = {"fp32": timer.median_ms(lambda: a @ b, steps)}
+    if timer.cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        out["tf32"] = timer.median_ms(lambda: a @ b, steps)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        a16, b16 = a.half(), b.half()
+        out["fp16"] = timer.median_ms(lambda: a16 @ b16, steps)
+    return out
+
+
+def matmul_rows(cases, steps, rng, timer, variants):
+    caps = codegen.Capabilities.from_features(get_device().features)
+    rows = []
+    for label, m, n, k, ta, tb, batch in cases:
+        g = matmul_graph(m, n, k, ta, tb, batch)
+        inputs = {nm: rng.standard_normal(g[i].shape, dtype=np.float32) for nm, i in g.inputs.items()}
+        flops = 2.0 * m * n * k * int(np.prod(batch or (1,)))
+        t = time_torch(inputs, ta, tb, timer, max(steps, 10))
+        shape = f"{'x'.join(map(str, batch))}{'x' if batch else ''}{m}x{n}x{k}{' tA' if ta else ''}{' tB' if tb else ''}"
+        for v in variants:
+            os.environ["MEGANEURA_MATMUL"] = v
+            log(f"matmul {label} {shape} {v}")
+            try:
+                ms, err, variant = time_ours(g, inputs, caps, steps)
+            except Exception as exc:  # a variant that fails to build is a finding, not a crash
+                rows.append([label, shape, v, "-", "-", "-", "-", "-", "-", f"FAILED: {str(exc)[:300]}"])
+                continue
+            rows.append([label, shape, v, fmt(ms, " ms"), fmt(flops / ms / 1e9), fmt(flops / t["fp32"] / 1e9),
+                         fmt(ms / t["fp32"]), fmt(flops / t["tf32"] / 1e9) if "tf32" in t else "-",
+                         fmt(flops / t["fp16"] / 1e9) if "fp16" in t else "-", f"err {err:.1e}; {variant}"])
+        os.environ.pop("MEGANEURA_MATMUL", None)
+    return rows
+
+
+def print_rows(title, cols, rows):
+    widths = [max(len(c), *(len(str(r[i])) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
+    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
+    print(f"\n{title}")
+    print(line(cols))
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows:
+        print(line(r))
+    sys.stdout.flush()
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="tiny sizes (lavapipe)")
+    p.add_argument("--checks", default="", help="comma-separated MEGANEURA_SHADER_CHECKS modes to run the "
+                                                "matmul rows under, each in its own process")
+    p.add_argument("--variants", default=",".join(F32_VARIANTS),
+                   help=f"matmul variants: {', '.join(F32_VARIANTS)}")
+    args = p.parse_args(argv)
+    if args.checks:
+        for mode in args.checks.split(","):
+            env = dict(os.environ, MEGANEURA_SHADER_CHECKS=mode, PYTHONUNBUFFERED="1")
+            cmd = [sys.executable, __file__, "--variants", args.variants] + (["--quick"] if args.quick else [])
+            rc = subprocess.call(cmd, env=env)
+            if rc:
+                return rc
+        return 0
+    rng = np.random.default_rng(0)
+    timer = TorchTimer(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    info = adapter_info()
+    print(f"ours: {adapter_desc()}; adapter features: {', '.join(info['features'])}; device features: "
+          f"{', '.join(sorted(str(f) for f in get_device().features))}")
+    print(f"torch: {torch.__version__} on {torch.cuda.get_device_name() if timer.cuda else 'CPU'}")
+    steps = 3 if args.quick else 20
+    cases = MATMULS_QUICK if args.quick else MATMULS_FULL
+    rows = matmul_rows(cases, steps, rng, timer, [v for v in args.variants.split(",") if v])
+    print_rows(f"matmul (shader checks: {shader_checks(True)} for matmuls)",
+               ["case", "shape", "variant", "ours", "ours TFLOP/s", "torch fp32 TFLOP/s", "ours/torch",
+                "torch tf32", "torch fp16", "note"], rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
