@@ -2,12 +2,13 @@
 // device offers them): each subgroup reduces in registers, its first lane leaves
 // one partial in workgroup memory, and every thread adds the few partials. Same
 // functions as wg_reduce.wgsl; every thread gets the result. The entry point sets
-// the three private values below from its subgroup built-ins ({{SG_INIT}}).
+// the private values below from its subgroup built-ins.
 
 var<workgroup> red: array<f32, 256>;
 var<private> sg_lane_: u32;
 var<private> sg_id_: u32;
 var<private> sg_count_: u32;
+var<private> sg_size_: u32;
 
 fn wg_sum(v: f32, t: u32) -> f32 {
     let s = subgroupAdd(v);

@@ -39,10 +39,10 @@ def feeds(g, seed=0, positive=False):
     return inputs, params
 
 
-def check(g, inputs=None, params=None, positive=False, tol=TOL):
+def check(g, inputs=None, params=None, positive=False, tol=TOL, capabilities=None):
     if inputs is None:
         inputs, params = feeds(g, positive=positive)
-    s = build_inference_session(g, optimize=False)
+    s = build_inference_session(g, optimize=False, capabilities=capabilities)
     s.set_inputs(inputs)
     s.set_parameters(params or {})
     s.run()
@@ -235,7 +235,12 @@ def test_norm_matmul():
 
 # ---------------------------------------------------------------- reductions and losses
 
-def test_row_reductions_and_norms():
+# every reduction on its plain path and, lavapipe offering subgroups, on its subgroup path
+REDUCTION_PATHS = [codegen.Capabilities(subgroups=False), codegen.Capabilities(subgroups=True)]
+
+
+@pytest.mark.parametrize("caps", REDUCTION_PATHS, ids=["workgroup", "subgroup"])
+def test_row_reductions_and_norms(caps):
     g = Graph("red")
     x = g.input("x", [3, 4, 300])   # rows longer than a workgroup
     s = g.input("s", [6, 5])        # rows shorter than one
@@ -255,7 +260,8 @@ def test_row_reductions_and_norms():
     rng = np.random.default_rng(3)
     inputs = {"x": rng.standard_normal((3, 4, 300)) * 4 + 1, "s": rng.standard_normal((6, 5))}
     params = {"w": rng.standard_normal(300), "b": rng.standard_normal(300)}
-    check(g, inputs, params)
+    s = check(g, inputs, params, capabilities=caps)
+    assert ("sg_lane_" in s.kernels[0].source) == caps.subgroups
 
 
 def test_sum_to():
@@ -266,8 +272,11 @@ def test_sum_to():
     check(g)
 
 
-def test_losses():
+@pytest.mark.parametrize("caps", REDUCTION_PATHS, ids=["workgroup", "subgroup"])
+def test_losses(caps):
     g = Graph("loss")
+    wide = g.input("logits_wide", [3, 70, 300])   # rows longer than a subgroup and a workgroup
+    g.output("ce_wide", g.cross_entropy_loss(wide, g.input("labels_wide", [3, 70], dtype="i32")))
     logits = g.input("logits", [3, 7, 11])
     labels = g.input("labels", [3, 7], dtype="i32")
     labels3 = g.input("labels3", [3, 7], dtype="i32")
@@ -281,9 +290,14 @@ def test_losses():
     lab[0, :4] = -100
     lab3 = rng.integers(0, 11, (3, 7)).astype(np.int32)
     lab3[1, :3] = 3
+    labels_wide = rng.integers(0, 300, (3, 70)).astype(np.int32)
+    labels_wide[2, 5:9] = -100
     inputs = {"logits": rng.standard_normal((3, 7, 11)) * 3, "labels": lab, "labels3": lab3,
-              "pred": rng.standard_normal((5, 13)), "target": rng.standard_normal((5, 13))}
-    check(g, inputs, {})
+              "pred": rng.standard_normal((5, 13)), "target": rng.standard_normal((5, 13)),
+              "logits_wide": rng.standard_normal((3, 70, 300)) * 3, "labels_wide": labels_wide}
+    s = check(g, inputs, {}, capabilities=caps)
+    paths = {k.notes.get("variant") for k in s.kernels if k.name == "loss:cross_entropy"}
+    assert paths == {"subgroups" if caps.subgroups else "workgroup memory"}
 
 
 def test_cross_entropy_all_ignored_is_zero():
