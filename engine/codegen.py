@@ -768,22 +768,62 @@ def _conv(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
                    BIAS=" + bias[(idx / (OW * OH)) % O]" if has_bias else "")
 
 
+ATTENTION_BLOCK = 32   # queries and keys per block of attention_tiled.wgsl (fixed by its thread layout)
+
+
+def attention_variant(head_dim: int) -> str:
+    """Which attention kernel a head dim gets: ``"tiled"`` (flash attention, 32 x 32 blocks
+    in workgroup memory, a vec4 of output columns per thread) where D is a multiple of 4 up
+    to 64, else ``"per-query"`` (one thread per query streaming over the keys).
+    ``MEGANEURA_ATTENTION=per-query`` forces the latter (benchmarks and tests)."""
+    if os.environ.get("MEGANEURA_ATTENTION") == "per-query":
+        return "per-query"
+    return "tiled" if head_dim % 4 == 0 and 4 <= head_dim <= 64 else "per-query"
+
+
 def _attention(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     q, k = graph[node.inputs[0]], graph[node.inputs[1]]
     a = node.attrs
     h = a["num_heads"]
     hkv = a.get("num_kv_heads") or h
     bsz, t, w = q.shape
+    s = k.shape[1]
     d = w // h
     scale = a.get("scale")
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    causal = int(bool(a.get("causal")))
+    build = _attention_tiled if attention_variant(d) == "tiled" else _attention_per_query
+    return build(graph, node, bsz, t, s, h, hkv, d, causal, scale)
+
+
+def _attention_per_query(graph, node, bsz, t, s, h, hkv, d, causal, scale) -> Kernel:
     total = bsz * h * t
-    meta = [total, t, k.shape[1], h, hkv, int(bool(a.get("causal"))), f32_bits(scale)]
-    return _finish("attention", "attention", "attention.wgsl", ["q", "k", "v"], ["f32"] * 3, "f32",
-                   meta, grid_1d(-(-total // 64)), D=d,
-                   SCORE=" + ".join(f"qv[{i}] * k[kb + {i}u]" for i in range(d)),
-                   ACCUMULATE="\n".join(f"        acc[{i}] = acc[{i}] * corr + p * v[kb + {i}u];"
-                                         for i in range(d)))
+    meta = [total, t, s, h, hkv, causal, f32_bits(scale)]
+    kernel = _finish("attention", "attention", "attention.wgsl", ["q", "k", "v"], ["f32"] * 3, "f32",
+                     meta, grid_1d(-(-total // 64)), D=d,
+                     SCORE=" + ".join(f"qv[{i}] * k[kb + {i}u]" for i in range(d)),
+                     ACCUMULATE="\n".join(f"        acc[{i}] = acc[{i}] * corr + p * v[kb + {i}u];"
+                                           for i in range(d)))
+    kernel.notes["variant"] = "one thread per query"
+    return kernel
+
+
+def _attention_tiled(graph, node, bsz, t, s, h, hkv, d, causal, scale) -> Kernel:
+    grid = (-(-t // ATTENTION_BLOCK), h, bsz)
+    if max(grid) > MAX_WORKGROUPS:
+        raise DeviceError(f"{graph.format_node(node)}: attention grid {grid[0]} x {h} x {bsz} exceeds "
+                          f"{MAX_WORKGROUPS} workgroups per dimension")
+    meta = [t, s, h, hkv, causal, f32_bits(scale * math.log2(math.e))]
+    vec4 = "vec4<f32>"
+    kernel = _finish("attention", "attention", "attention_tiled.wgsl", ["q", "k", "v"], [vec4] * 3, vec4,
+                     meta, grid, D=d,
+                     SCORES="\n".join(f"        s = qk_step(s, Qs[{i}u * QV + ty], Ks[{i}u * KV2 + tx]);"
+                                       for i in range(d)),
+                     ACCUMULATE="\n".join(f"            o = pv_step(o, Ps[{j}u * PS + ty], Vs[{j}u * D4 + tx]);"
+                                           for j in range(ATTENTION_BLOCK)))
+    kernel.notes["variant"] = (f"tiled (flash) {ATTENTION_BLOCK} queries x {ATTENTION_BLOCK} keys, "
+                               f"4x2 scores and 4x4 outputs/thread")
+    return kernel
 
 
 # ---------------------------------------------------------------- row kernels with their own operands

@@ -1,0 +1,177 @@
+// Attention archetype, tiled path (flash attention forward, f32). One workgroup of 128
+// threads per (block of BQ = 32 queries, head, batch) loops over blocks of BKV = 32 keys:
+// it stages the block's K and V (and its Q block, once) in workgroup memory, each thread
+// scores 4 queries x 2 keys, the rows' maxima meet in workgroup memory (16 threads share a
+// row), P = exp(S - max) goes to workgroup memory, and each thread accumulates O for its
+// 4 queries x 4 columns in registers, rescaled when a row's max grows (online softmax).
+// Every key read from global memory serves 32 queries (the per-query kernel: 1), and each
+// workgroup-memory read feeds 4 to 8 FMAs.
+// Why 32 x 32 and not 64 queries: Q + K + V + P blocks and the row partials must fit the
+// 32 KiB of workgroup memory lavapipe offers (31,488 bytes at D = 64; NVIDIA offers 48 KiB).
+// Layouts: Qs d-major (a vec4 = a thread's 4 queries), scaled by scale * log2(e) so the
+// softmax runs on exp2; Ks d-major (a vec2 = a thread's 2 keys); Vs key-major (a vec4 = a
+// thread's 4 columns); Ps key-major (a vec4 = 4 queries). Rows of Ps and red are padded by
+// one vec4 so the 16 threads of a row write to different banks.
+// Causal: key blocks above the diagonal are skipped; keys past a query (or past S) are
+// masked, and a row with no visible key comes out 0, not NaN.
+// The loops over d and over a block's keys are unrolled by codegen: llvmpipe (lavapipe)
+// ends an invocation after ~65535 loop iterations in total and leaves the rest undone.
+// With them unrolled, ~5 iterations a key block are left (measured: right up to 300k keys).
+// q, out: [B, T, H*D]; k, v: [B, S, HKV*D], all read as vec4 (D % 4 == 0, D <= 64).
+// Thread tid: ty = tid / 16 owns queries 4ty..4ty+3, tx = tid % 16 keys 2tx, 2tx+1 of
+// each block and output columns 4tx..4tx+3 (threads with tx >= D / 4 own no column).
+// meta: [T, S, H, HKV, causal, scale * log2(e)]; grid: (ceil(T / BQ), H, B)
+
+{{PRELUDE}}
+
+{{BINDINGS}}
+
+const D: u32 = {{D}}u;
+const D4: u32 = D / 4u;
+const BQ: u32 = 32u;
+const BKV: u32 = 32u;
+const THREADS: u32 = 128u;
+const QV: u32 = BQ / 4u;      // vec4s in a d-row of Qs
+const KV2: u32 = BKV / 2u;    // vec2s in a d-row of Ks
+const PS: u32 = QV + 1u;      // padded row of Ps and red
+const NEG: f32 = -1.0e30;     // finite "no score yet": exp2(NEG - NEG) stays a number
+
+var<workgroup> Qs: array<vec4<f32>, D * QV>;
+var<workgroup> Ks: array<vec2<f32>, D * KV2>;
+var<workgroup> Vs: array<vec4<f32>, BKV * D4>;
+var<workgroup> Ps: array<vec4<f32>, BKV * PS>;
+var<workgroup> red: array<vec4<f32>, 16u * PS>;   // one partial per (thread column tx, query vec4)
+
+// Scores as 2 columns (one per key) of 4 queries; O as 4 columns (one per query) of 4 outputs.
+fn qk_step(s: mat2x4<f32>, q: vec4<f32>, k: vec2<f32>) -> mat2x4<f32> {
+    return mat2x4<f32>(fma(q, vec4<f32>(k.x), s[0]), fma(q, vec4<f32>(k.y), s[1]));
+}
+
+fn pv_step(o: mat4x4<f32>, p: vec4<f32>, v: vec4<f32>) -> mat4x4<f32> {
+    return mat4x4<f32>(fma(v, vec4<f32>(p.x), o[0]), fma(v, vec4<f32>(p.y), o[1]),
+                       fma(v, vec4<f32>(p.z), o[2]), fma(v, vec4<f32>(p.w), o[3]));
+}
+
+fn scale_columns(o: mat4x4<f32>, c: vec4<f32>) -> mat4x4<f32> {
+    return mat4x4<f32>(o[0] * c.x, o[1] * c.y, o[2] * c.z, o[3] * c.w);
+}
+
+// x = dims 4 * d4 .. 4 * d4 + 3 of query i (key j) into the d-major Qs (Ks).
+fn put_q(d4: u32, i: u32, x: vec4<f32>) {
+    let at = d4 * 4u * QV + i / 4u;
+    let c = i % 4u;
+    Qs[at][c] = x.x; Qs[at + QV][c] = x.y; Qs[at + 2u * QV][c] = x.z; Qs[at + 3u * QV][c] = x.w;
+}
+
+fn put_k(d4: u32, j: u32, x: vec4<f32>) {
+    let at = d4 * 4u * KV2 + j / 2u;
+    let c = j % 2u;
+    Ks[at][c] = x.x; Ks[at + KV2][c] = x.y; Ks[at + 2u * KV2][c] = x.z; Ks[at + 3u * KV2][c] = x.w;
+}
+
+// Queries q0.. of head h, times scale * log2(e); rows past T are zero.
+fn stage_q(tid: u32, b: u32, h: u32, q0: u32) {
+    let T = m(0u);
+    let H = m(2u);
+    let scale = mf(5u);
+    for (var e = tid; e < BQ * D4; e = e + THREADS) {
+        let i = e % BQ;   // neighbouring threads: neighbouring queries, neighbouring banks
+        let d4 = e / BQ;
+        var x = vec4<f32>(0.0);
+        if (q0 + i < T) { x = q[((b * T + q0 + i) * H + h) * D4 + d4] * scale; }
+        put_q(d4, i, x);
+    }
+}
+
+// Keys and values k0.. of kv head hk; rows past S are zero (P is 0 there, 0 * garbage is not).
+fn stage_kv(tid: u32, b: u32, hk: u32, k0: u32) {
+    let S = m(1u);
+    let HKV = m(3u);
+    for (var e = tid; e < BKV * D4; e = e + THREADS) {
+        let j = e % BKV;
+        var x = vec4<f32>(0.0);
+        if (k0 + j < S) { x = k[((b * S + k0 + j) * HKV + hk) * D4 + e / BKV]; }
+        put_k(e / BKV, j, x);
+        let jv = e / D4;
+        var y = vec4<f32>(0.0);
+        if (k0 + jv < S) { y = v[((b * S + k0 + jv) * HKV + hk) * D4 + e % D4]; }
+        Vs[e] = y;
+    }
+}
+
+// The 16 partials of this thread's 4 query rows, combined.
+fn rows_max(ty: u32) -> vec4<f32> {
+    var r = red[ty];
+    for (var j = 1u; j < 16u; j = j + 1u) { r = max(r, red[j * PS + ty]); }
+    return r;
+}
+
+fn rows_sum(ty: u32) -> vec4<f32> {
+    var r = red[ty];
+    for (var j = 1u; j < 16u; j = j + 1u) { r = r + red[j * PS + ty]; }
+    return r;
+}
+
+fn store_row(b: u32, h: u32, t: u32, c4: u32, x: vec4<f32>) {
+    let T = m(0u);
+    if (t < T) { out[((b * T + t) * m(2u) + h) * D4 + c4] = x; }
+}
+
+@compute @workgroup_size(128)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    let S = m(1u);
+    let H = m(2u);
+    let causal = m(4u) != 0u;
+    let h = wg.y;
+    let b = wg.z;
+    let hk = h / (H / m(3u));
+    let q0 = wg.x * BQ;
+    let tx = tid % 16u;
+    let ty = tid / 16u;
+    let rows = vec4<u32>(q0 + 4u * ty) + vec4<u32>(0u, 1u, 2u, 3u);
+    var key_end = vec4<u32>(S);     // row i sees keys < key_end[i]
+    var kv_end = S;                 // the workgroup's rows see keys < kv_end
+    if (causal) {
+        key_end = min(key_end, rows + 1u);
+        kv_end = min(S, q0 + BQ);
+    }
+    stage_q(tid, b, h, q0);
+    var mx = vec4<f32>(NEG);
+    var l = vec4<f32>(0.0);         // this thread's keys' share of each row's sum
+    var o = mat4x4<f32>();
+    for (var k0 = 0u; k0 < kv_end; k0 = k0 + BKV) {
+        workgroupBarrier();         // the previous block's Ps, Vs are read
+        stage_kv(tid, b, hk, k0);
+        workgroupBarrier();
+        var s = mat2x4<f32>();
+{{SCORES}}
+        let key = k0 + 2u * tx;
+        let seen0 = vec4<u32>(key) < key_end;
+        let seen1 = vec4<u32>(key + 1u) < key_end;
+        red[tx * PS + ty] = max(select(vec4<f32>(NEG), s[0], seen0), select(vec4<f32>(NEG), s[1], seen1));
+        workgroupBarrier();
+        let mx_new = max(mx, rows_max(ty));
+        let corr = exp2(mx - mx_new);
+        let p0 = select(vec4<f32>(0.0), exp2(s[0] - mx_new), seen0);
+        let p1 = select(vec4<f32>(0.0), exp2(s[1] - mx_new), seen1);
+        Ps[2u * tx * PS + ty] = p0;
+        Ps[(2u * tx + 1u) * PS + ty] = p1;
+        l = l * corr + p0 + p1;
+        o = scale_columns(o, corr);
+        mx = mx_new;
+        workgroupBarrier();
+        if (tx < D4) {
+{{ACCUMULATE}}
+        }
+    }
+    red[tx * PS + ty] = l;          // red's last readers passed the barrier before P . V
+    workgroupBarrier();
+    let total = rows_sum(ty);
+    let inv = select(vec4<f32>(0.0), 1.0 / total, total > vec4<f32>(0.0));
+    if (tx < D4) {
+        store_row(b, h, rows.x, tx, o[0] * inv.x);
+        store_row(b, h, rows.y, tx, o[1] * inv.y);
+        store_row(b, h, rows.z, tx, o[2] * inv.z);
+        store_row(b, h, rows.w, tx, o[3] * inv.w);
+    }
+}

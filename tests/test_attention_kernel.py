@@ -1,0 +1,120 @@
+"""The tiled (flash) attention kernel on lavapipe against the numpy reference, and which
+attention kernel a shape gets. Sequence lengths are chosen off the 32-query / 32-key blocks
+(1, 33, 70, 130) so the edge masking runs; head dims off 64 so threads without an output
+column run too."""
+
+import numpy as np
+import pytest
+
+from engine import Graph, codegen, reference
+from engine.runtime import build_inference_session
+from test_runtime import TOL, rel_err
+
+
+def attention_graph(batch, t, s, heads, kv_heads, d, causal=False, scale=None):
+    g = Graph("attn")
+    q = g.input("q", [batch, t, heads * d])
+    k = g.input("k", [batch, s, kv_heads * d])
+    v = g.input("v", [batch, s, kv_heads * d])
+    g.output("o", g.attention(q, k, v, num_heads=heads, num_kv_heads=kv_heads, causal=causal, scale=scale))
+    return g
+
+
+def run_against_reference(g, inputs, variant="tiled"):
+    s = build_inference_session(g, optimize=False)
+    (kernel,) = s.kernels
+    assert kernel.notes["variant"].startswith(variant), kernel.notes
+    s.set_inputs(inputs)
+    s.run()
+    ref = reference.run(g, inputs, {}, np.float64)["o"]
+    return rel_err(s.read_output("o"), ref)
+
+
+def random_inputs(g, seed=0):
+    rng = np.random.default_rng(seed)
+    return {name: rng.standard_normal(g[i].shape) for name, i in g.inputs.items()}
+
+
+CASES = {
+    # name: batch, T, S, heads, kv heads, D, causal, scale
+    "causal": (2, 70, 70, 2, 2, 64, True, None),
+    "full": (2, 70, 70, 2, 2, 64, False, None),
+    "gqa-3-groups-causal": (1, 130, 130, 6, 2, 64, True, None),
+    "gqa-2-groups": (1, 130, 130, 6, 3, 64, False, None),
+    "cross-more-keys": (2, 33, 130, 6, 3, 64, False, 0.3),
+    "cross-fewer-keys": (1, 130, 33, 2, 1, 64, False, None),
+    "causal-more-keys": (1, 40, 70, 2, 1, 64, True, None),
+    "causal-fewer-keys": (1, 70, 40, 2, 1, 64, True, None),
+    "one-query": (2, 1, 70, 2, 2, 64, False, None),
+    "one-query-causal": (2, 1, 70, 2, 2, 64, True, None),
+    "one-key": (1, 70, 1, 2, 2, 64, False, None),
+    "head-dim-8": (2, 70, 45, 6, 2, 8, False, 0.7),
+    "head-dim-36-causal": (1, 70, 70, 3, 3, 36, True, None),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_tiled_attention_matches_reference(case):
+    batch, t, s, heads, kv_heads, d, causal, scale = CASES[case]
+    g = attention_graph(batch, t, s, heads, kv_heads, d, causal, scale)
+    assert run_against_reference(g, random_inputs(g)) < TOL
+
+
+def test_tiled_attention_rescales_when_a_later_block_has_the_max():
+    """Scores grow along the keys and span hundreds: each key block raises every row's
+    max, so the running sum and the accumulated outputs are rescaled block after block;
+    exp of an unshifted score would overflow f32."""
+    g = attention_graph(1, 70, 200, 1, 1, 64, scale=1.0)
+    rng = np.random.default_rng(3)
+    q = np.abs(rng.standard_normal((1, 70, 64))) + 0.5
+    growth = np.linspace(0.0, 6.0, 200)[None, :, None]
+    k = (np.abs(rng.standard_normal((1, 200, 64))) + 0.5) * growth
+    inputs = {"q": q, "k": k, "v": rng.standard_normal((1, 200, 64))}
+    assert run_against_reference(g, inputs) < TOL
+
+
+def test_tiled_attention_over_whisper_length():
+    """1500 queries x 1500 keys at head dim 64, whisper-tiny's encoder."""
+    g = attention_graph(1, 1500, 1500, 1, 1, 64)
+    assert run_against_reference(g, random_inputs(g, seed=1)) < TOL
+
+
+def test_tiled_attention_over_100k_keys():
+    """llvmpipe (lavapipe) ends an invocation after ~65535 loop iterations in total and
+    silently leaves the rest of its work undone. The kernel unrolls its loops over d and
+    over a block's keys, so ~5 iterations a block of 32 keys remain; with a loop over d
+    (64 a block) this failed from ~30k keys on."""
+    g = attention_graph(1, 40, 100_000, 1, 1, 64)
+    assert run_against_reference(g, random_inputs(g, seed=2)) < TOL
+
+
+def variant_of(*shape, causal=False):
+    g = attention_graph(*shape, causal=causal)
+    (node,) = [n for n in g.nodes if n.op == "attention"]
+    return codegen.kernel_for(g, node).notes["variant"]
+
+
+def test_model_shapes_get_the_tiled_kernel():
+    whisper = variant_of(1, 1500, 1500, 6, 6, 64)
+    gpt = variant_of(8, 256, 256, 6, 6, 64, causal=True)
+    assert whisper.startswith("tiled") and gpt.startswith("tiled"), (whisper, gpt)
+
+
+@pytest.mark.parametrize("d", [5, 2, 68, 128])
+def test_head_dims_the_tiled_kernel_lacks_fall_back_to_one_thread_per_query(d):
+    assert variant_of(1, 40, 40, 2, 2, d) == "one thread per query"
+
+
+def test_env_forces_the_per_query_kernel(monkeypatch):
+    monkeypatch.setenv("MEGANEURA_ATTENTION", "per-query")
+    assert variant_of(1, 1500, 1500, 6, 6, 64) == "one thread per query"
+    g = attention_graph(2, 70, 45, 6, 2, 64, causal=True)
+    assert run_against_reference(g, random_inputs(g), variant="one thread per query") < TOL
+
+
+def test_layers_of_one_head_dim_share_one_pipeline():
+    """Shapes, heads, causal and scale live in meta, not in the source."""
+    a = attention_graph(2, 70, 70, 6, 2, 64, causal=True)
+    b = attention_graph(1, 33, 130, 2, 2, 64, scale=0.3)
+    ka, kb = (codegen.kernel_for(g, next(n for n in g.nodes if n.op == "attention")) for g in (a, b))
+    assert ka.source == kb.source and ka.meta != kb.meta
