@@ -33,6 +33,7 @@ import torch  # noqa: E402
 from bench_vs_torch import TorchTimer, adapter_desc, fmt, log  # noqa: E402
 from engine import codegen  # noqa: E402
 from engine.device import adapter_info, get_device, shader_checks  # noqa: E402
+from engine import reference  # noqa: E402
 from engine.graph import Graph  # noqa: E402
 from engine.runtime import Session  # noqa: E402
 
@@ -122,6 +123,44 @@ def matmul_rows(cases, steps, rng, timer, variants):
     return rows
 
 
+# (label, batch, T, S, heads, kv heads, head dim, causal)
+ATTENTION_FULL = [("whisper encoder", 1, 1500, 1500, 6, 6, 64, False),
+                  ("gpt-tiny causal", 8, 256, 256, 6, 6, 64, True)]
+ATTENTION_QUICK = [("small causal", 1, 40, 40, 2, 1, 16, True)]
+
+
+def attention_rows(cases, steps, rng, timer):
+    """The attention kernels (tiled flash, one thread per query) against torch's
+    scaled_dot_product_attention in fp32 on the same tensors."""
+    import torch.nn.functional as F
+    rows = []
+    for label, b, t, s_, h, hkv, d, causal in cases:
+        g = Graph(f"attention-{label}")
+        q, k, v = g.input("q", (b, t, h * d)), g.input("k", (b, s_, hkv * d)), g.input("v", (b, s_, hkv * d))
+        g.output("c", g.attention(q, k, v, num_heads=h, num_kv_heads=hkv, causal=causal))
+        inputs = {nm: rng.standard_normal(g[i].shape, dtype=np.float32) for nm, i in g.inputs.items()}
+        flops = 4.0 * b * h * t * s_ * d * (0.5 if causal else 1.0)
+        ref = reference.run(g, inputs, {}, np.float64)["c"]
+        heads = lambda x, n: torch.tensor(x, device=timer.device).view(b, -1, n, d).transpose(1, 2)
+        tq, tk, tv = heads(inputs["q"], h), heads(inputs["k"], hkv), heads(inputs["v"], hkv)
+        if hkv != h:
+            tk, tv = tk.repeat_interleave(h // hkv, 1), tv.repeat_interleave(h // hkv, 1)
+        t_ms = timer.median_ms(lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal), max(steps, 10))
+        for variant in ("tiled", "per-query"):
+            os.environ["MEGANEURA_ATTENTION"] = variant
+            log(f"attention {label} {variant}")
+            sess = Session(g)
+            sess.set_inputs(inputs)
+            sess.run()
+            err = float(np.linalg.norm(sess.read_output("c") - ref) / np.linalg.norm(ref))
+            rep = sess.profile(steps=steps, measure_overhead=False, include_build_spans=False)
+            ms = statistics.median(rep.gpu_step_ns) / 1e6
+            rows.append([label, f"{b}x{t}x{s_} h{h}/{hkv} d{d}", variant, fmt(ms, " ms"), fmt(flops / ms / 1e9),
+                         fmt(t_ms, " ms"), fmt(ms / t_ms), f"err {err:.1e}; {sess.kernels[0].notes.get('variant', '')}"])
+        os.environ.pop("MEGANEURA_ATTENTION", None)
+    return rows
+
+
 def print_rows(title, cols, rows):
     widths = [max(len(c), *(len(str(r[i])) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
     line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
@@ -140,11 +179,13 @@ def main(argv=None):
                                                 "matmul rows under, each in its own process")
     p.add_argument("--variants", default=",".join(F32_VARIANTS),
                    help=f"matmul variants: {', '.join(F32_VARIANTS)}")
+    p.add_argument("--attention", action="store_true", help="also time the attention kernels")
     args = p.parse_args(argv)
     if args.checks:
         for mode in args.checks.split(","):
             env = dict(os.environ, MEGANEURA_SHADER_CHECKS=mode, PYTHONUNBUFFERED="1")
-            cmd = [sys.executable, __file__, "--variants", args.variants] + (["--quick"] if args.quick else [])
+            cmd = [sys.executable, __file__, "--variants", args.variants] + (["--quick"] if args.quick else []) \
+                + (["--attention"] if args.attention else [])
             rc = subprocess.call(cmd, env=env)
             if rc:
                 return rc
@@ -161,6 +202,10 @@ def main(argv=None):
     print_rows(f"matmul (shader checks: {shader_checks(True)} for matmuls)",
                ["case", "shape", "variant", "ours", "ours TFLOP/s", "torch fp32 TFLOP/s", "ours/torch",
                 "torch tf32", "torch fp16", "note"], rows)
+    if args.attention:
+        rows = attention_rows(ATTENTION_QUICK if args.quick else ATTENTION_FULL, steps, rng, timer)
+        print_rows("attention (torch: scaled_dot_product_attention, fp32)",
+                   ["case", "shape", "variant", "ours", "ours TFLOP/s", "torch", "ours/torch", "note"], rows)
     return 0
 
 

@@ -33,3 +33,22 @@ def test_bench_vs_torch_quick():
         assert math.isfinite(ours) and ours > 0, rows[name]
         if rows[name][2] != "-":
             assert math.isfinite(float(rows[name][2].split()[0])), rows[name]
+
+
+def test_bench_kernels_quick():
+    """bench/bench_kernels.py --quick runs every matmul kernel and both attention kernels
+    and prints their rows with finite times and small errors (no timing asserted)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_kernels.py"), "--quick", "--attention",
+                           "--variants", "auto,64,128k8"],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in proc.stdout.splitlines()
+            if line.startswith("| ") and not line.startswith("| case")]
+    matmuls = [r for r in rows if r[2] in ("auto", "64", "128k8")]
+    attention = [r for r in rows if r[2] in ("tiled", "per-query")]
+    assert len(matmuls) == 9 and len(attention) == 2, proc.stdout
+    for r in matmuls + attention:
+        assert math.isfinite(float(r[3].split()[0])) and float(r[3].split()[0]) > 0, r
+        err = float(r[-1].split(";")[0].split()[1])
+        assert err < 1e-5, r

@@ -482,15 +482,20 @@ def test_attention(causal):
     check(g)
 
 
-def test_attention_over_many_keys_with_whisper_head_dim():
-    """600 keys x head dim 64: nested per-key loops over the head dim ran past llvmpipe's
-    cap of ~65535 loop iterations per invocation and silently cut the shader short (every
-    row came out wrong at whisper-tiny's 1500 frames). The kernel unrolls the head dim."""
+@pytest.mark.parametrize("kernel", ["tiled", "per-query"])
+def test_attention_over_many_keys_with_whisper_head_dim(kernel, monkeypatch):
+    """600 keys x head dim 64, on both attention kernels: nested per-key loops over the
+    head dim ran past llvmpipe's cap of ~65535 loop iterations per invocation and silently
+    cut the shader short (every row came out wrong at whisper-tiny's 1500 frames). Both
+    kernels unroll the head dim (tests/test_attention_kernel.py pushes the tiled one to
+    100,000 keys)."""
     g = Graph("long-attn")
     q = g.input("q", [1, 600, 64])
     k = g.input("k", [1, 600, 64])
     v = g.input("v", [1, 600, 64])
     g.output("o", g.attention(q, k, v, num_heads=1))
+    monkeypatch.setenv("MEGANEURA_ATTENTION", kernel)
+    assert codegen.attention_variant(64) == kernel
     check(g)
 
 
