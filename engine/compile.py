@@ -117,6 +117,9 @@ class ParameterGroup:
     gradient_buffer: int
     state_buffers: list[int]
 
+    def offset_of(self, name: str) -> int:
+        return self.offsets[self.parameters.index(name)]
+
 
 @dataclass
 class Transfer:
@@ -220,8 +223,12 @@ class ExecutionPlan:
     def describe_dispatch(self, d: Dispatch) -> str:
         """One line: kernel, variant, workgroups, then what it runs and touches."""
         variant = f" ({d.variant})" if d.variant else ""
-        what = f"nodes {d.nodes}" if d.nodes else f"group {d.group}: {', '.join(d.names)}" \
-            if d.group is not None else ", ".join(d.names)
+        if d.nodes:
+            what = f"nodes {d.nodes}"
+        elif d.group is not None:
+            what = f"group {d.group}: {', '.join(d.names)}"
+        else:
+            what = ", ".join(d.names)
         return (f"#{d.index} {d.kernel} [{d.archetype}]{variant} wg {'x'.join(map(str, d.workgroups))} "
                 f"{what} reads {d.reads} writes {d.writes}")
 
@@ -317,14 +324,19 @@ class _PlanBuilder:
 
 # ---------------------------------------------------------------- parameter groups
 
+def _slot_bytes(graph: Graph, parameter: str) -> int:
+    """The bytes a parameter's slot takes in each arena of its group."""
+    return _aligned(graph[graph.parameters[parameter]].nbytes)
+
+
 def _group_parameters(graph: Graph, spec: OptimizerSpec, names: list[str]) -> list[list[str]]:
     """Parameters with the same (LR multiplier, weight decay), in ``names`` order; a
     group whose arena would pass ``ARENA_BYTES`` continues in another."""
     by_hyper: dict[tuple, list[list[str]]] = {}
     for name in names:
         chunks = by_hyper.setdefault(tuple(spec.per_parameter[name]), [[]])
-        used = sum(_aligned(graph[graph.parameters[p]].nbytes) for p in chunks[-1])
-        if chunks[-1] and used + _aligned(graph[graph.parameters[name]].nbytes) > ARENA_BYTES:
+        used = sum(_slot_bytes(graph, p) for p in chunks[-1])
+        if chunks[-1] and used + _slot_bytes(graph, name) > ARENA_BYTES:
             chunks.append([])
         chunks[-1].append(name)
     return [chunk for chunks in by_hyper.values() for chunk in chunks]
@@ -363,7 +375,7 @@ def _place_groups(b: _PlanBuilder, spec: OptimizerSpec, gradients: dict[str, str
         offsets, total = [], 0
         for name in names:
             offsets.append(total)
-            total += _aligned(g[g.parameters[name]].nbytes)
+            total += _slot_bytes(g, name)
         params = b.new_buffer(total, "parameter", names)
         grads = b.new_buffer(total, "gradient", [gradients[n] for n in names])
         states = [b.new_buffer(total, "optimizer_state", [f"{n}:{s}" for n in names])
@@ -371,12 +383,11 @@ def _place_groups(b: _PlanBuilder, spec: OptimizerSpec, gradients: dict[str, str
         mult, decay = spec.per_parameter[names[0]]
         groups.append(ParameterGroup(list(names), offsets, total // 4, float(mult), float(decay), params, grads, states))
         for name, off in zip(names, offsets):
-            b.place(g.parameters[name], params, off, _aligned(g[g.parameters[name]].nbytes))
-    arena_of = {n: grp.gradient_buffer for grp in groups for n in grp.parameters}
-    for p in _direct_gradients(b, gradients, arena_of):
-        grp = next(grp for grp in groups if p in grp.parameters)
-        off = grp.offsets[grp.parameters.index(p)]
-        b.place(g.outputs[gradients[p]], grp.gradient_buffer, off, _aligned(g[g.parameters[p]].nbytes))
+            b.place(g.parameters[name], params, off, _slot_bytes(g, name))
+    group_of = {n: grp for grp in groups for n in grp.parameters}
+    for p in _direct_gradients(b, gradients, {n: grp.gradient_buffer for n, grp in group_of.items()}):
+        grp = group_of[p]
+        b.place(g.outputs[gradients[p]], grp.gradient_buffer, grp.offset_of(p), _slot_bytes(g, p))
     return groups
 
 
@@ -445,21 +456,23 @@ def _schedule_graph(b: _PlanBuilder, pinned_roots: set[int]) -> int:
 
 # ---------------------------------------------------------------- the optimizer step
 
-def _optimizer_step(b: _PlanBuilder, spec: OptimizerSpec, gradients: dict[str, str], groups: list[ParameterGroup],
-                    loss_node: int | None) -> tuple[int, int, list[Transfer]]:
-    """Gradient copies, norm partials, their total, the loss copy and the updates;
-    returns (stats buffer, step buffer, transfers)."""
+def _gradient_copies(b: _PlanBuilder, gradients: dict[str, str], groups: list[ParameterGroup]) -> None:
+    """A copy into its slot for each gradient not computed there."""
     g = b.graph
     for gi, grp in enumerate(groups):
         for name, off in zip(grp.parameters, grp.offsets):
             node = g[g.outputs[gradients[name]]]
-            target = (grp.gradient_buffer, off, _aligned(node.nbytes))
-            if b.slot_of(node.id)[:2] != target[:2]:
-                b.dispatch(codegen.gradient_copy_kernel(node.size), "copy:gradient", [b.slot_of(node.id), target],
+            source, slot = b.slot_of(node.id), (grp.gradient_buffer, off, _slot_bytes(g, name))
+            if source[:2] != slot[:2]:
+                b.dispatch(codegen.gradient_copy_kernel(node.size), "copy:gradient", [source, slot],
                            [READ, READ_WRITE], node.size, group=gi, names=[gradients[name]])
+
+
+def _gradient_norm(b: _PlanBuilder, groups: list[ParameterGroup]) -> tuple[int, Dispatch]:
+    """Sum-of-squares partials of each gradient arena into a new stats buffer (after its
+    loss and squared-norm slots), then their total; returns (stats buffer, the total's dispatch)."""
     partials = [codegen.norm_partials(grp.elements) for grp in groups]
     stats = b.new_buffer(4 * (2 + sum(partials)), "stats", ["loss, gradient norm"])
-    step = b.new_buffer(16, "step", ["lr, bias corrections"])
     slot = 2
     for gi, (grp, count) in enumerate(zip(groups, partials)):
         b.dispatch(codegen.sum_squares_kernel(grp.elements, slot), "train:sum_squares",
@@ -468,21 +481,37 @@ def _optimizer_step(b: _PlanBuilder, spec: OptimizerSpec, gradients: dict[str, s
         slot += count
     total = b.dispatch(codegen.norm_total_kernel(sum(partials)), "train:norm_total", [b.whole(stats)],
                        [READ_WRITE], sum(partials), names=["gradient norm"])
-    transfers = []
-    if loss_node is not None:
-        src, off, _ = b.slot_of(loss_node)
-        transfers.append(Transfer(total.index, src, off, stats, 0, 4))
+    return stats, total
+
+
+def _updates(b: _PlanBuilder, spec: OptimizerSpec, groups: list[ParameterGroup], stats: int) -> int:
+    """One in-place update per group (a rule with fewer than two states binds an unused
+    buffer in their place); returns the step buffer they read the step's values from."""
+    step = b.new_buffer(16, "step", ["lr, bias corrections"])
     unused = b.new_buffer(16, "unused", ["optimizer state of a rule without one"]) \
         if any(len(grp.state_buffers) < 2 for grp in groups) else None
     for gi, grp in enumerate(groups):
         states = grp.state_buffers + [unused] * (2 - len(grp.state_buffers))
         kernel = codegen.optimizer_kernel(grp.elements, spec.kind, grp.lr_multiplier, grp.weight_decay,
                                           spec.momentum, spec.betas, spec.eps, spec.clip_norm)
-        b.dispatch(kernel, f"train:{spec.kind}",
-                   [b.whole(grp.gradient_buffer), b.whole(stats), b.whole(step), b.whole(grp.parameter_buffer)]
-                   + [b.whole(s) for s in states], [READ] * 3 + [READ_WRITE] * 3, grp.elements,
-                   group=gi, names=grp.parameters)
-    return stats, step, transfers
+        reads = [grp.gradient_buffer, stats, step]
+        writes = [grp.parameter_buffer, *states]
+        b.dispatch(kernel, f"train:{spec.kind}", [b.whole(x) for x in reads + writes],
+                   [READ] * len(reads) + [READ_WRITE] * len(writes), grp.elements, group=gi, names=grp.parameters)
+    return step
+
+
+def _optimizer_step(b: _PlanBuilder, spec: OptimizerSpec, gradients: dict[str, str], groups: list[ParameterGroup],
+                    loss_node: int | None) -> tuple[int, int, list[Transfer]]:
+    """Gradient copies, the gradient norm, the loss copied next to it, the updates;
+    returns (stats buffer, step buffer, transfers)."""
+    _gradient_copies(b, gradients, groups)
+    stats, total = _gradient_norm(b, groups)
+    transfers = []
+    if loss_node is not None:
+        src, offset, _ = b.slot_of(loss_node)
+        transfers.append(Transfer(total.index, src, offset, stats, 0, 4))
+    return stats, _updates(b, spec, groups, stats), transfers
 
 
 def compile_plan(graph: Graph, gradients: dict[str, str] | None = None, loss: str | None = "loss",
