@@ -166,6 +166,13 @@ class OptimizerSpec:
 
 @dataclass
 class ExecutionPlan:
+    """A graph's step as data. Buffers and dispatches (each with its kernel ``key`` into
+    ``kernels``, meta words, workgroups and bindings); where each node's value lives
+    (``node_buffer``, ``node_offset``) and the named inputs, parameters, outputs,
+    gradients (the buffer the optimizer reads each from) and loss; the capabilities the
+    kernels were generated for; for training, the optimizer, its parameter groups, the
+    stats and step buffers and the copies between compute passes."""
+
     graph_hash: str
     engine_version: str
     buffers: list[Buffer]

@@ -62,7 +62,8 @@ class Session:
         self.graph = graph
         self.device = device if device is not None else get_device()
         self._wgpu = wgpu
-        if plan is None:
+        compiled = plan is None
+        if compiled:
             plan = compile_plan(graph, loss=None, capabilities=capabilities or device_capabilities(self.device))
         self.plan = plan
         fields = {k: v for k, v in plan.capabilities.items() if k != "paths"}
@@ -76,7 +77,7 @@ class Session:
             if i in self.plan.node_buffer:
                 self._write(i, np.asarray(c, dtype=_NP[graph[i].dtype]))
         # (name, start ns, end ns) on time.perf_counter_ns: the profiler shows them as CPU spans.
-        self.build_spans = [("check plan against device", t_start, t_checked),
+        self.build_spans = [("compile plan" if compiled else "check plan against device", t_start, t_checked),
                             ("allocate buffers", t_checked, t_buffers),
                             ("create pipelines and bind groups", t_buffers, time.perf_counter_ns())]
 
