@@ -27,6 +27,7 @@ ARCHETYPE_COLOURS = {
     "gather": "#f2d0e4",
     "view": "#eeeeee",
     "copy": "#c8d3de",
+    "optimizer": "#9fd9b4",  # a training step's parameter-group updates (profiler bars)
 }
 HIGHLIGHT = QColor("#ff2d6f")
 GRAPH_LABELS = {"original": "Original", "optimized": "Optimized", "training": "Training (fwd + bwd)"}

@@ -119,7 +119,8 @@ def ours_matmul(m, n, k, steps, rng):
     err = float(np.linalg.norm(c - ref) / np.linalg.norm(ref))
     rep = s.profile(steps=steps, measure_overhead=False, include_build_spans=False)
     ns = statistics.median(rep.gpu_step_ns)
-    kernel = s.kernels[0].notes.get("variant", s.kernels[0].name)
+    first = s.plan.dispatches[0]
+    kernel = first.variant or first.kernel
     return ns / 1e6, err, kernel
 
 
@@ -332,13 +333,12 @@ def main(argv=None):
         ours_ms, loss, s, model, params, inputs, build_s = ours_train(name, cfg[name], steps, rng, cfg["warmup"])
         t_ms, t_loss, peak = torch_train(name, model, params, inputs, steps, timer, cfg["warmup"])
         rows.append({"name": f"train {name}", "ours": ours_ms, "torch": t_ms, "unit": "ms",
-                     "note": f"{' '.join(cfg[name])}; {len(s._all_steps())} dispatches; "
+                     "note": f"{' '.join(cfg[name])}; {len(s._steps)} dispatches; "
                              f"loss {loss:.4g} vs {t_loss:.4g}; build {build_s:.1f} s"})
         if name == "mlp":
             mlp_ms, mlp_torch = ours_ms, t_ms
         if name == "whisper-tiny" and want("memory"):
-            ours_all = sum(int(b.size) for b in s.buffers) + sum(
-                int(b.size) for st in s.optimizer_state.values() for b in st)
+            ours_all = sum(int(b.size) for b in s.buffers)
             rows.append({"name": "memory whisper-tiny train", "ours": s.plan.peak_bytes / 2**20,
                          "torch": peak / 2**20 if peak else None, "unit": "MiB",
                          "note": f"ours: plan peak; all our buffers incl. AdamW state {ours_all / 2**20:.0f} MiB; "

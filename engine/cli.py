@@ -68,6 +68,14 @@ def _has_feature(wanted: str, present: list[str]) -> bool:
     return wanted in names
 
 
+def kernel_paths() -> dict:
+    """Which path each archetype's kernels take on this device: the capabilities of the
+    features the device enabled (what sessions compile their plans for)."""
+    from . import codegen, device
+
+    return codegen.Capabilities.from_features(device.device_features()).describe()
+
+
 def doctor_report() -> dict:
     from . import device
 
@@ -83,6 +91,7 @@ def doctor_report() -> dict:
         "features": info["features"],
         "all_features": info["all_features"],
         "limits": info["limits"],
+        "paths": kernel_paths(),
         "versions": device.versions(),
     }
 
@@ -104,6 +113,9 @@ def format_doctor(report: dict) -> str:
     for name, value in report["limits"].items():
         shown = human_size(value) if name.endswith(("_size",)) else ("n/a" if value is None else str(value))
         lines.append(f"  {name:<40}{shown}")
+    lines += ["", "Kernel paths"]
+    for name, path in report["paths"].items():
+        lines.append(f"  {name:<18}{path}")
     lines += ["", "Versions"]
     for name, value in report["versions"].items():
         lines.append(f"  {name:<18}{value if value is not None else 'not installed'}")

@@ -1040,3 +1040,13 @@ def optimizer_kernel(n: int, kind: str, lr_multiplier: float, weight_decay: floa
             f32_bits(clip_norm or 0.0)]
     return _finish(f"train:{kind}", "optimizer", "optimizer.wgsl", ["grad", "stats", "step"],
                    ["f32"] * 3, "f32", meta, grid_1d(-(-n // WG)))
+
+
+def gradient_copy_kernel(n: int) -> Kernel:
+    """out[i] = in0[i] for i < n, on the copy template: a gradient whose node cannot be
+    computed in its arena slot (it is an input, a parameter, a constant, another
+    output's node, or shared by two parameters) is copied there. Bindings: in0 (read),
+    out (read_write). The size is in meta, so every such copy shares one pipeline."""
+    return _finish("copy:gradient", "copy", "copy.wgsl", ["in0"], ["f32"], "f32", [n, n],
+                   grid_1d(-(-n // WG)), RANK=1, AXIS=0,
+                   PIECES="    if (c < m(1u)) { out[idx] = in0[idx]; return; }", ZERO="f32(0)")

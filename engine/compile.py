@@ -1,33 +1,55 @@
-"""Scheduling a graph into an ``ExecutionPlan``: buffers, lifetimes and dispatches.
+"""Scheduling a graph into an ``ExecutionPlan``: the whole step, as plain data.
 
-The plan is plain data (serialisable, printable, cacheable on disk by graph hash):
-the runtime only executes it. Intermediates whose last reader has run give their
-memory back to a pool, and later intermediates of a fitting size take it, so the
-peak memory of a step is far below the sum of all its tensors. Both numbers are
-reported.
+The plan lists every buffer and, per dispatch, its kernel (the WGSL source is stored
+once per distinct source in ``kernels``, keyed by a short hash of it), the path the
+kernel took on the given ``Capabilities``, its parameter words (``meta``), workgroup
+counts and bindings (plan buffer, byte offset, byte size, access). The runtime only
+executes it; it serialises to JSON, prints, and is cached on disk. Compiling needs no
+GPU: codegen works from the graph and the capabilities alone.
+
+Intermediates whose last reader has run give their memory back to a pool, and later
+intermediates of a fitting size take it, so the peak memory of a step is far below the
+sum of all its tensors. Both numbers are reported.
+
+A training plan (``optimizer`` given) also holds the optimizer step. Trainable
+parameters that share their hyperparameters (LR multiplier, weight decay) form a group:
+its parameters live in one arena buffer, each at an ``ALIGN``-aligned offset; their
+gradients in a second arena of the same layout, and each optimizer state (momentum,
+Adam's m and v) in arenas of that layout too, so one update dispatch covers the group.
+Padding between slots is zero and stays zero under every update rule. After the graph:
+one sum-of-squares dispatch per gradient arena and their total (the squared global
+gradient norm, for clipping), the loss copied next to it, then the updates.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
 import warnings
+from collections import Counter
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
-from . import __version__
+from . import __version__, codegen
 from .graph import Graph
 from .ops import OPS, SOURCE, VIEW
+from .paths import shader_dir
 
-PLAN_FORMAT = 1
-ALIGN = 256  # storage-buffer offset alignment on every adapter we target
+PLAN_FORMAT = 2
+ALIGN = 256  # storage-buffer offset alignment: a multiple of every adapter's minimum
+ARENA_BYTES = 2**27  # WebGPU's default max_storage_buffer_binding_size: any adapter binds an arena this big
+READ, READ_WRITE = "read", "read_write"
+STATE_NAMES = {"sgd": ("momentum",), "adam": ("m", "v"), "adamw": ("m", "v")}
 
 
 @dataclass
 class Buffer:
-    """A device allocation. ``kind`` says who owns it: inputs, parameters and outputs
-    are pinned for the whole step; intermediates are pooled and reused."""
+    """A device allocation. ``kind`` says who owns it: inputs, parameters, outputs,
+    gradients, optimizer state and the training step's stats are pinned for the whole
+    step; intermediates are pooled and reused."""
 
     id: int
     nbytes: int
@@ -36,8 +58,21 @@ class Buffer:
 
 
 @dataclass
+class Binding:
+    """One storage binding of a dispatch (bindings 1.. after the meta uniform): a byte
+    range of a plan buffer, read-only or read-write."""
+
+    buffer: int
+    offset: int
+    size: int
+    access: str
+
+
+@dataclass
 class Dispatch:
-    """One kernel launch: the graph nodes it runs, the buffers it reads and writes."""
+    """One kernel launch: the graph nodes it runs (none for the optimizer step's
+    dispatches, which name their ``group`` and tensors in ``names`` instead), the
+    buffers it reads and writes, and everything the runtime needs to launch it."""
 
     index: int
     kernel: str
@@ -46,10 +81,100 @@ class Dispatch:
     reads: list[int]
     writes: list[int]
     elements: int
+    key: str = ""
+    variant: str = ""
+    meta: list[int] = field(default_factory=list)
+    workgroups: list[int] = field(default_factory=lambda: [1, 1, 1])
+    bindings: list[Binding] = field(default_factory=list)
+    group: int | None = None
+    names: list[str] = field(default_factory=list)
+
+
+@dataclass
+class KernelSource:
+    """A distinct kernel of the plan: its WGSL and binding layout (``bindings``: the
+    access of each storage binding after the meta uniform of ``meta_bytes``);
+    ``guarded`` kernels bounds-check every access themselves (built without naga's checks)."""
+
+    name: str
+    archetype: str
+    source: str
+    bindings: list[str]
+    meta_bytes: int
+    guarded: bool = False
+
+
+@dataclass
+class ParameterGroup:
+    """Parameters updated by one dispatch: same LR multiplier and weight decay. Every
+    arena of the group (parameters, gradients, each optimizer state) has the same
+    layout: parameter ``parameters[i]`` at byte ``offsets[i]``; ``elements`` f32 in all."""
+
+    parameters: list[str]
+    offsets: list[int]
+    elements: int
+    lr_multiplier: float
+    weight_decay: float
+    parameter_buffer: int
+    gradient_buffer: int
+    state_buffers: list[int]
+
+    def offset_of(self, name: str) -> int:
+        return self.offsets[self.parameters.index(name)]
+
+
+@dataclass
+class Transfer:
+    """A buffer-to-buffer copy recorded right after dispatch ``after``, between compute
+    passes (the loss copied next to the gradient norm, where the updates read both)."""
+
+    after: int
+    src: int
+    src_offset: int
+    dst: int
+    dst_offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """The update rule a training plan compiles in: optimizer kind and shared
+    hyperparameters, and per trainable parameter its (LR multiplier, weight decay).
+    The learning rate and bias corrections of a step are not here: they change every
+    step and are uploaded to the plan's step buffer."""
+
+    kind: str
+    momentum: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    clip_norm: float | None = None
+    per_parameter: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, config, graph: Graph, names) -> "OptimizerSpec":
+        """From an ``engine.train.TrainConfig``; weight decay applies to the parameters
+        of ``graph`` whose ``param_meta`` says ``decay``."""
+        def decay(name):
+            return config.weight_decay if graph.param_meta.get(name, {}).get("decay", False) else 0.0
+        return cls(config.optimizer, float(config.momentum), tuple(float(b) for b in config.betas),
+                   float(config.eps), config.clip_norm,
+                   {n: (config.multiplier(n), float(decay(n))) for n in names})
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "momentum": self.momentum, "betas": list(self.betas), "eps": self.eps,
+                "clip_norm": self.clip_norm,
+                "per_parameter": {k: list(v) for k, v in sorted(self.per_parameter.items())}}
 
 
 @dataclass
 class ExecutionPlan:
+    """A graph's step as data. Buffers and dispatches (each with its kernel ``key`` into
+    ``kernels``, meta words, workgroups and bindings); where each node's value lives
+    (``node_buffer``, ``node_offset``) and the named inputs, parameters, outputs,
+    gradients (the buffer the optimizer reads each from) and loss; the capabilities the
+    kernels were generated for; for training, the optimizer, its parameter groups, the
+    stats and step buffers and the copies between compute passes."""
+
     graph_hash: str
     engine_version: str
     buffers: list[Buffer]
@@ -62,6 +187,15 @@ class ExecutionPlan:
     loss_buffer: int | None
     peak_bytes: int
     peak_bytes_without_reuse: int
+    node_offset: dict[int, int] = field(default_factory=dict)  # byte offset in its buffer, where not 0
+    loss: str | None = None
+    kernels: dict[str, KernelSource] = field(default_factory=dict)
+    capabilities: dict = field(default_factory=dict)
+    optimizer: dict | None = None
+    groups: list[ParameterGroup] = field(default_factory=list)
+    stats_buffer: int | None = None  # f32: loss, squared gradient norm, the norm's partial sums
+    step_buffer: int | None = None   # f32: lr, 1 - b1^t, sqrt(1 - b2^t), first step
+    transfers: list[Transfer] = field(default_factory=list)
     format: int = PLAN_FORMAT
 
     def to_dict(self) -> dict:
@@ -76,20 +210,43 @@ class ExecutionPlan:
             raise ValueError(f"plan format {d.get('format')!r} is not {PLAN_FORMAT}")
         d = dict(d)
         d["buffers"] = [Buffer(**b) for b in d["buffers"]]
-        d["dispatches"] = [Dispatch(**x) for x in d["dispatches"]]
+        d["dispatches"] = [Dispatch(**dict(x, bindings=[Binding(**b) for b in x["bindings"]]))
+                           for x in d["dispatches"]]
         d["node_buffer"] = {int(k): v for k, v in d["node_buffer"].items()}
+        d["node_offset"] = {int(k): v for k, v in d["node_offset"].items()}
+        d["kernels"] = {k: KernelSource(**v) for k, v in d["kernels"].items()}
+        d["groups"] = [ParameterGroup(**g) for g in d["groups"]]
+        d["transfers"] = [Transfer(**t) for t in d["transfers"]]
         return cls(**d)
+
+    def place(self, node_id: int) -> tuple[int, int]:
+        """(buffer, byte offset) of a node's value."""
+        return self.node_buffer[node_id], self.node_offset.get(node_id, 0)
 
     def summary(self) -> str:
         mib = lambda n: f"{n / 2**20:.2f} MiB"
-        return (f"{len(self.dispatches)} dispatches, {len(self.buffers)} buffers, peak "
-                f"{mib(self.peak_bytes)} with reuse ({mib(self.peak_bytes_without_reuse)} without)")
+        groups = f", {len(self.groups)} parameter groups" if self.optimizer else ""
+        return (f"{len(self.dispatches)} dispatches of {len(self.kernels)} kernels, {len(self.buffers)} buffers"
+                f"{groups}, peak {mib(self.peak_bytes)} with reuse ({mib(self.peak_bytes_without_reuse)} without)")
+
+    def describe_dispatch(self, d: Dispatch) -> str:
+        """One line: kernel, variant, workgroups, then what it runs and touches."""
+        variant = f" ({d.variant})" if d.variant else ""
+        if d.nodes:
+            what = f"nodes {d.nodes}"
+        elif d.group is not None:
+            what = f"group {d.group}: {', '.join(d.names)}"
+        else:
+            what = ", ".join(d.names)
+        return (f"#{d.index} {d.kernel} [{d.archetype}]{variant} wg {'x'.join(map(str, d.workgroups))} "
+                f"{what} reads {d.reads} writes {d.writes}")
 
     def __str__(self) -> str:
         lines = [f"plan {self.graph_hash[:12]}: {self.summary()}"]
-        for d in self.dispatches:
-            lines.append(f"  #{d.index} {d.kernel} [{d.archetype}] nodes {d.nodes} "
-                         f"reads {d.reads} writes {d.writes}")
+        if self.capabilities:
+            paths = self.capabilities.get("paths", {})
+            lines.append("  paths: " + "; ".join(f"{k} {v}" for k, v in paths.items()))
+        lines += ["  " + self.describe_dispatch(d) for d in self.dispatches]
         return "\n".join(lines)
 
 
@@ -103,89 +260,325 @@ def _kernel_name(graph: Graph, node) -> str:
     return ":".join(str(k) for k in key)
 
 
-def compile_plan(graph: Graph, gradients: dict[str, str] | None = None, loss: str | None = "loss") -> ExecutionPlan:
-    """Schedule ``graph`` (forward, or forward and backward) into an ExecutionPlan.
+def kernel_key(source: str) -> str:
+    """A short hash of a kernel's WGSL: dispatches with the same source share a pipeline."""
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
 
-    ``gradients`` maps parameter name -> the output that holds its gradient (as
-    returned by ``differentiate``). Needs no GPU.
-    """
-    live = graph.live_nodes() | set(graph.inputs.values()) | set(graph.parameters.values())
-    pinned_kind: dict[int, tuple[str, str]] = {}
-    for name, i in graph.inputs.items():
-        pinned_kind[i] = ("input", name)
-    for name, i in graph.parameters.items():
-        pinned_kind[i] = ("parameter", name)
-    for name, i in graph.outputs.items():
-        pinned_kind.setdefault(i, ("output", name))
-    for i in graph.constants:
-        pinned_kind.setdefault(i, ("constant", f"const%{i}"))
 
-    # A view (reshape) shares its operand's storage: resolve every node to its storage root.
+def kernel_variant(kernel: codegen.Kernel) -> str:
+    """The path a kernel took: codegen's note (matmul tiles, ...), else for kernels built
+    on the workgroup reduction helpers which reduction they got (codegen picks it in
+    the generated source, from the capabilities)."""
+    if kernel.notes.get("variant"):
+        return str(kernel.notes["variant"])
+    if "fn wg_sum" in kernel.source:
+        return "subgroup reduction" if "subgroupAdd" in kernel.source else "workgroup-memory reduction"
+    return ""
+
+
+def capabilities_dict(caps: codegen.Capabilities) -> dict:
+    return {**asdict(caps), "paths": caps.describe()}
+
+
+def storage_roots(graph: Graph) -> dict[int, int]:
+    """A view (reshape) shares its operand's storage: each node's storage root."""
     root = {}
     for n in graph.nodes:
         root[n.id] = root[n.inputs[0]] if OPS[n.op].archetype == VIEW else n.id
+    return root
 
-    order = [n for n in graph.nodes if n.id in live and OPS[n.op].archetype not in (SOURCE, VIEW)]
+
+# ---------------------------------------------------------------- the builder
+
+class _PlanBuilder:
+    """Buffers, placements and dispatches of a plan being compiled. ``storage`` maps a
+    storage root to (buffer, byte offset, byte extent)."""
+
+    def __init__(self, graph: Graph, caps: codegen.Capabilities):
+        self.graph, self.caps = graph, caps
+        self.root = storage_roots(graph)
+        self.buffers: list[Buffer] = []
+        self.storage: dict[int, tuple[int, int, int]] = {}
+        self.dispatches: list[Dispatch] = []
+        self.kernels: dict[str, KernelSource] = {}
+
+    def new_buffer(self, nbytes: int, kind: str, names=()) -> int:
+        self.buffers.append(Buffer(len(self.buffers), _aligned(nbytes), kind, list(names)))
+        return self.buffers[-1].id
+
+    def whole(self, buffer: int) -> tuple[int, int, int]:
+        return buffer, 0, self.buffers[buffer].nbytes
+
+    def place(self, node_id: int, buffer: int, offset: int = 0, extent: int | None = None) -> None:
+        self.storage[self.root[node_id]] = (buffer, offset, self.buffers[buffer].nbytes if extent is None else extent)
+
+    def slot_of(self, node_id: int) -> tuple[int, int, int]:
+        return self.storage[self.root[node_id]]
+
+    def dispatch(self, kernel: codegen.Kernel, name: str, bindings: list[tuple[int, int, int]], access: list[str],
+                 elements: int, nodes=(), group: int | None = None, names=()) -> Dispatch:
+        """Add a dispatch of ``kernel`` over ``bindings`` (buffer, offset, size), each
+        read-only or read-write as ``access`` says."""
+        key = kernel_key(kernel.source)
+        self.kernels.setdefault(key, KernelSource(kernel.name, kernel.archetype, kernel.source, list(access),
+                                                  kernel.meta_vec4 * 16, kernel.guarded))
+        binds = [Binding(b, off, size, a) for (b, off, size), a in zip(bindings, access)]
+        d = Dispatch(len(self.dispatches), name, kernel.archetype, list(nodes),
+                     [b.buffer for b in binds if b.access == READ], [b.buffer for b in binds if b.access == READ_WRITE],
+                     int(elements), key, kernel_variant(kernel), [int(w) & 0xFFFFFFFF for w in kernel.meta],
+                     [int(w) for w in kernel.workgroups], binds, group, list(names))
+        self.dispatches.append(d)
+        return d
+
+
+# ---------------------------------------------------------------- parameter groups
+
+def _slot_bytes(graph: Graph, parameter: str) -> int:
+    """The bytes a parameter's slot takes in each arena of its group."""
+    return _aligned(graph[graph.parameters[parameter]].nbytes)
+
+
+def _group_parameters(graph: Graph, spec: OptimizerSpec, names: list[str]) -> list[list[str]]:
+    """Parameters with the same (LR multiplier, weight decay), in ``names`` order; a
+    group whose arena would pass ``ARENA_BYTES`` continues in another."""
+    by_hyper: dict[tuple, list[list[str]]] = {}
+    for name in names:
+        chunks = by_hyper.setdefault(tuple(spec.per_parameter[name]), [[]])
+        used = sum(_slot_bytes(graph, p) for p in chunks[-1])
+        if chunks[-1] and used + _slot_bytes(graph, name) > ARENA_BYTES:
+            chunks.append([])
+        chunks[-1].append(name)
+    return [chunk for chunks in by_hyper.values() for chunk in chunks]
+
+
+def _direct_gradients(b: _PlanBuilder, gradients: dict[str, str], arena_of: dict[str, int]) -> set[str]:
+    """The parameters whose gradient node can be computed right in its arena slot: a
+    node the step computes (not a source), the gradient of that parameter only and of
+    no other output, whose kernel reads nothing in the same gradient arena (one
+    dispatch cannot bind a buffer both read-only and read-write). The others get a copy."""
+    g, root = b.graph, b.root
+    grad_root = {p: root[g.outputs[o]] for p, o in gradients.items()}
+    owners = Counter(grad_root.values())
+    gradient_names = set(gradients.values())
+    other_outputs = {root[i] for name, i in g.outputs.items() if name not in gradient_names}
+    placed: dict[int, int] = {}  # storage root -> gradient arena it was computed in
+    direct = set()
+    for p in sorted(arena_of, key=lambda p: grad_root[p]):  # node order: inputs are decided first
+        r = grad_root[p]
+        node = g[r]
+        if OPS[node.op].archetype == SOURCE or owners[r] > 1 or r in other_outputs:
+            continue
+        if any(placed.get(root[i]) == arena_of[p] for i in node.inputs):
+            continue
+        placed[r] = arena_of[p]
+        direct.add(p)
+    return direct
+
+
+def _place_groups(b: _PlanBuilder, spec: OptimizerSpec, gradients: dict[str, str]) -> list[ParameterGroup]:
+    """Arenas for each group's parameters, gradients and optimizer state; each
+    parameter, and each gradient computed in place, is placed at its slot."""
+    g = b.graph
+    groups = []
+    for names in _group_parameters(g, spec, list(gradients)):
+        offsets, total = [], 0
+        for name in names:
+            offsets.append(total)
+            total += _slot_bytes(g, name)
+        params = b.new_buffer(total, "parameter", names)
+        grads = b.new_buffer(total, "gradient", [gradients[n] for n in names])
+        states = [b.new_buffer(total, "optimizer_state", [f"{n}:{s}" for n in names])
+                  for s in STATE_NAMES[spec.kind] if spec.kind != "sgd" or spec.momentum]
+        mult, decay = spec.per_parameter[names[0]]
+        groups.append(ParameterGroup(list(names), offsets, total // 4, float(mult), float(decay), params, grads, states))
+        for name, off in zip(names, offsets):
+            b.place(g.parameters[name], params, off, _slot_bytes(g, name))
+    group_of = {n: grp for grp in groups for n in grp.parameters}
+    for p in _direct_gradients(b, gradients, {n: grp.gradient_buffer for n, grp in group_of.items()}):
+        grp = group_of[p]
+        b.place(g.outputs[gradients[p]], grp.gradient_buffer, grp.offset_of(p), _slot_bytes(g, p))
+    return groups
+
+
+# ---------------------------------------------------------------- pinned tensors and the graph
+
+def _pinned(graph: Graph) -> dict[int, tuple[str, str]]:
+    """Nodes that live for the whole step, with their kind and name."""
+    pinned: dict[int, tuple[str, str]] = {}
+    for name, i in graph.inputs.items():
+        pinned[i] = ("input", name)
+    for name, i in graph.parameters.items():
+        pinned[i] = ("parameter", name)
+    for name, i in graph.outputs.items():
+        pinned.setdefault(i, ("output", name))
+    for i in graph.constants:
+        pinned.setdefault(i, ("constant", f"const%{i}"))
+    return pinned
+
+
+def _place_pinned(b: _PlanBuilder, pinned: dict[int, tuple[str, str]]) -> None:
+    """Own buffers for the pinned nodes that have no place yet; a node sharing storage
+    with a placed one (a view, the same node under two names) adds its name there."""
+    for i, (kind, name) in pinned.items():
+        if b.root[i] in b.storage:
+            names = b.buffers[b.storage[b.root[i]][0]].names
+            if name not in names:
+                names.append(name)
+        else:
+            b.place(i, b.new_buffer(b.graph[b.root[i]].nbytes, kind, [name]))
+
+
+def _schedule_graph(b: _PlanBuilder, pinned_roots: set[int]) -> int:
+    """One dispatch per computed node, in order, each intermediate taking a free pooled
+    buffer that fits; returns the bytes the intermediates would take without reuse."""
+    g, root = b.graph, b.root
+    live = g.live_nodes() | set(g.inputs.values()) | set(g.parameters.values())
+    order = [n for n in g.nodes if n.id in live and OPS[n.op].archetype not in (SOURCE, VIEW)]
     last_use: dict[int, int] = {}
     for step, n in enumerate(order):
         for i in n.inputs:
             last_use[root[i]] = step
-    pinned_roots = {root[i] for i in pinned_kind}
-
-    buffers: list[Buffer] = []
-    storage: dict[int, int] = {}  # root node -> buffer id
-
-    def new_buffer(nbytes, kind, name):
-        buffers.append(Buffer(len(buffers), nbytes, kind, [name] if name else []))
-        return buffers[-1].id
-
-    for i, (kind, name) in pinned_kind.items():
-        if root[i] in storage:
-            buffers[storage[root[i]]].names.append(name)
-        else:
-            storage[root[i]] = new_buffer(_aligned(graph[root[i]].nbytes), kind, name)
-
     free: list[int] = []
-    total_without_reuse = sum(b.nbytes for b in buffers)
-    dispatches: list[Dispatch] = []
+    without_reuse = 0
     for step, n in enumerate(order):
-        if n.id not in storage:
+        if n.id not in b.storage:
             size = _aligned(n.nbytes)
-            total_without_reuse += size
-            fits = [b for b in free if buffers[b].nbytes >= size]
+            without_reuse += size
+            fits = [buf for buf in free if b.buffers[buf].nbytes >= size]
             if fits:
-                best = min(fits, key=lambda b: buffers[b].nbytes)
+                best = min(fits, key=lambda buf: b.buffers[buf].nbytes)
                 free.remove(best)
-                storage[n.id] = best
+                b.place(n.id, best)
             else:
-                storage[n.id] = new_buffer(size, "intermediate", None)
-        reads = [storage[root[i]] for i in n.inputs]
-        dispatches.append(Dispatch(len(dispatches), _kernel_name(graph, n), OPS[n.op].archetype,
-                                   [n.id], reads, [storage[n.id]], n.size))
+                b.place(n.id, b.new_buffer(size, "intermediate"))
+        kernel = codegen.kernel_for(g, n, b.caps)
+        slots = [b.slot_of(i) for i in n.inputs] + [b.slot_of(n.id)]
+        b.dispatch(kernel, _kernel_name(g, n), slots, [READ] * len(n.inputs) + [READ_WRITE], n.size, nodes=[n.id])
         for i in set(n.inputs):
             r = root[i]
-            if r not in pinned_roots and last_use.get(r) == step and r in storage:
-                free.append(storage[r])
+            if r not in pinned_roots and last_use.get(r) == step and r in b.storage:
+                free.append(b.storage[r][0])
         if n.id not in pinned_roots and n.id not in last_use:
-            free.append(storage[n.id])
+            free.append(b.storage[n.id][0])
+    return without_reuse
 
-    node_buffer = {n.id: storage[root[n.id]] for n in graph.nodes if root[n.id] in storage}
+
+# ---------------------------------------------------------------- the optimizer step
+
+def _gradient_copies(b: _PlanBuilder, gradients: dict[str, str], groups: list[ParameterGroup]) -> None:
+    """A copy into its slot for each gradient not computed there."""
+    g = b.graph
+    for gi, grp in enumerate(groups):
+        for name, off in zip(grp.parameters, grp.offsets):
+            node = g[g.outputs[gradients[name]]]
+            source, slot = b.slot_of(node.id), (grp.gradient_buffer, off, _slot_bytes(g, name))
+            if source[:2] != slot[:2]:
+                b.dispatch(codegen.gradient_copy_kernel(node.size), "copy:gradient", [source, slot],
+                           [READ, READ_WRITE], node.size, group=gi, names=[gradients[name]])
+
+
+def _gradient_norm(b: _PlanBuilder, groups: list[ParameterGroup]) -> tuple[int, Dispatch]:
+    """Sum-of-squares partials of each gradient arena into a new stats buffer (after its
+    loss and squared-norm slots), then their total; returns (stats buffer, the total's dispatch)."""
+    partials = [codegen.norm_partials(grp.elements) for grp in groups]
+    stats = b.new_buffer(4 * (2 + sum(partials)), "stats", ["loss, gradient norm"])
+    slot = 2
+    for gi, (grp, count) in enumerate(zip(groups, partials)):
+        b.dispatch(codegen.sum_squares_kernel(grp.elements, slot), "train:sum_squares",
+                   [b.whole(grp.gradient_buffer), b.whole(stats)], [READ, READ_WRITE], grp.elements,
+                   group=gi, names=grp.parameters)
+        slot += count
+    total = b.dispatch(codegen.norm_total_kernel(sum(partials)), "train:norm_total", [b.whole(stats)],
+                       [READ_WRITE], sum(partials), names=["gradient norm"])
+    return stats, total
+
+
+def _updates(b: _PlanBuilder, spec: OptimizerSpec, groups: list[ParameterGroup], stats: int) -> int:
+    """One in-place update per group (a rule with fewer than two states binds an unused
+    buffer in their place); returns the step buffer they read the step's values from."""
+    step = b.new_buffer(16, "step", ["lr, bias corrections"])
+    unused = b.new_buffer(16, "unused", ["optimizer state of a rule without one"]) \
+        if any(len(grp.state_buffers) < 2 for grp in groups) else None
+    for gi, grp in enumerate(groups):
+        states = grp.state_buffers + [unused] * (2 - len(grp.state_buffers))
+        kernel = codegen.optimizer_kernel(grp.elements, spec.kind, grp.lr_multiplier, grp.weight_decay,
+                                          spec.momentum, spec.betas, spec.eps, spec.clip_norm)
+        reads = [grp.gradient_buffer, stats, step]
+        writes = [grp.parameter_buffer, *states]
+        b.dispatch(kernel, f"train:{spec.kind}", [b.whole(x) for x in reads + writes],
+                   [READ] * len(reads) + [READ_WRITE] * len(writes), grp.elements, group=gi, names=grp.parameters)
+    return step
+
+
+def _optimizer_step(b: _PlanBuilder, spec: OptimizerSpec, gradients: dict[str, str], groups: list[ParameterGroup],
+                    loss_node: int | None) -> tuple[int, int, list[Transfer]]:
+    """Gradient copies, the gradient norm, the loss copied next to it, the updates;
+    returns (stats buffer, step buffer, transfers)."""
+    _gradient_copies(b, gradients, groups)
+    stats, total = _gradient_norm(b, groups)
+    transfers = []
+    if loss_node is not None:
+        src, offset, _ = b.slot_of(loss_node)
+        transfers.append(Transfer(total.index, src, offset, stats, 0, 4))
+    return stats, _updates(b, spec, groups, stats), transfers
+
+
+def compile_plan(graph: Graph, gradients: dict[str, str] | None = None, loss: str | None = "loss",
+                 capabilities: codegen.Capabilities = codegen.PLAIN,
+                 optimizer: OptimizerSpec | None = None) -> ExecutionPlan:
+    """Schedule ``graph`` (forward, or forward and backward) into an ExecutionPlan whose
+    kernels take the paths ``capabilities`` allows.
+
+    ``gradients`` maps parameter name -> the output that holds its gradient (as
+    returned by ``differentiate``); with ``optimizer`` the plan also holds the
+    optimizer step for those parameters. Needs no GPU.
+    """
+    b = _PlanBuilder(graph, capabilities)
+    gradients = dict(gradients or {})
+    groups = _place_groups(b, optimizer, gradients) if optimizer is not None else []
+    pinned = _pinned(graph)
+    _place_pinned(b, pinned)
+    pinned_roots = {b.root[i] for i in pinned}
+    without_reuse = sum(buf.nbytes for buf in b.buffers) + _schedule_graph(b, pinned_roots)
+    loss_node = graph.outputs.get(loss) if loss else None
+    stats = step = None
+    transfers: list[Transfer] = []
+    if optimizer is not None:
+        before = sum(buf.nbytes for buf in b.buffers)
+        stats, step, transfers = _optimizer_step(b, optimizer, gradients, groups, loss_node)
+        without_reuse += sum(buf.nbytes for buf in b.buffers) - before
+
+    node_buffer = {n.id: b.storage[b.root[n.id]][0] for n in graph.nodes if b.root[n.id] in b.storage}
+    node_offset = {n.id: b.storage[b.root[n.id]][1] for n in graph.nodes
+                   if b.root[n.id] in b.storage and b.storage[b.root[n.id]][1]}
     outputs = {k: node_buffer[v] for k, v in graph.outputs.items()}
+    slot_buffer = {p: grp.gradient_buffer for grp in groups for p in grp.parameters}
     return ExecutionPlan(
         graph_hash=graph.structural_hash(),
         engine_version=__version__,
-        buffers=buffers,
-        dispatches=dispatches,
+        buffers=b.buffers,
+        dispatches=b.dispatches,
         node_buffer=node_buffer,
         inputs={k: node_buffer[v] for k, v in graph.inputs.items()},
         parameters={k: node_buffer[v] for k, v in graph.parameters.items()},
         outputs=outputs,
-        gradients={p: outputs[o] for p, o in (gradients or {}).items()},
+        gradients={p: slot_buffer.get(p, outputs[o]) for p, o in gradients.items()},
         loss_buffer=outputs.get(loss) if loss else None,
-        peak_bytes=sum(b.nbytes for b in buffers),
-        peak_bytes_without_reuse=total_without_reuse,
+        peak_bytes=sum(buf.nbytes for buf in b.buffers),
+        peak_bytes_without_reuse=without_reuse,
+        node_offset=node_offset,
+        loss=loss if loss in graph.outputs else None,
+        kernels=b.kernels,
+        capabilities=capabilities_dict(capabilities),
+        optimizer=optimizer.to_dict() if optimizer is not None else None,
+        groups=groups,
+        stats_buffer=stats,
+        step_buffer=step,
+        transfers=transfers,
     )
 
+
+# ---------------------------------------------------------------- the on-disk cache
 
 def default_cache_dir() -> Path:
     base = os.environ.get("MEGANEURA_CACHE") or os.path.join(
@@ -193,23 +586,44 @@ def default_cache_dir() -> Path:
     return Path(base) / "plans"
 
 
+@lru_cache(maxsize=None)
+def _codegen_fingerprint() -> str:
+    """A hash of what writes a plan's kernels (codegen, this module, the WGSL
+    templates): a cached plan holds generated WGSL, so editing any of them must miss."""
+    h = hashlib.sha256()
+    for path in [Path(codegen.__file__), Path(__file__)] + sorted(shader_dir().glob("*.wgsl")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _cache_key(graph: Graph, gradients, loss, capabilities: codegen.Capabilities,
+               optimizer: OptimizerSpec | None) -> str:
+    # MEGANEURA_MATMUL forces a matmul variant at codegen time (benchmarks), so it is part of the key.
+    key = json.dumps([graph.structural_hash(), sorted((gradients or {}).items()), loss, asdict(capabilities),
+                      optimizer.to_dict() if optimizer is not None else None, _codegen_fingerprint(),
+                      os.environ.get("MEGANEURA_MATMUL", "auto")], sort_keys=True)
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
 def cached_plan(graph: Graph, gradients: dict[str, str] | None = None, loss: str | None = "loss",
-                cache_dir: Path | None = None) -> ExecutionPlan:
-    """``compile_plan`` through an on-disk cache keyed by graph hash and engine version.
+                cache_dir: Path | None = None, capabilities: codegen.Capabilities = codegen.PLAIN,
+                optimizer: OptimizerSpec | None = None) -> ExecutionPlan:
+    """``compile_plan`` through an on-disk cache keyed by graph hash, gradients, loss,
+    capabilities, optimizer, the code that generates kernels and the engine version.
     A stale or unreadable entry is ignored with a warning and rewritten."""
     cache_dir = Path(cache_dir or default_cache_dir())
-    key = f"{graph.structural_hash()}-{json.dumps(sorted((gradients or {}).items()))}-{loss}"
-    import hashlib
-    path = cache_dir / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}-v{__version__}.json"
+    path = cache_dir / f"{_cache_key(graph, gradients, loss, capabilities, optimizer)}-v{__version__}.json"
     if path.exists():
         try:
             plan = ExecutionPlan.from_dict(json.loads(path.read_text()))
-            if plan.graph_hash == graph.structural_hash() and plan.engine_version == __version__:
+            if (plan.graph_hash == graph.structural_hash() and plan.engine_version == __version__
+                    and plan.capabilities == capabilities_dict(capabilities)):
                 return plan
             warnings.warn(f"plan cache {path} is stale; rebuilding it")
         except (ValueError, TypeError, KeyError, OSError) as e:
             warnings.warn(f"plan cache {path} is unreadable ({type(e).__name__}: {e}); rebuilding it")
-    plan = compile_plan(graph, gradients, loss)
+    plan = compile_plan(graph, gradients, loss, capabilities, optimizer)
     cache_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".tmp")
     try:

@@ -79,7 +79,7 @@ def profile_built_model(model, params, steps: int, *, train: bool = False, graph
             with rec.span("optimize"):
                 graph, _ = fuse(graph)
         with rec.span("compile plan"):
-            plan = compile_mod.compile_plan(graph, loss="loss")
+            plan = compile_mod.compile_plan(graph, loss="loss", capabilities=runtime.device_capabilities())
         session = runtime.build_inference_session(graph, plan)
         add_build_spans(rec, session)
     with rec.span("upload parameters and inputs"):

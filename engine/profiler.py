@@ -32,10 +32,11 @@ profiled write the last profile there at exit.
 
 Training sessions plug in through the same protocol an inference session offers:
 ``record(encoder, timestamps=None, dispatches=None)`` records one whole step;
-``_steps`` / ``step_dispatches`` (or ``profile_dispatches()``, returning one
-``DispatchInfo`` per recorded dispatch, e.g. for optimizer kernels outside the plan);
-an optional ``prepare_step()`` (CPU-side uploads before each step) and
-``is_training = True``.
+``_steps`` / ``step_dispatches`` (positions of the plan's dispatches; the optimizer
+step's are in the plan too, reported by group, e.g. ``train:adamw`` with the group's
+parameters as its nodes), or ``profile_dispatches()`` returning one ``DispatchInfo``
+per recorded dispatch; an optional ``prepare_step()`` (CPU-side uploads before each
+step) and ``is_training = True``.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
+from .codegen import norm_partials
 from .errors import MeganeuraError
 from .ops import OPS
 
@@ -190,49 +192,51 @@ def session_dispatches(session) -> list[DispatchInfo]:
     custom = getattr(session, "profile_dispatches", None)
     if callable(custom):
         return list(custom())
-    graph, plan = session.graph, session.plan
-    out = []
-    for j in session.step_dispatches:
-        d = plan.dispatches[j]
-        k = session.kernels[j]
-        nodes = [graph[n] for n in d.nodes]
-        ins = [graph[i] for n in nodes for i in n.inputs]
-        nbytes = sum(t.nbytes for t in ins) + sum(n.nbytes for n in nodes)
-        out.append(DispatchInfo(
-            kernel=d.kernel, archetype=d.archetype,
-            nodes=[_node_name(n) for n in nodes], ops=[n.op for n in nodes],
-            shapes={"inputs": [list(t.shape) for t in ins], "output": [list(n.shape) for n in nodes]},
-            workgroups=tuple(int(w) for w in k.workgroups), bytes=int(nbytes),
-            flops=int(sum(estimate_flops(graph, n) for n in nodes)),
-            plan_index=d.index, output_buffer=d.writes[0] if d.writes else None))
-    if getattr(session, "is_training", False):
-        out.extend(_optimizer_dispatches(session))
-    return out
+    plan = session.plan
+    return [_graph_dispatch(session.graph, plan.dispatches[j]) if plan.dispatches[j].nodes
+            else _step_dispatch(plan, plan.dispatches[j]) for j in session.step_dispatches]
 
 
-def _optimizer_dispatches(session) -> list[DispatchInfo]:
-    """A TrainingSession's kernels after the graph's: a gradient's sum-of-squares
-    partials per parameter, their total (the squared global norm, for clipping), then
-    each parameter's in-place update."""
-    graph, config = session.graph, session.config
-    kind = config.optimizer
-    flops_per = {"sgd": 2 + 2 * bool(getattr(config, "momentum", 0)), "adam": 14, "adamw": 16}.get(kind, 4)
-    norms, updates = [], []
-    for (name, _), (_, _, wg_n), (_, _, wg_u) in zip(session.pairs, session._norm_steps, session._update_steps):
-        node = graph[graph.parameters[name]]
-        n_state = len(session.optimizer_state.get(name, []))
-        shapes = {"inputs": [list(node.shape)], "output": [list(node.shape)]}
-        norms.append(DispatchInfo("sum_squares", "reduction", [f"grad {name}"], ["sum_squares"], shapes,
-                                  tuple(int(w) for w in wg_n), node.nbytes + 4, 2 * node.size))
-        updates.append(DispatchInfo(f"optimizer:{kind}", "pointwise", [name], [f"{kind}_update"], shapes,
-                                    tuple(int(w) for w in wg_u), node.nbytes * (3 + 2 * n_state),
-                                    flops_per * node.size))
-    partials = session.norm_partial_count
-    (_, _, wg_t) = session._norm_steps[-1]
-    norms.append(DispatchInfo("norm_total", "reduction", ["gradient norm"], ["norm_total"],
-                              {"inputs": [[partials]], "output": [[1]]}, tuple(int(w) for w in wg_t),
-                              4 * partials + 4, partials))
-    return norms + updates
+def _graph_dispatch(graph, d) -> DispatchInfo:
+    """A dispatch running graph nodes: bytes of its operands and outputs, estimated FLOPs."""
+    nodes = [graph[n] for n in d.nodes]
+    ins = [graph[i] for n in nodes for i in n.inputs]
+    nbytes = sum(t.nbytes for t in ins) + sum(n.nbytes for n in nodes)
+    return DispatchInfo(
+        kernel=d.kernel, archetype=d.archetype,
+        nodes=[_node_name(n) for n in nodes], ops=[n.op for n in nodes],
+        shapes={"inputs": [list(t.shape) for t in ins], "output": [list(n.shape) for n in nodes]},
+        workgroups=tuple(int(w) for w in d.workgroups), bytes=int(nbytes),
+        flops=int(sum(estimate_flops(graph, n) for n in nodes)),
+        plan_index=d.index, output_buffer=d.writes[0] if d.writes else None)
+
+
+# FLOPs per element of the optimizer step's kernels (the update's by rule).
+_UPDATE_FLOPS = {"sgd": 2, "adam": 14, "adamw": 16}
+
+
+def _step_dispatch(plan, d) -> DispatchInfo:
+    """A dispatch of the optimizer step (a gradient copy, a norm partial sum, the norm's
+    total, a group's update), named by the tensors it covers: bytes read and written
+    over its elements, FLOPs per element of its rule."""
+    n = d.elements
+    role = d.kernel.split(":", 1)[1]
+    if role == "norm_total":
+        nbytes, flops = 4 * n + 4, n
+    elif role == "sum_squares":
+        nbytes, flops = 4 * n + 4 * norm_partials(n), 2 * n
+    elif role == "gradient":  # copy:gradient
+        nbytes, flops = 8 * n, 0
+    else:
+        states = len(plan.groups[d.group].state_buffers)
+        momentum = role == "sgd" and bool((plan.optimizer or {}).get("momentum"))
+        nbytes = 4 * n * (3 + 2 * states)  # gradient; parameter and each state read and written
+        flops = (_UPDATE_FLOPS.get(role, 4) + 2 * momentum) * n
+    return DispatchInfo(
+        kernel=d.kernel, archetype=d.archetype, nodes=list(d.names), ops=[role],
+        shapes={"inputs": [[n]], "output": [[n]]}, workgroups=tuple(int(w) for w in d.workgroups),
+        bytes=int(nbytes), flops=int(flops), plan_index=d.index,
+        output_buffer=d.writes[0] if d.writes else None)
 
 
 # ---------------------------------------------------------------- timestamps on the GPU
@@ -546,8 +550,7 @@ def _live_bytes(session) -> list[int]:
 
 def _memory(session, stamps: DispatchTimestamps | None, infos: list[DispatchInfo]) -> dict:
     seen, allocated = set(), 0
-    extra = [b for state in getattr(session, "optimizer_state", {}).values() for b in state]
-    for b in list(session.buffers) + extra:
+    for b in session.buffers:
         if id(b) not in seen:
             seen.add(id(b))
             allocated += int(b.size)

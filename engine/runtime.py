@@ -1,9 +1,12 @@
 """Executing an ExecutionPlan on the wgpu device.
 
-``Session`` allocates one GPU buffer per plan buffer, builds every pipeline and bind
-group once (pipelines are shared between dispatches whose generated WGSL is the same),
-and ``run()`` records all dispatches into one compute pass and submits once. Reading
-an output (``queue.read_buffer``) is the only wait.
+The plan holds everything a step needs (kernel sources, parameter words, bindings,
+workgroup counts, copies between passes): ``Session`` allocates one GPU buffer per plan
+buffer (or uses a shared one, for parameters another session owns), writes every
+dispatch's parameter words into one uniform buffer, builds each distinct pipeline and
+every bind group once, and ``run()`` records all dispatches into one compute pass (two
+for a training step: the loss is copied next to the gradient norm between them) and
+submits once. Reading an output (``queue.read_buffer``) is the only wait.
 """
 
 from __future__ import annotations
@@ -14,14 +17,14 @@ from typing import Mapping
 import numpy as np
 
 from . import codegen
-from .compile import ExecutionPlan, cached_plan, compile_plan
+from .compile import ALIGN, ExecutionPlan, KernelSource, Transfer, cached_plan, compile_plan
 from .device import _limit, device_guard, get_device, shader_checks, shader_module
 from .errors import DeviceError, MeganeuraError, ShapeError
 from .graph import Graph
 
 _NP = {"f32": np.float32, "i32": np.int32}
 
-# (id(device), WGSL source) -> (pipeline, bind group layout), shared by every Session
+# (id(device), kernel key) -> (pipeline, bind group layout), shared by every Session
 # on a device: a model's layers and a training and an inference session of one model
 # compile each distinct kernel once.
 _PIPELINES: dict[tuple[int, str], tuple] = {}
@@ -31,53 +34,105 @@ def _fmt_bytes(n: int) -> str:
     return f"{n / 2**20:.1f} MiB ({n} bytes)"
 
 
+def device_capabilities(device=None) -> codegen.Capabilities:
+    """The capabilities plans for ``device`` (default: the process's) are compiled with:
+    every feature it offers, f32 matmuls."""
+    return codegen.Capabilities.from_features((device if device is not None else get_device()).features)
+
+
+def _as_view(view) -> tuple[object, int, int]:
+    """(GPU buffer, byte offset, byte size) of a shared parameter: a view, or a whole buffer."""
+    return tuple(view) if isinstance(view, tuple) else (view, 0, int(view.size))
+
+
 class Session:
-    """A graph compiled for the GPU: its buffers, pipelines and bind groups."""
+    """A graph's ExecutionPlan on the GPU: its buffers, pipelines and bind groups."""
 
     def __init__(self, graph: Graph, plan: ExecutionPlan | None = None, device=None,
                  parameter_buffers: Mapping[str, object] | None = None,
                  capabilities: codegen.Capabilities | None = None):
-        """``parameter_buffers`` (name -> GPU buffer, e.g. another session's
-        ``parameter_buffers()``) are used instead of new ones: sessions that share them
-        see each other's updates with no copy. ``capabilities`` (default: what the
-        device offers, f32 matmuls) picks each kernel's path."""
+        """``parameter_buffers`` (name -> (GPU buffer, byte offset, byte size) or a whole
+        GPU buffer, e.g. another session's ``parameter_buffers()``) are used instead of
+        new ones: sessions that share them see each other's updates with no copy.
+        Without a plan, ``graph`` is compiled for ``capabilities`` (default: what the
+        device offers)."""
         import wgpu
 
         t_start = time.perf_counter_ns()
         self.graph = graph
-        self.plan = plan if plan is not None else compile_plan(graph, loss=None)
         self.device = device if device is not None else get_device()
         self._wgpu = wgpu
-        dev = self.device
-        self.capabilities = capabilities or codegen.Capabilities.from_features(dev.features)
-        limits = dev.limits
-        max_binding = _limit(limits, "max_storage_buffer_binding_size") or 2**27
-        uniform_align = _limit(limits, "min_uniform_buffer_offset_alignment") or 256
-        uniform_align = max(uniform_align, 256)
+        compiled = plan is None
+        if compiled:
+            plan = compile_plan(graph, loss=None, capabilities=capabilities or device_capabilities(self.device))
+        self.plan = plan
+        fields = {k: v for k, v in plan.capabilities.items() if k != "paths"}
+        self.capabilities = codegen.Capabilities(**fields) if fields else codegen.PLAIN
+        self._check_device()
+        t_checked = time.perf_counter_ns()
+        self._allocate(parameter_buffers or {})
+        t_buffers = time.perf_counter_ns()
+        self._build_dispatches()
+        for i, c in graph.constants.items():
+            if i in self.plan.node_buffer:
+                self._write(i, np.asarray(c, dtype=_NP[graph[i].dtype]))
+        # (name, start ns, end ns) on time.perf_counter_ns: the profiler shows them as CPU spans.
+        self.build_spans = [("compile plan" if compiled else "check plan against device", t_start, t_checked),
+                            ("allocate buffers", t_checked, t_buffers),
+                            ("create pipelines and bind groups", t_buffers, time.perf_counter_ns())]
 
-        # Kernels first: an unsupported op fails before anything is allocated.
-        self.kernels: list[codegen.Kernel] = []
-        for d in self.plan.dispatches:
-            (nid,) = d.nodes
-            self.kernels.append(codegen.kernel_for(graph, graph[nid], self.capabilities))
-        t_kernels = time.perf_counter_ns()
+    # ------------------------------------------------------------ build helpers
 
-        # One GPU buffer per plan buffer, each checked against the binding limit.
+    def _check_device(self) -> None:
+        """The plan's offsets suit the device's storage-buffer alignment, and its kernels
+        use only features the device has."""
+        align = _limit(self.device.limits, "min_storage_buffer_offset_alignment") or ALIGN
+        if ALIGN % align:
+            raise DeviceError(f"this adapter needs storage-buffer offsets aligned to {align} bytes; "
+                              f"plans align them to {ALIGN}")
+        offered = device_capabilities(self.device)
+        missing = [k for k in ("subgroups", "f16", "cooperative_matrix")
+                   if getattr(self.capabilities, k) and not getattr(offered, k)]
+        if missing:
+            raise DeviceError(f"the plan was compiled for {', '.join(missing)}, which this device lacks; "
+                              f"compile it with engine.runtime.device_capabilities(device)")
+
+    def _shared_views(self, parameter_buffers: Mapping[str, object]) -> dict[int, tuple[object, int]]:
+        """Plan buffer -> (GPU buffer, base offset) for the plan buffers holding shared parameters."""
+        views: dict[int, tuple[object, int]] = {}
+        for name, view in parameter_buffers.items():
+            if name not in self.plan.parameters:
+                continue
+            gpu, offset, size = _as_view(view)
+            nid = self.graph.parameters[name]
+            b, plan_offset = self.plan.place(nid)
+            base, need = offset - plan_offset, self.graph[nid].nbytes
+            if size < need or base < 0 or base + self.plan.buffers[b].nbytes > gpu.size or base % ALIGN:
+                raise ShapeError(f"shared parameter buffer for {name!r} gives {size} bytes at offset {offset} of "
+                                 f"a {gpu.size}-byte buffer; the graph needs {need} bytes there, at an offset "
+                                 f"that is a multiple of {ALIGN}")
+            if views.setdefault(b, (gpu, base)) != (gpu, base):
+                raise ShapeError(f"shared parameter {name!r} is not laid out like the other parameters "
+                                 f"of plan buffer {b} ({', '.join(self.plan.buffers[b].names)})")
+        return views
+
+    def _allocate(self, parameter_buffers: Mapping[str, object]) -> None:
+        """One GPU buffer per plan buffer (or a shared view), each checked against the binding limit."""
+        wgpu = self._wgpu
+        max_binding = _limit(self.device.limits, "max_storage_buffer_binding_size") or 2**27
         names_of: dict[int, list[str]] = {}
-        for n in graph.nodes:
+        for n in self.graph.nodes:
             b = self.plan.node_buffer.get(n.id)
             if b is not None:
                 names_of.setdefault(b, []).append(n.name or n.label)
         usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
-        shared = {self.plan.parameters[k]: v for k, v in (parameter_buffers or {}).items()
-                  if k in self.plan.parameters}
-        self.buffers = []
+        shared = self._shared_views(parameter_buffers)
+        self.buffers, self._bases = [], []
         for buf in self.plan.buffers:
             if buf.id in shared:
-                if shared[buf.id].size < buf.nbytes:
-                    raise ShapeError(f"shared parameter buffer for {buf.names} holds {shared[buf.id].size} "
-                                     f"bytes, the graph needs {buf.nbytes}")
-                self.buffers.append(shared[buf.id])
+                gpu, base = shared[buf.id]
+                self.buffers.append(gpu)
+                self._bases.append(base)
                 continue
             if buf.nbytes > max_binding:
                 who = ", ".join(buf.names or names_of.get(buf.id, [f"buffer {buf.id}"])[:3])
@@ -85,84 +140,85 @@ class Session:
                     f"tensor {who} needs {_fmt_bytes(buf.nbytes)}, over the adapter's "
                     f"max_storage_buffer_binding_size of {_fmt_bytes(max_binding)}; "
                     f"use a smaller batch or sequence length")
-            self.buffers.append(dev.create_buffer(label=f"buf{buf.id}", size=buf.nbytes, usage=usage))
+            self.buffers.append(self.device.create_buffer(label=f"buf{buf.id}", size=buf.nbytes, usage=usage))
+            self._bases.append(0)
 
-        # All dispatches' parameter words in one uniform buffer, one aligned slot each.
+    def _meta_blob(self) -> tuple[np.ndarray, list[int]]:
+        """Every dispatch's parameter words in one uniform blob, one aligned slot each."""
+        align = max(_limit(self.device.limits, "min_uniform_buffer_offset_alignment") or 256, 256)
         offsets, total = [], 0
-        for k in self.kernels:
+        for d in self.plan.dispatches:
             offsets.append(total)
-            total += -(-k.meta_vec4 * 16 // uniform_align) * uniform_align
+            total += -(-self.plan.kernels[d.key].meta_bytes // align) * align
         blob = np.zeros(max(total, 16) // 4, dtype=np.uint32)
-        for k, off in zip(self.kernels, offsets):
-            blob[off // 4: off // 4 + len(k.meta)] = np.asarray(k.meta, dtype=np.uint64).astype(np.uint32)
-        self.meta_buffer = dev.create_buffer(
-            label="meta", size=blob.nbytes,
-            usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
-        dev.queue.write_buffer(self.meta_buffer, 0, blob)
+        for d, off in zip(self.plan.dispatches, offsets):
+            blob[off // 4: off // 4 + len(d.meta)] = np.asarray(d.meta, dtype=np.uint64).astype(np.uint32)
+        return blob, offsets
 
-        # Pipelines (cached by source) and one bind group per dispatch.
-        t_buffers = time.perf_counter_ns()
+    def _build_dispatches(self) -> None:
+        """Pipelines (one per kernel key) and a bind group per dispatch, from the plan's
+        bindings; a graph node with no elements needs no dispatch."""
+        blob, offsets = self._meta_blob()
+        self.meta_buffer = self.device.create_buffer(
+            label="meta", size=blob.nbytes, usage=self._wgpu.BufferUsage.UNIFORM | self._wgpu.BufferUsage.COPY_DST)
+        self.device.queue.write_buffer(self.meta_buffer, 0, blob)
         self._pipelines: dict[str, tuple] = {}
         self._steps = []
         self.step_dispatches: list[int] = []  # plan dispatch index of each entry of _steps
-        for d, k, off in zip(self.plan.dispatches, self.kernels, offsets):
-            pipeline, layout = self._pipeline(k)
-            (nid,) = d.nodes
-            node = graph[nid]
+        for d, off in zip(self.plan.dispatches, offsets):
+            if d.nodes and d.elements == 0:
+                continue
+            kernel = self.plan.kernels[d.key]
+            pipeline, layout = self._pipeline(d.key, kernel)
             entries = [{"binding": 0, "resource": {"buffer": self.meta_buffer, "offset": off,
-                                                   "size": k.meta_vec4 * 16}}]
-            for j, src in enumerate(node.inputs):
-                b = self.plan.node_buffer[src]
-                entries.append({"binding": j + 1, "resource": {"buffer": self.buffers[b], "offset": 0,
-                                                               "size": self.plan.buffers[b].nbytes}})
-            ob = d.writes[0]
-            entries.append({"binding": len(node.inputs) + 1,
-                            "resource": {"buffer": self.buffers[ob], "offset": 0,
-                                         "size": self.plan.buffers[ob].nbytes}})
-            bind_group = dev.create_bind_group(label=k.name, layout=layout, entries=entries)
-            if node.size > 0:
-                self._steps.append((pipeline, bind_group, k.workgroups))
-                self.step_dispatches.append(d.index)
+                                                   "size": kernel.meta_bytes}}]
+            for j, b in enumerate(d.bindings):
+                entries.append({"binding": j + 1, "resource": {"buffer": self.buffers[b.buffer],
+                                                               "offset": self._bases[b.buffer] + b.offset,
+                                                               "size": b.size}})
+            bind_group = self.device.create_bind_group(label=d.kernel, layout=layout, entries=entries)
+            self._steps.append((pipeline, bind_group, tuple(d.workgroups)))
+            self.step_dispatches.append(d.index)
+        position = {index: pos for pos, index in enumerate(self.step_dispatches)}
+        self._transfers_after: dict[int, list[Transfer]] = {}
+        for t in self.plan.transfers:
+            self._transfers_after.setdefault(position[t.after], []).append(t)
 
-        for i, c in graph.constants.items():
-            if i in self.plan.node_buffer:
-                self._write(self.plan.node_buffer[i], np.asarray(c, dtype=_NP[graph[i].dtype]))
-        # (name, start ns, end ns) on time.perf_counter_ns: the profiler shows them as CPU spans.
-        self.build_spans = [("codegen", t_start, t_kernels), ("allocate buffers", t_kernels, t_buffers),
-                            ("create pipelines and bind groups", t_buffers, time.perf_counter_ns())]
-
-    # ------------------------------------------------------------ build helpers
-
-    def _pipeline(self, k: codegen.Kernel):
-        hit = self._pipelines.get(k.source) or _PIPELINES.get((id(self.device), k.source))
+    def _pipeline(self, key: str, kernel: KernelSource):
+        hit = self._pipelines.get(key) or _PIPELINES.get((id(self.device), key))
         if hit is not None:
-            self._pipelines[k.source] = hit
+            self._pipelines[key] = hit
             return hit
         wgpu = self._wgpu
         dev = self.device
-        ro = wgpu.BufferBindingType.read_only_storage
+        types = {"read": wgpu.BufferBindingType.read_only_storage, "read_write": wgpu.BufferBindingType.storage}
         entries = [{"binding": 0, "visibility": wgpu.ShaderStage.COMPUTE,
                     "buffer": {"type": wgpu.BufferBindingType.uniform}}]
-        for j in range(len(k.operand_types)):
-            entries.append({"binding": j + 1, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": ro}})
-        entries.append({"binding": len(k.operand_types) + 1, "visibility": wgpu.ShaderStage.COMPUTE,
-                        "buffer": {"type": wgpu.BufferBindingType.storage}})
+        for j, access in enumerate(kernel.bindings):
+            entries.append({"binding": j + 1, "visibility": wgpu.ShaderStage.COMPUTE,
+                            "buffer": {"type": types[access]}})
         try:
-            module = shader_module(dev, k.name, k.source, shader_checks(k.guarded))
-            bgl = dev.create_bind_group_layout(label=k.name, entries=entries)
-            pl = dev.create_pipeline_layout(label=k.name, bind_group_layouts=[bgl])
-            pipeline = dev.create_compute_pipeline(label=k.name, layout=pl,
+            module = shader_module(dev, kernel.name, kernel.source, shader_checks(kernel.guarded))
+            bgl = dev.create_bind_group_layout(label=kernel.name, entries=entries)
+            pl = dev.create_pipeline_layout(label=kernel.name, bind_group_layouts=[bgl])
+            pipeline = dev.create_compute_pipeline(label=kernel.name, layout=pl,
                                                    compute={"module": module, "entry_point": "main"})
         except Exception as exc:  # a bug in generated WGSL, not a user error: keep the source at hand
-            raise RuntimeError(f"kernel {k.name} failed to build: {exc}\n--- WGSL ---\n{k.source}") from exc
-        self._pipelines[k.source] = _PIPELINES[(id(self.device), k.source)] = (pipeline, bgl)
+            raise RuntimeError(f"kernel {kernel.name} failed to build: {exc}\n--- WGSL ---\n{kernel.source}") from exc
+        self._pipelines[key] = _PIPELINES[(id(self.device), key)] = (pipeline, bgl)
         return pipeline, bgl
 
-    def _write(self, buffer_id: int, arr: np.ndarray):
+    def _locate(self, node_id: int) -> tuple[object, int]:
+        """The GPU buffer holding a node's value and the byte offset of that value in it."""
+        b, offset = self.plan.place(node_id)
+        return self.buffers[b], self._bases[b] + offset
+
+    def _write(self, node_id: int, arr: np.ndarray):
         data = np.ascontiguousarray(arr)
         if data.nbytes:
+            buffer, offset = self._locate(node_id)
             with device_guard("uploading a tensor", self.device):
-                self.device.queue.write_buffer(self.buffers[buffer_id], 0, data)
+                self.device.queue.write_buffer(buffer, offset, data)
 
     def _node_for(self, kind: str, name: str, table: Mapping[str, int]):
         if name not in table:
@@ -170,15 +226,23 @@ class Session:
             raise MeganeuraError(f"graph {self.graph.name!r} has no {kind} named {name!r} (its {kind}s: {known})")
         return self.graph[table[name]]
 
-    def _upload(self, kind: str, name: str, array, table_graph, table_plan):
-        node = self._node_for(kind, name, table_graph)
+    def _upload(self, kind: str, name: str, array, table: Mapping[str, int]):
+        node = self._node_for(kind, name, table)
         arr = np.asarray(array)
         if tuple(arr.shape) != node.shape:
             raise ShapeError(f"{kind} {name!r}: expected shape {list(node.shape)}, found {list(arr.shape)}")
         if node.dtype == "i32":
             if not np.issubdtype(arr.dtype, np.integer):
                 raise ShapeError(f"{kind} {name!r}: expected integers (i32), found {arr.dtype}")
-        self._write(table_plan[name], arr.astype(_NP[node.dtype]))
+        self._write(node.id, arr.astype(_NP[node.dtype]))
+
+    def _read(self, node) -> np.ndarray:
+        if node.size == 0:
+            return np.zeros(node.shape, dtype=_NP[node.dtype])
+        buffer, offset = self._locate(node.id)
+        with device_guard("reading a tensor back", self.device):
+            raw = self.device.queue.read_buffer(buffer, offset, node.nbytes)
+        return np.frombuffer(raw, dtype=_NP[node.dtype], count=node.size).reshape(node.shape).copy()
 
     # ------------------------------------------------------------ public API
 
@@ -187,44 +251,54 @@ class Session:
         return len(self._pipelines)
 
     def set_input(self, name: str, array) -> None:
-        self._upload("input", name, array, self.graph.inputs, self.plan.inputs)
+        self._upload("input", name, array, self.graph.inputs)
 
     def set_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
         for k, v in inputs.items():
             self.set_input(k, v)
 
     def set_parameter(self, name: str, array) -> None:
-        self._upload("parameter", name, array, self.graph.parameters, self.plan.parameters)
+        self._upload("parameter", name, array, self.graph.parameters)
 
     def set_parameters(self, params: Mapping[str, np.ndarray]) -> None:
         for k, v in params.items():
             self.set_parameter(k, v)
 
-    def _read(self, buffer_id: int, node) -> np.ndarray:
-        nbytes = 4 * node.size
-        if nbytes == 0:
-            return np.zeros(node.shape, dtype=_NP[node.dtype])
-        with device_guard("reading a tensor back", self.device):
-            raw = self.device.queue.read_buffer(self.buffers[buffer_id], 0, nbytes)
-        return np.frombuffer(raw, dtype=_NP[node.dtype], count=node.size).reshape(node.shape).copy()
-
-    def parameter_buffers(self) -> dict[str, object]:
-        """The GPU buffer of each parameter, to share with another session."""
-        return {k: self.buffers[b] for k, b in self.plan.parameters.items()}
+    def parameter_buffers(self) -> dict[str, tuple[object, int, int]]:
+        """Where each parameter lives, (GPU buffer, byte offset, byte size), to share with
+        another session (parameters of a training session's group share one buffer)."""
+        out = {}
+        for name, nid in self.graph.parameters.items():
+            buffer, offset = self._locate(nid)
+            out[name] = (buffer, offset, self.graph[nid].nbytes)
+        return out
 
     def get_parameter(self, name: str) -> np.ndarray:
-        node = self._node_for("parameter", name, self.graph.parameters)
-        return self._read(self.plan.parameters[name], node)
+        return self._read(self._node_for("parameter", name, self.graph.parameters))
 
     def record(self, encoder, timestamps=None, dispatches=None) -> None:
         """Record the dispatches of one step into ``encoder``: all of them (or the
-        positions in ``_steps`` listed in ``dispatches``) in one compute pass.
+        positions in ``_steps`` listed in ``dispatches``) in one compute pass, ended
+        after a dispatch the plan copies something after (the copy follows it).
 
         ``timestamps`` (an ``engine.profiler.DispatchTimestamps``) adds GPU timestamps
         around each dispatch: written inside the pass where the device allows it, else
         one compute pass per dispatch with the pass's timestamp writes."""
-        order = range(len(self._steps)) if dispatches is None else dispatches
-        self._record_steps(encoder, "step", self._steps, order, timestamps)
+        positions = range(len(self._steps)) if dispatches is None else dispatches
+        chunk: list[int] = []
+        for pos in positions:
+            chunk.append(pos)
+            if pos in self._transfers_after:
+                self._record_steps(encoder, "step", self._steps, chunk, timestamps)
+                for t in self._transfers_after[pos]:
+                    self._transfer(encoder, t)
+                chunk = []
+        if chunk:
+            self._record_steps(encoder, "step", self._steps, chunk, timestamps)
+
+    def _transfer(self, encoder, t: Transfer) -> None:
+        encoder.copy_buffer_to_buffer(self.buffers[t.src], self._bases[t.src] + t.src_offset,
+                                      self.buffers[t.dst], self._bases[t.dst] + t.dst_offset, t.nbytes)
 
     @staticmethod
     def _record_steps(encoder, label, steps, positions, timestamps=None) -> None:
@@ -253,7 +327,7 @@ class Session:
         cp.end()
 
     def run(self) -> None:
-        """Record every dispatch into one compute pass and submit once (no wait)."""
+        """Record every dispatch and submit once (no wait)."""
         with device_guard("running a step", self.device):
             enc = self.device.create_command_encoder(label="step")
             self.record(enc)
@@ -266,35 +340,32 @@ class Session:
         return profile_session(self, steps, train=train, **options)
 
     def read_output(self, name: str) -> np.ndarray:
-        node = self._node_for("output", name, self.graph.outputs)
-        return self._read(self.plan.outputs[name], node)
+        return self._read(self._node_for("output", name, self.graph.outputs))
 
     def read_outputs(self) -> dict[str, np.ndarray]:
         return {k: self.read_output(k) for k in self.graph.outputs}
 
     def read_loss(self) -> float:
-        """The scalar ``loss`` output (waits for the submitted work)."""
-        buf = self.plan.loss_buffer
-        if buf is None:
-            if "loss" not in self.graph.outputs:
-                raise MeganeuraError(f"graph {self.graph.name!r} has no 'loss' output")
-            buf = self.plan.outputs["loss"]
+        """The scalar loss output (the plan's, else ``loss``; waits for the submitted work)."""
+        name = self.plan.loss or "loss"
+        if name not in self.graph.outputs:
+            raise MeganeuraError(f"graph {self.graph.name!r} has no {name!r} output")
         with device_guard("reading the loss", self.device):
-            raw = self.device.queue.read_buffer(self.buffers[buf], 0, 4)
-        return float(np.frombuffer(raw, dtype=np.float32, count=1)[0])
+            return float(self.read_output(name).reshape(-1)[0])
 
 
 def build_inference_session(graph: Graph, plan: ExecutionPlan | None = None, share_with: Session | None = None,
                             optimize: bool = True, capabilities: codegen.Capabilities | None = None) -> Session:
     """A Session running ``graph`` forward on the default device, fused by
-    ``engine.optimize`` unless ``optimize=False`` (or a plan is given). With
-    ``share_with`` (e.g. a training session of the same model at another batch size) it
-    uses that session's parameter buffers: every update the other session makes is
-    seen here, with no copy."""
+    ``engine.optimize`` unless ``optimize=False`` (or a plan is given), compiled for the
+    device's capabilities. With ``share_with`` (e.g. a training session of the same
+    model at another batch size) it uses that session's parameter buffers: every update
+    the other session makes is seen here, with no copy."""
     if optimize and plan is None:
         from .optimize import optimize as fuse
         graph, _ = fuse(graph)
     shared = share_with.parameter_buffers() if share_with is not None else None
-    device = share_with.device if share_with is not None else None
-    return Session(graph, plan if plan is not None else cached_plan(graph, loss="loss"), device, shared,
-                   capabilities)
+    device = share_with.device if share_with is not None else get_device()
+    if plan is None:
+        plan = cached_plan(graph, loss="loss", capabilities=capabilities or device_capabilities(device))
+    return Session(graph, plan, device, shared)

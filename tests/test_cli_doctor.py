@@ -48,6 +48,15 @@ def test_doctor_text_mentions_adapter(doctor_json):
     out = _run("-m", "engine", "doctor").stdout
     assert doctor_json["adapter"]["name"] in out
     assert "timestamp-query" in out and "max_storage_buffer_binding_size" in out
+    assert "Kernel paths" in out and f"reductions        {doctor_json['paths']['reductions']}" in out
+
+
+def test_doctor_paths_follow_the_device_features(doctor_json):
+    from engine import codegen
+    paths = doctor_json["paths"]
+    assert set(paths) == set(codegen.PLAIN.describe())
+    assert paths["reductions"] == ("subgroup" if "subgroup" in doctor_json["features"] else "workgroup memory")
+    assert paths["matmul_precision"] == "f32"
 
 
 def test_cli_usage_errors_exit_nonzero():

@@ -5,7 +5,7 @@ import pytest
 
 from engine import Graph, models, reference
 from engine.errors import TrainingError
-from engine.runtime import build_inference_session
+from engine.runtime import Session, build_inference_session
 from engine.train import DataLoader, TrainConfig, Trainer
 from engine.training_session import build_session
 
@@ -164,3 +164,114 @@ def test_sessions_reuse_the_plan_cached_on_disk(tmp_path, monkeypatch):
     assert second.plan == first.plan
     third = build_session(g, TrainConfig(optimizer="sgd", lr=0.1), init(g))
     assert third.plan == first.plan
+
+
+# ---------------------------------------------------------------- parameter groups and arenas
+
+@pytest.mark.parametrize("config", [
+    TrainConfig(optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=0.05, steps=4, batch_size=16),
+    TrainConfig(optimizer="adamw", lr=1e-2, weight_decay=0.1, clip_norm=0.5, steps=4, batch_size=16,
+                lr_multipliers={"fc2.*": 0.5}),
+], ids=["sgd-momentum-decay", "adamw-decay-multipliers"])
+def test_parameter_groups_follow_the_reference_trainer(config):
+    g = small_mlp()
+    params = init(g)
+    batches = [{k: v[16 * i:16 * (i + 1)] for k, v in data().items()} for i in range(4)]
+    ref = Trainer(g, params, config, backend="reference")
+    gpu = Trainer(g, params, config, backend="gpu")
+    groups = gpu.session.plan.groups
+    # weights decay and biases do not; the multiplier splits each of those again
+    assert len(groups) == (2 if config.optimizer == "sgd" else 4)
+    assert len([d for d in gpu.session.plan.dispatches if d.kernel == f"train:{config.optimizer}"]) == len(groups)
+    for batch in batches:
+        assert abs(gpu.step(batch) - ref.step(batch)) < 1e-4
+    got, want = gpu.params, ref.params
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=2e-4, atol=2e-5, err_msg=k)
+    np.testing.assert_allclose(gpu.history.grad_norms, ref.history.grad_norms, rtol=1e-4)
+    assert_arena_padding_is_zero(gpu.session)
+
+
+def assert_arena_padding_is_zero(session):
+    """The bytes between (and after) the slots of every arena are still zero."""
+    plan, graph = session.plan, session.graph
+    for grp in plan.groups:
+        for b in [grp.parameter_buffer, grp.gradient_buffer, *grp.state_buffers]:
+            raw = np.frombuffer(session.device.queue.read_buffer(session.buffers[b]), dtype=np.float32).copy()
+            for name, off in zip(grp.parameters, grp.offsets):
+                raw[off // 4: off // 4 + graph[graph.parameters[name]].size] = 0.0
+            assert not raw.any(), plan.buffers[b].names
+
+
+def shared_and_view_gradients():
+    """p1 and p2 get the same gradient node, p3's gradient is a reshape, b's is the
+    loss's seed constant."""
+    g = Graph("edge")
+    x = g.input("x", [4, 3])
+    p1, p2 = g.parameter("p1", [4, 3]), g.parameter("p2", [4, 3])
+    p3, b = g.parameter("p3", [12]), g.parameter("b", [])
+    h = g.mul(g.add(g.add(x, p1), p2), g.reshape(p3, [4, 3]))
+    g.output("loss", g.add(g.mean(g.mul(h, h)), b))
+    return g
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_shared_and_view_gradients_train_like_the_reference(optimizer):
+    g = shared_and_view_gradients()
+    rng = np.random.default_rng(2)
+    params = {k: (0.5 * rng.standard_normal(g[v].shape)).astype(np.float32) for k, v in g.parameters.items()}
+    config = TrainConfig(optimizer=optimizer, lr=0.05, momentum=0.5, weight_decay=0.1, steps=3)
+    ref = Trainer(g, params, config, backend="reference")
+    gpu = Trainer(g, params, config, backend="gpu")
+    plan, tg = gpu.session.plan, gpu.session.graph
+    assert tg.outputs["grad:p1"] == tg.outputs["grad:p2"] and tg[tg.outputs["grad:p3"]].op == "reshape"
+    copies = sorted(d.names[0] for d in plan.dispatches if d.kernel == "copy:gradient")
+    assert copies == ["grad:b", "grad:p1", "grad:p2"]
+    for step in range(3):
+        batch = {"x": rng.standard_normal((4, 3)).astype(np.float32)}
+        assert abs(gpu.step(batch) - ref.step(batch)) < 1e-5 * max(1.0, abs(ref.history.losses[-1]))
+    got, want = gpu.params, ref.params
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-6, err_msg=k)
+    assert_arena_padding_is_zero(gpu.session)
+
+
+def test_copied_gradients_reach_the_update_on_the_gpu():
+    """A hand-made training graph whose 'gradients' are an input, a parameter, a
+    constant, another output's node, a view and a shared node: one SGD step moves each
+    parameter by lr times that output's value."""
+    from test_compile import awkward_training_graph, training_plan
+    g = awkward_training_graph()
+    pairs = [(p, "grad:" + p) for p in ("pa", "pb", "pc", "pd", "pe", "pf")]
+    _, _, plan = training_plan(g, TrainConfig(optimizer="sgd"), train_graph=g, pairs=pairs)
+    session = Session(g, plan)
+    rng = np.random.default_rng(3)
+    inputs = {"x": rng.standard_normal((2, 3)).astype(np.float32)}
+    params = {k: rng.standard_normal(g[v].shape).astype(np.float32) for k, v in g.parameters.items()}
+    session.set_inputs(inputs)
+    session.set_parameters(params)
+    lr = 0.25
+    session.device.queue.write_buffer(session.buffers[plan.step_buffer], 0, np.array([lr, 1, 1, 1], np.float32))
+    session.run()
+    want = reference.run(g, inputs, params, np.float32)
+    for p, out in pairs:
+        np.testing.assert_allclose(session.get_parameter(p), params[p] - lr * want[out].reshape(params[p].shape),
+                                   rtol=1e-5, atol=1e-6, err_msg=p)
+    assert session.read_loss() == pytest.approx(float(want["loss"]), rel=1e-5)
+
+
+def test_a_plan_the_device_cannot_run_is_refused(monkeypatch):
+    from engine import codegen, runtime
+    from engine.compile import compile_plan
+    from engine.errors import DeviceError
+    g = small_mlp()
+    plan = compile_plan(g, capabilities=codegen.Capabilities(subgroups=True))
+    monkeypatch.setattr(runtime, "device_capabilities", lambda device=None: codegen.PLAIN)  # a device without them
+    with pytest.raises(DeviceError, match="compiled for subgroups, which this device lacks"):
+        Session(g, plan)
+    monkeypatch.undo()
+    real = runtime._limit
+    monkeypatch.setattr(runtime, "_limit", lambda limits, name: 512 if name == "min_storage_buffer_offset_alignment"
+                        else real(limits, name))
+    with pytest.raises(DeviceError, match="offsets aligned to 512 bytes; plans align them to 256"):
+        Session(g, compile_plan(g))
