@@ -79,7 +79,7 @@ def time_ours(g, inputs, caps, steps):
     ref = a @ b
     err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
     rep = s.profile(steps=steps, measure_overhead=False, include_build_spans=False)
-    return statistics.median(rep.gpu_step_ns) / 1e6, err, s.kernels[0].notes.get("variant", "")
+    return statistics.median(rep.gpu_step_ns) / 1e6, err, s.plan.dispatches[0].variant
 
 
 def time_torch(inputs, ta, tb, timer, steps):
@@ -156,7 +156,7 @@ def attention_rows(cases, steps, rng, timer):
             rep = sess.profile(steps=steps, measure_overhead=False, include_build_spans=False)
             ms = statistics.median(rep.gpu_step_ns) / 1e6
             rows.append([label, f"{b}x{t}x{s_} h{h}/{hkv} d{d}", variant, fmt(ms, " ms"), fmt(flops / ms / 1e9),
-                         fmt(t_ms, " ms"), fmt(ms / t_ms), f"err {err:.1e}; {sess.kernels[0].notes.get('variant', '')}"])
+                         fmt(t_ms, " ms"), fmt(ms / t_ms), f"err {err:.1e}; {sess.plan.dispatches[0].variant}"])
         os.environ.pop("MEGANEURA_ATTENTION", None)
     return rows
 

@@ -12,6 +12,9 @@ Rows:
 - train <model>: one full training step (forward, backward, AdamW update, loss read
   back) in wall time per step, median over steps after warm-up; torch does the same
   (``loss.item()`` every step).
+- train whisper-tiny b8: the same at batch 8.
+- audio-align smoke: the whole ``meganeura train audio-align`` recipe for 50 steps, wall
+  time end to end (session build included), against the same recipe in PyTorch.
 - infer whisper-tiny: one forward pass; ours = run() back to back, synchronised by a
   4-byte read at the end, wall time / runs; torch under no_grad, CUDA events.
 - host: CPU microseconds to record one dispatch (Session.record of a many-dispatch
@@ -41,6 +44,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import torch  # noqa: E402
 
 import torch_models  # noqa: E402
+from torch_models import tr  # noqa: E402
 from engine import models  # noqa: E402
 from engine.graph import Graph  # noqa: E402
 from engine.runtime import build_inference_session  # noqa: E402
@@ -52,6 +56,8 @@ FULL = {
     "mlp": ["batch=32"],
     "whisper-tiny": ["batch=1", "mel_len=3000"],
     "gpt-tiny": ["batch=8", "seq=256"],
+    "whisper-tiny b8": ["batch=8", "mel_len=3000"],
+    "audio-align": ["mel_len=500"], "smoke_steps": 50,
     "steps": 20, "mm_steps": 20, "warmup": 2,
 }
 QUICK = {
@@ -59,6 +65,8 @@ QUICK = {
     "mlp": ["batch=8"],
     "whisper-tiny": ["batch=1", "mel_len=16"],
     "gpt-tiny": ["batch=1", "seq=8"],
+    "whisper-tiny b8": ["batch=2", "mel_len=16"],
+    "audio-align": ["mel_len=16", "seq=4", "batch=2"], "smoke_steps": 2,
     "steps": 1, "mm_steps": 2, "warmup": 0,
 }
 
@@ -187,6 +195,30 @@ def ours_record_us(session, reps=20):
         enc.finish()
         per.append((time.perf_counter_ns() - t) / 1e3 / len(session._steps))
     return statistics.median(per), len(session._steps)
+
+
+def audio_align_smoke(overrides, steps, timer) -> dict:
+    """audio-align's training smoke (the recipe of ``meganeura train audio-align``):
+    ``steps`` steps end to end, wall time from nothing built to the last loss, ours on
+    the GPU against the same recipe, weights and batches in PyTorch."""
+    from engine.train import DataLoader, Trainer
+    log(f"audio-align smoke {' '.join(overrides)} x {steps} steps")
+    model = models.create("audio-align", overrides)
+    config = TrainConfig(**model.TRAIN_DEFAULTS, steps=steps, batch_size=model.settings["batch"], seed=0)
+    params = model.init_params(0)
+    loader = DataLoader(model.dataset(0), config.batch_size, shuffle=True, seed=0, drop_last=True)
+    batches = [b for epoch in range(steps) for b in loader.batches(epoch)][:steps]
+    t = time.perf_counter()
+    ours = Trainer(model.build(train=True), params, config, backend="gpu").fit(batches).losses
+    ours_s = time.perf_counter() - t
+    timer.sync()
+    t = time.perf_counter()
+    theirs = tr.audio_align_training_losses(model, params, batches, config, device=timer.device)
+    timer.sync()
+    torch_s = time.perf_counter() - t
+    return {"name": f"audio-align smoke {steps} steps", "ours": ours_s, "torch": torch_s, "unit": "s",
+            "note": f"{' '.join(overrides)}; wall time incl. build; loss {ours[0]:.3f} -> {ours[-1]:.3f} "
+                    f"vs {theirs[0]:.3f} -> {theirs[-1]:.3f}"}
 
 
 # ------------------------------------------------------------------ torch
@@ -325,26 +357,27 @@ def main(argv=None):
                          "note": f"rel err {err:.1e}; {kernel}"})
 
     mlp_ms = mlp_torch = None
-    for name in ("mlp", "whisper-tiny", "gpt-tiny"):
-        if not want("train " + name) and not (name == "mlp" and want("steps/s")) \
-                and not (name == "whisper-tiny" and want("memory")):
+    for row in ("mlp", "whisper-tiny", "gpt-tiny", "whisper-tiny b8"):
+        name = row.split()[0]
+        if not want("train " + row) and not (row == "mlp" and want("steps/s")) \
+                and not (row == "whisper-tiny" and want("memory")):
             continue
-        log(f"train {name} {' '.join(cfg[name])}")
-        ours_ms, loss, s, model, params, inputs, build_s = ours_train(name, cfg[name], steps, rng, cfg["warmup"])
+        log(f"train {row} {' '.join(cfg[row])}")
+        ours_ms, loss, s, model, params, inputs, build_s = ours_train(name, cfg[row], steps, rng, cfg["warmup"])
         t_ms, t_loss, peak = torch_train(name, model, params, inputs, steps, timer, cfg["warmup"])
-        rows.append({"name": f"train {name}", "ours": ours_ms, "torch": t_ms, "unit": "ms",
-                     "note": f"{' '.join(cfg[name])}; {len(s._steps)} dispatches; "
+        rows.append({"name": f"train {row}", "ours": ours_ms, "torch": t_ms, "unit": "ms",
+                     "note": f"{' '.join(cfg[row])}; {len(s._steps)} dispatches; "
                              f"loss {loss:.4g} vs {t_loss:.4g}; build {build_s:.1f} s"})
-        if name == "mlp":
+        if row == "mlp":
             mlp_ms, mlp_torch = ours_ms, t_ms
-        if name == "whisper-tiny" and want("memory"):
+        if row == "whisper-tiny" and want("memory"):
             ours_all = sum(int(b.size) for b in s.buffers)
             rows.append({"name": "memory whisper-tiny train", "ours": s.plan.peak_bytes / 2**20,
                          "torch": peak / 2**20 if peak else None, "unit": "MiB",
                          "note": f"ours: plan peak; all our buffers incl. AdamW state {ours_all / 2**20:.0f} MiB; "
                                  f"torch: max_memory_allocated over {steps} steps"
                                  + ("" if peak else " (no CUDA: not measured)")})
-        if name == "gpt-tiny" and args.profile_gpt:
+        if row == "gpt-tiny" and args.profile_gpt:
             rep = s.profile(steps=3, train=True, measure_overhead=False, include_build_spans=False)
             print("\n== profiler: one gpt-tiny training step, by archetype ==")
             print(rep.format_table(top=12, by="archetype"))
@@ -352,6 +385,9 @@ def main(argv=None):
             print(rep.format_table(top=20, by="kernel"))
             print()
         del s
+
+    if want("smoke"):
+        rows.append(audio_align_smoke(cfg["audio-align"], cfg["smoke_steps"], timer))
 
     if want("infer") or want("host"):
         log("infer whisper-tiny")

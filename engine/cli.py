@@ -70,10 +70,15 @@ def _has_feature(wanted: str, present: list[str]) -> bool:
 
 def kernel_paths() -> dict:
     """Which path each archetype's kernels take on this device: the capabilities of the
-    features the device enabled (what sessions compile their plans for)."""
+    features the device enabled (what sessions compile their plans for), and why the
+    tensor cores stay unused where the adapter offers cooperative matrices."""
     from . import codegen, device
 
-    return codegen.Capabilities.from_features(device.device_features()).describe()
+    paths = codegen.Capabilities.from_features(device.device_features()).describe()
+    if any(str(f).startswith("cooperative-matri") for f in device.get_adapter().features):
+        paths["cooperative_matrix"] = ("offered, not used: wgpu-native 29 cannot enable wgpu's experimental "
+                                       "features")
+    return paths
 
 
 def doctor_report() -> dict:

@@ -667,10 +667,8 @@ def _loss(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     mode = _LOSS_MODES[node.op]
     if node.op == "cross_entropy" and caps.subgroups:
         mode = _CROSS_ENTROPY_SUBGROUPS
-    k = _finish(f"loss:{node.op}", "reduction", "loss.wgsl", names, types, "f32", meta, (1, 1, 1),
-                caps, MODE=mode)
-    k.notes["variant"] = "subgroups" if caps.subgroups else "workgroup memory"
-    return k
+    return _finish(f"loss:{node.op}", "reduction", "loss.wgsl", names, types, "f32", meta, (1, 1, 1),
+                   caps, MODE=mode)
 
 
 def _sum_to(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:

@@ -599,10 +599,12 @@ def _codegen_fingerprint() -> str:
 
 def _cache_key(graph: Graph, gradients, loss, capabilities: codegen.Capabilities,
                optimizer: OptimizerSpec | None) -> str:
-    # MEGANEURA_MATMUL forces a matmul variant at codegen time (benchmarks), so it is part of the key.
+    # MEGANEURA_MATMUL and MEGANEURA_ATTENTION force kernel variants at codegen time
+    # (benchmarks), so they are part of the key.
     key = json.dumps([graph.structural_hash(), sorted((gradients or {}).items()), loss, asdict(capabilities),
                       optimizer.to_dict() if optimizer is not None else None, _codegen_fingerprint(),
-                      os.environ.get("MEGANEURA_MATMUL", "auto")], sort_keys=True)
+                      os.environ.get("MEGANEURA_MATMUL", "auto"), os.environ.get("MEGANEURA_ATTENTION", "auto")],
+                     sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 

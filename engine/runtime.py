@@ -11,6 +11,7 @@ submits once. Reading an output (``queue.read_buffer``) is the only wait.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Mapping
 
@@ -91,8 +92,8 @@ class Session:
             raise DeviceError(f"this adapter needs storage-buffer offsets aligned to {align} bytes; "
                               f"plans align them to {ALIGN}")
         offered = device_capabilities(self.device)
-        missing = [k for k in ("subgroups", "f16", "cooperative_matrix")
-                   if getattr(self.capabilities, k) and not getattr(offered, k)]
+        missing = [f.name for f in dataclasses.fields(offered)
+                   if getattr(self.capabilities, f.name) and not getattr(offered, f.name)]
         if missing:
             raise DeviceError(f"the plan was compiled for {', '.join(missing)}, which this device lacks; "
                               f"compile it with engine.runtime.device_capabilities(device)")

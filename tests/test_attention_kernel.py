@@ -22,8 +22,8 @@ def attention_graph(batch, t, s, heads, kv_heads, d, causal=False, scale=None):
 
 def run_against_reference(g, inputs, variant="tiled"):
     s = build_inference_session(g, optimize=False)
-    (kernel,) = s.kernels
-    assert kernel.notes["variant"].startswith(variant), kernel.notes
+    (dispatch,) = s.plan.dispatches
+    assert dispatch.variant.startswith(variant), dispatch.variant
     s.set_inputs(inputs)
     s.run()
     ref = reference.run(g, inputs, {}, np.float64)["o"]

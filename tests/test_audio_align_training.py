@@ -22,8 +22,6 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import torch
-
 import torch_reference as tr
 from engine import cli, models
 from engine.train import DataLoader, TrainConfig, Trainer
@@ -39,34 +37,6 @@ def test_cli_train_audio_align_50_steps_lowers_the_loss(capsys):
     assert losses[0] - losses[-1] >= 0.5, f"loss {losses[0]:.3f} -> {losses[-1]:.3f}"
 
 
-def torch_training_losses(model, params, batches, config: TrainConfig) -> list[float]:
-    """The same pipeline in PyTorch float32 (tests/torch_reference.py): frozen encoder
-    (requires_grad=False, its output computed without a graph), AdamW, clipping by the
-    global norm (summed in float64: see the module docstring)."""
-    graph = model.build(train=True)
-    trainable = sorted(n for n, m in graph.param_meta.items() if m["trainable"])
-    w = tr.leaves(model.to_file_layout(params), trainable=set(trainable).__contains__, dtype=torch.float32)
-    leaves = [w[n] for n in trainable]
-    opt = torch.optim.AdamW(leaves, lr=config.lr, betas=config.betas, eps=config.eps,
-                            weight_decay=config.weight_decay)
-    losses = []
-    for batch in batches:
-        mel = tr.as_tensor(batch["mel"], torch.float32)
-        with torch.no_grad():
-            hidden = tr.whisper_forward(mel, w)
-        loss = tr.cross_entropy(tr.audio_align_forward(mel, batch["tokens"], w, hidden=hidden), batch["targets"])
-        opt.zero_grad()
-        loss.backward()
-        norm = sum(float(p.grad.double().square().sum()) for p in leaves) ** 0.5
-        factor = min(1.0, config.clip_norm / (norm + 1e-6))
-        for p in leaves:
-            p.grad.mul_(factor)
-        opt.step()
-        losses.append(loss.item())
-    assert all(w[n].grad is None for n in w if n.startswith("model.encoder."))
-    return losses
-
-
 def test_audio_align_training_follows_pytorch():
     """Same recipe and data as the CLI, at a shorter mel_len (64 frames: 32 audio
     tokens) to keep the test fast; 10 steps (measured: largest difference 2.7e-4, at
@@ -79,7 +49,7 @@ def test_audio_align_training_follows_pytorch():
     batches = [b for epoch in range(config.steps) for b in loader.batches(epoch)][:config.steps]
     trainer = Trainer(model.build(train=True), params, config, backend="reference")
     ours = trainer.fit(batches).losses
-    theirs = torch_training_losses(model, params, batches, config)
+    theirs = tr.audio_align_training_losses(model, params, batches, config)
     diff = np.abs(np.array(ours) - np.array(theirs))
     assert diff.max() < 1e-3, f"ours {np.round(ours, 4)} vs torch {np.round(theirs, 4)}"
     assert ours[-1] < ours[0] - 1.0

@@ -13,8 +13,8 @@ pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parent.parent
 ROWS = ["matmul 64x64x64", "matmul 128x128x128", "matmul 8x128x128", "train mlp", "train whisper-tiny",
-        "memory whisper-tiny train", "train gpt-tiny", "infer whisper-tiny", "host record/dispatch",
-        "steps/s mlp"]
+        "memory whisper-tiny train", "train gpt-tiny", "train whisper-tiny b8", "audio-align smoke 2 steps",
+        "infer whisper-tiny", "host record/dispatch", "steps/s mlp"]
 
 
 def test_bench_vs_torch_quick():

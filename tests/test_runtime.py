@@ -205,7 +205,7 @@ def test_tiled_matmul_kernels(kernel, monkeypatch):
     for name, node in outs.items():
         g.output(name, node)
     s = check(g)
-    variants = {s.kernels[i].notes["variant"] for i in range(len(s.kernels))}
+    variants = {d.variant for d in s.plan.dispatches}
     assert all(v.startswith(f"{16 * codegen.TILED[kernel][0]}x") for v in variants), variants
     fetches = " ".join(variants)
     for fetch in ("outer-vec4", "k-vec4", "outer-scalar", "k-scalar"):
@@ -261,7 +261,7 @@ def test_row_reductions_and_norms(caps):
     inputs = {"x": rng.standard_normal((3, 4, 300)) * 4 + 1, "s": rng.standard_normal((6, 5))}
     params = {"w": rng.standard_normal(300), "b": rng.standard_normal(300)}
     s = check(g, inputs, params, capabilities=caps)
-    assert ("sg_lane_" in s.kernels[0].source) == caps.subgroups
+    assert all(("sg_lane_" in k.source) == caps.subgroups for k in s.plan.kernels.values())
 
 
 def test_sum_to():
@@ -296,8 +296,8 @@ def test_losses(caps):
               "pred": rng.standard_normal((5, 13)), "target": rng.standard_normal((5, 13)),
               "logits_wide": rng.standard_normal((3, 70, 300)) * 3, "labels_wide": labels_wide}
     s = check(g, inputs, {}, capabilities=caps)
-    paths = {k.notes.get("variant") for k in s.kernels if k.name == "loss:cross_entropy"}
-    assert paths == {"subgroups" if caps.subgroups else "workgroup memory"}
+    paths = {d.variant for d in s.plan.dispatches if d.kernel == "cross_entropy"}
+    assert paths == {"subgroup reduction" if caps.subgroups else "workgroup-memory reduction"}
 
 
 def test_cross_entropy_all_ignored_is_zero():

@@ -28,9 +28,10 @@ def tensors(params: Mapping, dtype=torch.float64) -> dict[str, torch.Tensor]:
     return {k: torch.as_tensor(np.asarray(v), dtype=dtype) for k, v in params.items()}
 
 
-def leaves(params: Mapping, trainable=lambda name: True, dtype=torch.float64) -> dict[str, torch.Tensor]:
+def leaves(params: Mapping, trainable=lambda name: True, dtype=torch.float64, device=None) -> dict[str, torch.Tensor]:
     """Fresh leaf tensors; ``requires_grad`` only where ``trainable(name)``."""
-    return {k: torch.tensor(np.asarray(v), dtype=dtype, requires_grad=bool(trainable(k))) for k, v in params.items()}
+    return {k: torch.tensor(np.asarray(v), dtype=dtype, device=device, requires_grad=bool(trainable(k)))
+            for k, v in params.items()}
 
 
 def as_tensor(x, dtype=torch.float64) -> torch.Tensor:
@@ -146,6 +147,40 @@ def audio_align_forward(mel, tokens, w, hidden=None) -> torch.Tensor:
 
 def mlp_forward(x, w) -> torch.Tensor:
     return linear(F.relu(linear(x, w, "fc1")), w, "fc2")
+
+
+# ---------------------------------------------------------------- training
+
+def audio_align_training_losses(model, params, batches, config, device=None) -> list[float]:
+    """audio-align's training recipe in PyTorch float32: frozen encoder (no gradient,
+    its output computed without a graph), AdamW, clipping by the global norm summed in
+    float64 like the engine (torch's clip_grad_norm_ sums in float32 and overflows on
+    this model's first step, ~7e21). One loss per batch."""
+    graph = model.build(train=True)
+    trainable = sorted(n for n, m in graph.param_meta.items() if m["trainable"])
+    w = leaves(model.to_file_layout(params), trainable=set(trainable).__contains__, dtype=torch.float32,
+               device=device)
+    params_ = [w[n] for n in trainable]
+    opt = torch.optim.AdamW(params_, lr=config.lr, betas=config.betas, eps=config.eps,
+                            weight_decay=config.weight_decay)
+    losses = []
+    for batch in batches:
+        mel = torch.tensor(np.asarray(batch["mel"]), dtype=torch.float32, device=device)
+        tokens = torch.tensor(np.asarray(batch["tokens"]), device=device)
+        with torch.no_grad():
+            hidden = whisper_forward(mel, w)
+        logits = audio_align_forward(mel, tokens, w, hidden=hidden)
+        loss = cross_entropy(logits, torch.tensor(np.asarray(batch["targets"]), device=device))
+        opt.zero_grad()
+        loss.backward()
+        norm = sum(float(p.grad.double().square().sum()) for p in params_) ** 0.5
+        factor = min(1.0, config.clip_norm / (norm + 1e-6))
+        for p in params_:
+            p.grad.mul_(factor)
+        opt.step()
+        losses.append(loss.item())
+    assert all(w[n].grad is None for n in w if n.startswith("model.encoder."))
+    return losses
 
 
 # ---------------------------------------------------------------- numpy wrappers (float64)
