@@ -1014,19 +1014,21 @@ NORM_CHUNK = 4096  # gradient elements per workgroup of the norm partial sums
 
 
 def norm_partials(n: int) -> int:
-    """How many partial sums (stats slots) a gradient of n elements writes."""
+    """How many partials (each two stats slots: scale, scaled sum of squares) a gradient
+    of n elements writes."""
     return max(1, -(-n // NORM_CHUNK))
 
 
 def sum_squares_kernel(n: int, first_slot: int) -> Kernel:
-    """stats[first_slot + w] = sum of squares of chunk w of the gradient; bindings:
-    grad (read), stats (read_write)."""
+    """stats[first_slot + 2w ..] = (max |g|, sum of (g / max)^2) of chunk w of the
+    gradient; bindings: grad (read), stats (read_write)."""
     return _finish("train:sum_squares", "reduction", "sum_squares.wgsl", ["grad"], ["f32"], "f32",
                    [n, first_slot], grid_1d(norm_partials(n)), CHUNK=NORM_CHUNK)
 
 
 def norm_total_kernel(count: int) -> Kernel:
-    """stats[1] = sum of the partials stats[2:2 + count]; binding: stats (read_write)."""
+    """stats[1] = the gradient norm from ``count`` partials at stats[2:]; binding: stats
+    (read_write)."""
     return _finish("train:norm_total", "reduction", "norm_total.wgsl", [], [], "f32", [count], (1, 1, 1))
 
 

@@ -17,8 +17,9 @@ its parameters live in one arena buffer, each at an ``ALIGN``-aligned offset; th
 gradients in a second arena of the same layout, and each optimizer state (momentum,
 Adam's m and v) in arenas of that layout too, so one update dispatch covers the group.
 Padding between slots is zero and stays zero under every update rule. After the graph:
-one sum-of-squares dispatch per gradient arena and their total (the squared global
-gradient norm, for clipping), the loss copied next to it, then the updates.
+one dispatch of scaled sum-of-squares partials per gradient arena and one that combines
+them into the global gradient norm (for clipping; scaled so it cannot overflow), the
+loss copied next to it, then the updates.
 """
 
 from __future__ import annotations
@@ -193,7 +194,7 @@ class ExecutionPlan:
     capabilities: dict = field(default_factory=dict)
     optimizer: dict | None = None
     groups: list[ParameterGroup] = field(default_factory=list)
-    stats_buffer: int | None = None  # f32: loss, squared gradient norm, the norm's partial sums
+    stats_buffer: int | None = None  # f32: loss, gradient norm, the norm's partials (scale, scaled sum)
     step_buffer: int | None = None   # f32: lr, 1 - b1^t, sqrt(1 - b2^t), first step
     transfers: list[Transfer] = field(default_factory=list)
     format: int = PLAN_FORMAT
@@ -478,16 +479,16 @@ def _gradient_copies(b: _PlanBuilder, gradients: dict[str, str], groups: list[Pa
 
 
 def _gradient_norm(b: _PlanBuilder, groups: list[ParameterGroup]) -> tuple[int, Dispatch]:
-    """Sum-of-squares partials of each gradient arena into a new stats buffer (after its
-    loss and squared-norm slots), then their total; returns (stats buffer, the total's dispatch)."""
+    """Norm partials (two slots each) of each gradient arena into a new stats buffer
+    (after its loss and norm slots), then the norm; returns (stats buffer, the norm's dispatch)."""
     partials = [codegen.norm_partials(grp.elements) for grp in groups]
-    stats = b.new_buffer(4 * (2 + sum(partials)), "stats", ["loss, gradient norm"])
+    stats = b.new_buffer(4 * (2 + 2 * sum(partials)), "stats", ["loss, gradient norm"])
     slot = 2
     for gi, (grp, count) in enumerate(zip(groups, partials)):
         b.dispatch(codegen.sum_squares_kernel(grp.elements, slot), "train:sum_squares",
                    [b.whole(grp.gradient_buffer), b.whole(stats)], [READ, READ_WRITE], grp.elements,
                    group=gi, names=grp.parameters)
-        slot += count
+        slot += 2 * count
     total = b.dispatch(codegen.norm_total_kernel(sum(partials)), "train:norm_total", [b.whole(stats)],
                        [READ_WRITE], sum(partials), names=["gradient norm"])
     return stats, total

@@ -1,23 +1,30 @@
-// stats[1] = sum of the gradient-norm partials stats[2 .. 2 + count]: the squared
-// global gradient norm that clipping and the host read. One workgroup.
-// meta: [count]
+// stats[1] = the global gradient norm, from the partials (m, sum of (g / m)^2) of
+// sum_squares.wgsl at stats[2 ..]: with M the largest m, norm = M * sqrt(sum of
+// s * (m / M)^2), in range whatever the gradients' size. One workgroup; clipping reads
+// the norm, and so does the host.
+// meta: [partials]
 
 {{PRELUDE}}
 
 @group(0) @binding(1) var<storage, read_write> stats: array<f32>;
 
-var<workgroup> red: array<f32, 256>;
+{{WG_REDUCE}}
 
 @compute @workgroup_size(256)
-fn main(@builtin(local_invocation_id) lid: vec3<u32>) {
+fn main(@builtin(local_invocation_id) lid: vec3<u32>{{SG_ARGS}}) {
+{{SG_INIT}}
     let t = lid.x;
+    let count = m(0u);
+    var big = 0.0;
+    for (var i = t; i < count; i = i + 256u) { big = max(big, stats[2u + 2u * i]); }
+    big = wg_max(big, t);
     var s = 0.0;
-    for (var i = t; i < m(0u); i = i + 256u) { s = s + stats[2u + i]; }
-    red[t] = s;
-    workgroupBarrier();
-    for (var k = 128u; k > 0u; k = k >> 1u) {
-        if (t < k) { red[t] = red[t] + red[t + k]; }
-        workgroupBarrier();
+    if (big > 0.0 && is_finite_(big)) {
+        for (var i = t; i < count; i = i + 256u) {
+            let r = stats[2u + 2u * i] / big;
+            s = s + stats[3u + 2u * i] * r * r;
+        }
     }
-    if (t == 0u) { stats[1] = red[0]; }
+    s = wg_sum(s, t);
+    if (t == 0u) { stats[1] = select(big * sqrt(s), big, !is_finite_(big)); }
 }

@@ -1,4 +1,4 @@
-// Optimizer update of one parameter, in place, with no host round trip: the squared
+// Optimizer update of one parameter group, in place, with no host round trip: the
 // global gradient norm is stats[1] (norm_total.wgsl; slot 0 holds the step's loss), the
 // learning rate and bias corrections of this step come from `step`.
 // A non-finite loss or norm leaves the parameter and its state untouched, so a NaN
@@ -20,7 +20,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         @builtin(local_invocation_id) lid: vec3<u32>) {
     let i = flat_index(wg, nwg, lid, 256u);
     if (i >= m(0u)) { return; }
-    let norm = sqrt(stats[1]);
+    let norm = stats[1];
     let loss = stats[0];
     if (!is_finite_(loss) || !is_finite_(norm)) { return; }
     let clip = mf(9u);

@@ -275,3 +275,42 @@ def test_a_plan_the_device_cannot_run_is_refused(monkeypatch):
                         else real(limits, name))
     with pytest.raises(DeviceError, match="offsets aligned to 512 bytes; plans align them to 256"):
         Session(g, compile_plan(g))
+
+
+def test_gradient_norm_past_the_range_of_its_square():
+    """A norm of ~1e22 (audio-align's first step has 7.8e21) has a square past f32's
+    3.4e38: summed as plain squares it became inf and every step was skipped. The scaled
+    partials give the norm, clipping applies it, and the update matches the reference."""
+    g = Graph("huge-gradient")
+    x = g.input("x", [4, 300])
+    w = g.parameter("w", [300])
+    g.output("loss", g.mean(g.mul(g.sum(g.mul(x, w), axis=-1), g.constant(np.float32(1e20)))))
+    rng = np.random.default_rng(0)
+    params = {"w": rng.standard_normal(300).astype(np.float32)}
+    batch = {"x": rng.standard_normal((4, 300)).astype(np.float32)}
+    config = TrainConfig(optimizer="sgd", lr=0.1, clip_norm=1.0, steps=1)
+    gpu = Trainer(g, params, config, backend="gpu")
+    ref = Trainer(g, params, config, backend="reference")
+    gpu.step(batch)
+    ref.step(batch)
+    want = 1e20 * np.linalg.norm(batch["x"].astype(np.float64).mean(axis=0))
+    assert want ** 2 > np.finfo(np.float32).max
+    got = gpu.history.grad_norms[0]
+    assert abs(got - want) / want < 1e-5, (got, want)
+    assert np.allclose(gpu.params["w"], ref.params["w"], rtol=1e-5, atol=1e-6)
+    assert not np.array_equal(gpu.params["w"], params["w"])
+
+
+def test_audio_align_trains_on_the_gpu_like_the_reference():
+    """The default model's recipe on the GPU (its zero-initialised projector gives a
+    first gradient norm of ~1e21): the same losses and norms as the reference."""
+    model = models.create("audio-align", mel_len=16, seq=4, batch=2)
+    config = TrainConfig(**model.TRAIN_DEFAULTS, steps=3, batch_size=2, seed=0)
+    params = model.init_params(0)
+    loader = DataLoader(model.dataset(0), 2, shuffle=True, seed=0, drop_last=True)
+    batches = [b for epoch in range(3) for b in loader.batches(epoch)][:3]
+    gpu = Trainer(model.build(train=True), params, config, backend="gpu").fit(batches)
+    ref = Trainer(model.build(train=True), params, config, backend="reference").fit(batches)
+    assert ref.grad_norms[0] > 1e19
+    np.testing.assert_allclose(gpu.losses, ref.losses, rtol=1e-4)
+    np.testing.assert_allclose(gpu.grad_norms, ref.grad_norms, rtol=1e-4)
