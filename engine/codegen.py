@@ -422,11 +422,14 @@ def operand_fetch(strides, outer_extent: int, k_extent: int) -> str:
     return "outer-scalar" if s_outer <= s_k else "k-scalar"
 
 
-def _fetch_operand(name: str, fetch: str, tile: int, bk: int):
+def _fetch_operand(name: str, fetch: str, tile: int, bk: int, gather=None):
     """WGSL that fetches one operand's tile of ``tile`` x ``bk`` elements (256 threads):
     (per-thread index constants, register declarations, loads of step ``kb`` into the
     registers, the registers as (name, outer index, k index)). A vec4 register holds 4
-    elements consecutive along the axis ``fetch`` names."""
+    elements consecutive along the axis ``fetch`` names. ``gather(go, gk)`` (scalar
+    fetches only) replaces the strided address by (setup lines, validity, address) of
+    the element at outer index ``go``, k index ``gk``: an implicit-GEMM convolution
+    reads its im2col matrix this way, straight from the tensor."""
     p = _TILE_OPERANDS[name]
     vec = fetch.endswith("vec4")
     along_outer = fetch.startswith("outer")
@@ -448,8 +451,14 @@ def _fetch_operand(name: str, fetch: str, tile: int, bk: int):
         addr = f"{p['base']} + ({go}) * {p['s_outer']} + ({gk}) * {p['s_k']}"
         decl.append(f"    var {r} = {zero};")
         load.append(f"        {r} = {zero};")
-        load.append(f"        if ({go} < {p['extent']} && {gk} < K) "
-                    f"{{ {r} = {p['src']}[{'(' + addr + ') >> 2u' if vec else addr}]; }}")
+        if gather is not None:
+            setup, valid, where = gather("go", "gk")
+            load.append(f"        {{ let go = {go}; let gk = kb + {name}k{i};")
+            load += [f"          {line}" for line in setup]
+            load.append(f"          if ({valid}) {{ {r} = {p['src']}[{where}]; }} }}")
+        else:
+            load.append(f"        if ({go} < {p['extent']} && {gk} < K) "
+                        f"{{ {r} = {p['src']}[{'(' + addr + ') >> 2u' if vec else addr}]; }}")
         regs.append((r, f"{name}o{i}", f"{name}k{i}"))
     return consts, decl, load, regs
 
@@ -470,9 +479,10 @@ def _store_tiled(name: str, fetch: str, regs) -> list[str]:
     return out
 
 
-def _tiled_subs(preset: str, fetch_a: str, fetch_b: str) -> dict:
+def _tiled_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=None, lets=()) -> dict:
     """The generated parts of matmul_tiled.wgsl for a ``TILED`` preset and the given
-    operand fetches (see ``operand_fetch``)."""
+    operand fetches (see ``operand_fetch`` and ``_fetch_operand``); ``lets`` are extra
+    lines at the top of the kernel (values the gathers read)."""
     tm, tn, bk, unroll = TILED[preset]
     bm, bn = 16 * tm, 16 * tn
     gs, hs = range(tm // 4), range(tn // 4)
@@ -498,13 +508,14 @@ def _tiled_subs(preset: str, fetch_a: str, fetch_b: str) -> dict:
             for h in hs:
                 for j, x in enumerate("xyzw"):
                     store.append(f"    store(b, r{g}{i}, col0 + {64 * h + j}u + tx * 4u, c{g}{i}_{h}.{x});")
-    ca, da, la, ra = _fetch_operand("a", fetch_a, bm, bk)
-    cb, db, lb, rb = _fetch_operand("b", fetch_b, bn, bk)
+    ca, da, la, ra = _fetch_operand("a", fetch_a, bm, bk, gather_a)
+    cb, db, lb, rb = _fetch_operand("b", fetch_b, bn, bk, gather_b)
     sa, sb = _store_tiled("a", fetch_a, ra), _store_tiled("b", fetch_b, rb)
     return dict(BM=bm, BN=bn, BK=bk, TM=tm, TN=tn, AS=bm // 4 + 1, BS=bn // 4 + 1,
                 A_SLOTS=2 * bk * (bm // 4 + 1), B_SLOTS=2 * bk * (bn // 4 + 1),
                 ACC_DECL=decl, COMPUTE="\n".join(comp), STORE_OUT="\n".join(store),
-                LOAD_DECL="\n".join(ca + cb + da + db), LOAD="\n".join(la + lb), STORE="\n".join(sa + sb))
+                LOAD_DECL="\n".join([*lets, *ca, *cb, *da, *db]), LOAD="\n".join(la + lb),
+                STORE="\n".join(sa + sb))
 
 
 # ---------------------------------------------------------------- reductions
@@ -749,21 +760,126 @@ def _rope(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
                    grid_1d(-(-node.size // WG)))
 
 
-def _conv(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
-    x, w = graph[node.inputs[0]], graph[node.inputs[1]]
+# ---------------------------------------------------------------- convolution as implicit GEMM
+# Every convolution kernel is the tiled matmul with one or both operands gathered (the
+# im2col matrix is read straight from the tensor, zero where the window leaves it):
+#   conv:              out[n] (O x OH*OW)  = w (O x C*KH*KW)          @ im2col(x[n])
+#   conv_input_grad:   dx[n]  (C x H*W)    = w as (C x O*KH*KW)       @ windows of dout[n]
+#   conv_weight_grad:  dw     (O x C*KH*KW) = dout as (O x N*OH*OW)   @ im2col(x) over the batch
+# (1-d convolutions are 2-d ones of height 1). The direct kernels (one thread per output,
+# summing its window) ran at 0.2-1.9 TFLOP/s on the H100: whisper-tiny's conv2 input
+# gradient alone took 6.9 ms of a 25 ms training step.
+
+_CONV_WORDS = ("C", "O", "H", "W", "KH", "KW", "OH", "OW", "SH", "SW", "PH", "PW")
+
+
+def _conv_geometry(graph: Graph, node: Node) -> dict:
+    """The convolution's sizes (``_CONV_WORDS`` and the batch N), whichever op it is."""
     a = node.attrs
-    if node.op == "conv1d":
-        hw, k, out_sp = (1, x.shape[2]), (1, w.shape[2]), (1, node.shape[2])
-        stride, pad = (1, a["stride"][0]), (0, a["padding"][0])
+    if node.op in ("conv1d", "conv2d"):
+        x, w, out = graph[node.inputs[0]].shape, graph[node.inputs[1]].shape, node.shape
+    elif node.op == "conv_input_grad":
+        dout, w = graph[node.inputs[0]].shape, graph[node.inputs[1]].shape
+        x, out = tuple(a["input_shape"]), dout
     else:
-        hw, k, out_sp = x.shape[2:], w.shape[2:], node.shape[2:]
-        stride, pad = tuple(a["stride"]), tuple(a["padding"])
-    meta = [node.size, x.shape[1], w.shape[0], *hw, *k, *out_sp, *stride, *pad]
-    has_bias = len(node.inputs) == 3
-    names = ["x", "w"] + (["bias"] if has_bias else [])
-    return _finish(f"conv:{node.op}", "conv", "conv.wgsl", names, ["f32"] * len(names), "f32", meta,
-                   grid_1d(-(-node.size // WG)),
-                   BIAS=" + bias[(idx / (OW * OH)) % O]" if has_bias else "")
+        x, dout = graph[node.inputs[0]].shape, graph[node.inputs[1]].shape
+        w, out = (dout[1], x[1], *a["kernel"]), dout
+    one_d = len(x) == 3
+    lift = (lambda t, height=1: (height, *t)) if one_d else (lambda t, height=1: tuple(t))
+    (h, wd), (kh, kw), (oh, ow) = lift(x[2:]), lift(w[2:]), lift(out[2:])
+    (sh, sw), (ph, pw) = lift(a["stride"]), lift(a["padding"], height=0)
+    return dict(N=x[0], C=x[1], O=w[0], H=h, W=wd, KH=kh, KW=kw, OH=oh, OW=ow, SH=sh, SW=sw, PH=ph, PW=pw)
+
+
+def _window(go_pos: str, r: str) -> tuple[str, str]:
+    """(input row, input column) as i32 of output position ``go_pos`` and kernel tap ``r``."""
+    return (f"i32(({go_pos} / cv_OW) * cv_SH + {r} / cv_KW) - i32(cv_PH)",
+            f"i32(({go_pos} % cv_OW) * cv_SW + {r} % cv_KW) - i32(cv_PW)")
+
+
+def _inside(iy: str, ix: str) -> str:
+    return f"{iy} >= 0 && {iy} < i32(cv_H) && {ix} >= 0 && {ix} < i32(cv_W)"
+
+
+def _im2col_forward(go, gk):
+    """B of the forward conv: k = (c, ky, kx), outer = output position of batch b."""
+    iy, ix = _window(go, f"{gk} % (cv_KH * cv_KW)")
+    return ([f"let iy = {iy};", f"let ix = {ix};"],
+            f"{go} < N && {gk} < K && {_inside('iy', 'ix')}",
+            f"b0 + ({gk} / (cv_KH * cv_KW) * cv_H + u32(iy)) * cv_W + u32(ix)")
+
+
+def _weights_by_channel(go, gk):
+    """A of the input gradient: w[o, c, ky, kx] at row c, k = (o, ky, kx)."""
+    return ([], f"{go} < M && {gk} < K",
+            f"({gk} / (cv_KH * cv_KW) * cv_C + {go}) * cv_KH * cv_KW + {gk} % (cv_KH * cv_KW)")
+
+
+def _dout_windows(go, gk):
+    """B of the input gradient: the dout element that tap (o, ky, kx) of input position
+    ``go`` received, where the stride lets one."""
+    return ([f"let r = {gk} % (cv_KH * cv_KW);",
+             f"let ty = i32({go} / cv_W + cv_PH) - i32(r / cv_KW);",
+             f"let tx = i32({go} % cv_W + cv_PW) - i32(r % cv_KW);"],
+            f"{go} < N && {gk} < K && ty >= 0 && tx >= 0 && u32(ty) % cv_SH == 0u && u32(tx) % cv_SW == 0u "
+            f"&& u32(ty) / cv_SH < cv_OH && u32(tx) / cv_SW < cv_OW",
+            f"b0 + ({gk} / (cv_KH * cv_KW) * cv_OH + u32(ty) / cv_SH) * cv_OW + u32(tx) / cv_SW")
+
+
+def _dout_rows(go, gk):
+    """A of the weight gradient: dout[n, o, oy, ox] at row o, k = (n, oy, ox)."""
+    return ([], f"{go} < M && {gk} < K",
+            f"({gk} / (cv_OH * cv_OW) * cv_O + {go}) * cv_OH * cv_OW + {gk} % (cv_OH * cv_OW)")
+
+
+def _im2col_batch(go, gk):
+    """B of the weight gradient: k = (n, oy, ox), outer = (c, ky, kx)."""
+    iy, ix = _window(f"({gk} % (cv_OH * cv_OW))", f"({go} % (cv_KH * cv_KW))")
+    return ([f"let iy = {iy};", f"let ix = {ix};"],
+            f"{go} < N && {gk} < K && {_inside('iy', 'ix')}",
+            f"(({gk} / (cv_OH * cv_OW) * cv_C + {go} / (cv_KH * cv_KW)) * cv_H + u32(iy)) * cv_W + u32(ix)")
+
+
+def _conv(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    """Any convolution op as an implicit GEMM on the tiled matmul kernel."""
+    g = _conv_geometry(graph, node)
+    taps, spatial_in, spatial_out = g["KH"] * g["KW"], g["H"] * g["W"], g["OH"] * g["OW"]
+    words = lambda batch_stride, s_row, s_col: [batch_stride, s_row, s_col]   # BR = 1: one batch stride
+    if node.op == "conv_input_grad":
+        m_, n_, k_, nbatch = g["C"], spatial_in, g["O"] * taps, g["N"]
+        ops = words(0, 0, 0) + words(g["O"] * spatial_out, 0, 0)
+        fetch_a, gather_a, fetch_b, gather_b = "k-scalar", _weights_by_channel, "outer-scalar", _dout_windows
+    elif node.op == "conv_weight_grad":
+        m_, n_, k_, nbatch = g["O"], g["C"] * taps, g["N"] * spatial_out, 1
+        ops = words(0, 0, 0) + words(0, 0, 0)
+        fetch_a, gather_a, fetch_b, gather_b = "k-scalar", _dout_rows, "outer-scalar", _im2col_batch
+    else:
+        m_, n_, k_, nbatch = g["O"], spatial_out, g["C"] * taps, g["N"]
+        ops = words(0, k_, 1) + words(g["C"] * spatial_in, 0, 0)
+        fetch_a, gather_a = operand_fetch([0, k_, 1], m_, k_), None
+        fetch_b, gather_b = "outer-scalar", _im2col_forward
+    has_bias = node.op in ("conv1d", "conv2d") and len(node.inputs) == 3
+    epilogue = ["    v = v + add_in[row];"] if has_bias else []
+    meta = [m_, n_, k_, nbatch, 0, nbatch] + ops
+    lets = [f"    let cv_{w} = m({len(meta) + i}u);" for i, w in enumerate(_CONV_WORDS)]
+    meta += [g[w] for w in _CONV_WORDS]
+    # bindings follow the node's inputs: B (x or dout) comes first in all three ops
+    names = ["b_in", "a_in"] + (["add_in"] if has_bias else [])
+    types = ["f32", "vec4<f32>" if fetch_a.endswith("vec4") else "f32"] + (["f32"] if has_bias else [])
+    preset = matmul_variant(m_, n_, nbatch)
+    preset = "64" if preset == "simple" else preset
+    tile_m, tile_n = _tile_of(preset)
+    grid = (-(-n_ // tile_n), -(-m_ // tile_m), nbatch)
+    if max(grid) > MAX_WORKGROUPS:
+        raise DeviceError(f"{graph.format_node(node)}: convolution grid {grid} exceeds {MAX_WORKGROUPS} "
+                          f"workgroups per dimension")
+    k = _finish(f"conv:{node.op}", "conv", "matmul_tiled.wgsl", names, types, "f32", meta, grid,
+                BR=1, OPERANDS=_render("matmul_operands.wgsl", ACTIVATION="x"), EPILOGUE="\n".join(epilogue),
+                **_tiled_subs(preset, fetch_a, fetch_b, gather_a, gather_b, lets))
+    tm, tn, _, _ = TILED[preset]
+    k.notes["variant"] = f"implicit GEMM {m_}x{n_}x{k_}, {tile_m}x{tile_n} tile, {tm}x{tn}/thread"
+    k.guarded = True
+    return k
 
 
 ATTENTION_BLOCK = 32   # queries and keys per block of attention_tiled.wgsl (fixed by its thread layout)
@@ -901,61 +1017,6 @@ def _embedding_grad(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Ker
                    "f32", meta, grid_1d(-(-node.size // WG)))
 
 
-_CONV_GRAD_MODES = {
-    "conv_input_grad": """    let ix = idx % W;
-    let iy = (idx / W) % H;
-    let c = (idx / (W * H)) % C;
-    let n = idx / (W * H * C);
-    for (var o = 0u; o < O; o = o + 1u) {
-        for (var ky = 0u; ky < KH; ky = ky + 1u) {
-            let py = i32(iy + PH) - i32(ky);
-            if (py < 0 || u32(py) % SH != 0u || u32(py) / SH >= OH) { continue; }
-            for (var kx = 0u; kx < KW; kx = kx + 1u) {
-                let px = i32(ix + PW) - i32(kx);
-                if (px < 0 || u32(px) % SW != 0u || u32(px) / SW >= OW) { continue; }
-                acc = acc + dout[((n * O + o) * OH + u32(py) / SH) * OW + u32(px) / SW]
-                          * w[((o * C + c) * KH + ky) * KW + kx];
-            }
-        }
-    }""",
-    "conv_weight_grad": """    let kx = idx % KW;
-    let ky = (idx / KW) % KH;
-    let c = (idx / (KW * KH)) % C;
-    let o = idx / (KW * KH * C);
-    for (var n = 0u; n < N; n = n + 1u) {
-        for (var oy = 0u; oy < OH; oy = oy + 1u) {
-            let iy = i32(oy * SH + ky) - i32(PH);
-            if (iy < 0 || iy >= i32(H)) { continue; }
-            for (var ox = 0u; ox < OW; ox = ox + 1u) {
-                let ix = i32(ox * SW + kx) - i32(PW);
-                if (ix < 0 || ix >= i32(W)) { continue; }
-                acc = acc + dout[((n * O + o) * OH + oy) * OW + ox]
-                          * x[((n * C + c) * H + u32(iy)) * W + u32(ix)];
-            }
-        }
-    }""",
-}
-
-
-def _conv_grad(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
-    a = node.attrs
-    if node.op == "conv_input_grad":
-        dout, w = graph[node.inputs[0]], graph[node.inputs[1]]
-        xshape, kernel, names = tuple(a["input_shape"]), w.shape[2:], ["dout", "w"]
-    else:
-        x, dout = graph[node.inputs[0]], graph[node.inputs[1]]
-        xshape, kernel, names = x.shape, tuple(a["kernel"]), ["x", "dout"]
-    one_d = len(xshape) == 3
-    hw = (1, xshape[2]) if one_d else xshape[2:]
-    k = (1, kernel[0]) if one_d else tuple(kernel)
-    out_sp = (1, dout.shape[2]) if one_d else dout.shape[2:]
-    stride = (1, a["stride"][0]) if one_d else tuple(a["stride"])
-    pad = (0, a["padding"][0]) if one_d else tuple(a["padding"])
-    meta = [node.size, xshape[0], xshape[1], dout.shape[1], *hw, *k, *out_sp, *stride, *pad]
-    return _finish(f"conv:{node.op}", "conv", "conv_grad.wgsl", names, ["f32", "f32"], "f32", meta,
-                   grid_1d(-(-node.size // WG)), MODE=_CONV_GRAD_MODES[node.op])
-
-
 # ---------------------------------------------------------------- dispatch table
 
 _BUILDERS = {}
@@ -977,7 +1038,7 @@ _BUILDERS["attention"] = _attention
 for _op in _ROW_KERNELS:
     _BUILDERS[_op] = _row_kernel
 _BUILDERS["embedding_grad"] = _embedding_grad
-_BUILDERS["conv_input_grad"] = _BUILDERS["conv_weight_grad"] = _conv_grad
+_BUILDERS["conv_input_grad"] = _BUILDERS["conv_weight_grad"] = _conv
 
 
 def supported_ops() -> list[str]:

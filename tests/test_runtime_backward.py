@@ -55,18 +55,23 @@ def test_embedding_grad_sums_repeated_ids():
                      "ids": rng.integers(0, 7, (2, 9)).astype(np.int32)})
 
 
-@pytest.mark.parametrize("dims,stride,padding", [(1, (2,), (1,)), (1, (1,), (0,)), (2, (2, 1), (1, 0))])
-def test_conv_gradients(dims, stride, padding):
+@pytest.mark.parametrize("dims,stride,padding,wide", [(1, (2,), (1,), False), (1, (1,), (0,), False),
+                                                      (2, (2, 1), (1, 0), False), (1, (2,), (1,), True)])
+def test_conv_gradients(dims, stride, padding, wide):
+    """The convolution kernels are implicit GEMMs: ``wide`` spans several tiles and K
+    steps of the matmul kernel in every one of them (whisper's conv2 in miniature)."""
     g = Graph("conv-grad")
-    xs = [2, 3, 11] if dims == 1 else [2, 3, 9, 7]
-    ws = [5, 3, 3] if dims == 1 else [5, 3, 3, 2]
+    xs = ([2, 20, 150] if wide else [2, 3, 11]) if dims == 1 else [2, 3, 9, 7]
+    ws = ([70, 20, 3] if wide else [5, 3, 3]) if dims == 1 else [5, 3, 3, 2]
     x = g.input("x", xs)
     w = g.parameter("w", ws)
     y = g.apply(f"conv{dims}d", x, w, stride=stride, padding=padding)
     d = g.input("d", g.shape(y))
     g.output("dx", g.apply("conv_input_grad", d, w, stride=stride, padding=padding, input_shape=tuple(xs)))
     g.output("dw", g.apply("conv_weight_grad", x, d, stride=stride, padding=padding, kernel=tuple(ws[2:])))
-    check(g)
+    g.output("y", y)
+    s = check(g)
+    assert all(d.variant.startswith("implicit GEMM") for d in s.plan.dispatches)
 
 
 @pytest.mark.parametrize("activation", ["none", "silu"])
