@@ -578,33 +578,45 @@ def _row_reduce(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
                    "f32", [rows, n, f32_bits(eps)], grid_1d(rows), caps, MODE=_ROW_MODES[node.op])
 
 
-# cross_entropy with subgroups: each subgroup takes a row at a time and its lanes split
-# the row's C logits (one thread per row left most lanes idle and ran 0.27 ms for
-# gpt-tiny's 2048 x 257 on an H100).
-_CROSS_ENTROPY_SUBGROUPS = """    let rows = m(0u);
-    let C = m(1u);
-    let ignore = mi(2u);
-    var loss = 0.0;
-    var cnt = 0.0;
-    for (var r = sg_id_; r < rows; r = r + sg_count_) {
-        let label = labels[r];
-        if (label == ignore) { continue; }
-        let base = r * C;
-        var mx = -3.4028235e38;
-        for (var i = sg_lane_; i < C; i = i + sg_size_) { mx = max(mx, logits[base + i]); }
-        mx = subgroupMax(mx);
-        var s = 0.0;
-        for (var i = sg_lane_; i < C; i = i + sg_size_) { s = s + exp(logits[base + i] - mx); }
-        s = subgroupAdd(s);
-        if (sg_lane_ == 0u) {
-            let li = u32(clamp(label, 0, i32(C) - 1));
-            loss = loss + mx + log(s) - logits[base + li];
-            cnt = cnt + 1.0;
-        }
+def _flat_loss(term: str) -> str:
+    """A loss that is the mean of ``term`` (a WGSL expression of element ``i``) over
+    every element: four independent partial sums per thread keep four loads in flight
+    (one workgroup does the whole tensor, so its loop is latency-bound)."""
+    four = "\n".join(f"        {{ let i = j + {256 * u}u; s{u} = s{u} + {term}; }}" for u in range(4))
+    return f"""    let total = m(1u);
+    var s0 = 0.0; var s1 = 0.0; var s2 = 0.0; var s3 = 0.0;
+    var j = t;
+    for (; j + 768u < total; j = j + 1024u) {{
+{four}
+    }}
+    for (; j < total; j = j + 256u) {{ let i = j; s0 = s0 + {term}; }}
+    let s = wg_sum((s0 + s1) + (s2 + s3), t);
+    if (t == 0u) {{ out[0] = s / f32(total); }}"""
+
+
+# Module-level helpers of the losses over rows of logits (the others have no logits).
+_ROW_LOGIT_HELPERS = """// The max and the sum of exp(x - mx) over one row of C logits, four elements at a time
+// (independent partials: more loads in flight in this latency-bound, one-workgroup loop).
+fn row_max(base: u32, C: u32) -> f32 {
+    var a = vec4<f32>(-3.4028235e38);
+    var i = 0u;
+    for (; i + 3u < C; i = i + 4u) {
+        a = max(a, vec4<f32>(logits[base + i], logits[base + i + 1u], logits[base + i + 2u], logits[base + i + 3u]));
     }
-    loss = wg_sum(loss, t);
-    cnt = wg_sum(cnt, t);
-    if (t == 0u) { out[0] = loss / max(cnt, 1.0); }"""
+    for (; i < C; i = i + 1u) { a.x = max(a.x, logits[base + i]); }
+    return max(max(a.x, a.y), max(a.z, a.w));
+}
+
+fn row_exp_sum(base: u32, C: u32, mx: f32) -> f32 {
+    var a = vec4<f32>(0.0);
+    var i = 0u;
+    for (; i + 3u < C; i = i + 4u) {
+        a = a + exp(vec4<f32>(logits[base + i], logits[base + i + 1u], logits[base + i + 2u],
+                              logits[base + i + 3u]) - mx);
+    }
+    for (; i < C; i = i + 1u) { a.x = a.x + exp(logits[base + i] - mx); }
+    return (a.x + a.y) + (a.z + a.w);
+}"""
 
 _LOSS_MODES = {
     "cross_entropy": """    let rows = m(0u);
@@ -616,10 +628,8 @@ _LOSS_MODES = {
         let label = labels[r];
         if (label == ignore) { continue; }
         let base = r * C;
-        var mx = -3.4028235e38;
-        for (var i = 0u; i < C; i = i + 1u) { mx = max(mx, logits[base + i]); }
-        var s = 0.0;
-        for (var i = 0u; i < C; i = i + 1u) { s = s + exp(logits[base + i] - mx); }
+        let mx = row_max(base, C);
+        let s = row_exp_sum(base, C, mx);
         let li = u32(clamp(label, 0, i32(C) - 1));
         loss = loss + mx + log(s) - logits[base + li];
         cnt = cnt + 1.0;
@@ -632,8 +642,7 @@ _LOSS_MODES = {
     var loss = 0.0;
     for (var r = t; r < rows; r = r + 256u) {
         let base = r * C;
-        var mx = -3.4028235e38;
-        for (var i = 0u; i < C; i = i + 1u) { mx = max(mx, logits[base + i]); }
+        let mx = row_max(base, C);
         var s = 0.0;
         var ts = 0.0;
         var tl = 0.0;
@@ -646,19 +655,8 @@ _LOSS_MODES = {
     }
     loss = wg_sum(loss, t);
     if (t == 0u) { out[0] = loss / f32(max(rows, 1u)); }""",
-    "bce_loss": """    let total = m(1u);
-    var s = 0.0;
-    for (var i = t; i < total; i = i + 256u) {
-        let z = logits[i];
-        s = s + max(z, 0.0) - z * tgt[i] + log(1.0 + exp(-abs(z)));
-    }
-    s = wg_sum(s, t);
-    if (t == 0u) { out[0] = s / f32(total); }""",
-    "mse_loss": """    let total = m(1u);
-    var s = 0.0;
-    for (var i = t; i < total; i = i + 256u) { let d = pred[i] - tgt[i]; s = s + d * d; }
-    s = wg_sum(s, t);
-    if (t == 0u) { out[0] = s / f32(total); }""",
+    "bce_loss": _flat_loss("max(logits[i], 0.0) - logits[i] * tgt[i] + log(1.0 + exp(-abs(logits[i])))"),
+    "mse_loss": _flat_loss("(pred[i] - tgt[i]) * (pred[i] - tgt[i])"),
 }
 
 
@@ -675,11 +673,8 @@ def _loss(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     else:
         meta = [1, x.size, 0]
         names, types = (["logits", "tgt"] if node.op == "bce_loss" else ["pred", "tgt"]), ["f32", "f32"]
-    mode = _LOSS_MODES[node.op]
-    if node.op == "cross_entropy" and caps.subgroups:
-        mode = _CROSS_ENTROPY_SUBGROUPS
     return _finish(f"loss:{node.op}", "reduction", "loss.wgsl", names, types, "f32", meta, (1, 1, 1),
-                   caps, MODE=mode)
+                   caps, MODE=_LOSS_MODES[node.op], HELPERS=_ROW_LOGIT_HELPERS if "logits" in names else "")
 
 
 def _sum_to(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:

@@ -9,6 +9,8 @@
 
 {{WG_REDUCE}}
 
+{{HELPERS}}
+
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>{{SG_ARGS}}) {
 {{SG_INIT}}

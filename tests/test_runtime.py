@@ -285,6 +285,11 @@ def test_losses(caps):
     g.output("ce", g.cross_entropy_loss(logits, labels))
     g.output("ce_ign", g.cross_entropy_loss(logits, labels3, ignore_index=3))
     g.output("mse", g.mse_loss(pred, target))
+    # past 1024 elements: the flat losses' four-way unrolled loop and its remainder
+    big, big_target = g.input("big", [37, 61]), g.input("big_target", [37, 61])
+    g.output("mse_big", g.mse_loss(big, big_target))
+    g.output("bce_big", g.bce_loss(big, g.sigmoid(big_target)))
+    g.output("soft_ce", g.apply("soft_cross_entropy", wide, g.softmax(g.input("soft", [3, 70, 300]))))
     rng = np.random.default_rng(4)
     lab = rng.integers(0, 11, (3, 7)).astype(np.int32)
     lab[0, :4] = -100
@@ -294,7 +299,9 @@ def test_losses(caps):
     labels_wide[2, 5:9] = -100
     inputs = {"logits": rng.standard_normal((3, 7, 11)) * 3, "labels": lab, "labels3": lab3,
               "pred": rng.standard_normal((5, 13)), "target": rng.standard_normal((5, 13)),
-              "logits_wide": rng.standard_normal((3, 70, 300)) * 3, "labels_wide": labels_wide}
+              "logits_wide": rng.standard_normal((3, 70, 300)) * 3, "labels_wide": labels_wide,
+              "big": rng.standard_normal((37, 61)) * 3, "big_target": rng.standard_normal((37, 61)),
+              "soft": rng.standard_normal((3, 70, 300))}
     s = check(g, inputs, {}, capabilities=caps)
     paths = {d.variant for d in s.plan.dispatches if d.kernel == "cross_entropy"}
     assert paths == {"subgroup reduction" if caps.subgroups else "workgroup-memory reduction"}
