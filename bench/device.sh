@@ -8,5 +8,5 @@ for f in .gl/*.deb; do dpkg -x "$f" /; done
 ldconfig
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-if ! ldconfig -p | grep -q libvulkan; then echo "device.sh: no Vulkan loader" >&2; exit 1; fi
+if ! ldconfig -p | grep libvulkan >/dev/null; then echo "device.sh: no Vulkan loader" >&2; exit 1; fi
 exec "$@"
