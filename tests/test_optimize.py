@@ -454,3 +454,14 @@ def test_optimize_in_a_thread_frees_the_egraph_there():
     finally:
         threading.excepthook = old
     assert not errors
+
+
+def test_optimize_frees_the_egraph_without_a_full_collection(monkeypatch):
+    """A gc.collect() on the Studio's optimizer thread finalized the GUI thread's garbage
+    (Qt objects) there and deadlocked against the main thread at window close; the
+    EGraph is freed by dropping its last reference instead."""
+    import gc
+    calls = []
+    monkeypatch.setattr(gc, "collect", lambda *a: calls.append(a) or 0)
+    optimize(matmul_bias(False))
+    assert calls == []
