@@ -439,6 +439,7 @@ def test_rule_nodes_point_at_the_nodes_a_rule_produced():
     assert all(o[i].op == "pointwise" for i in rep.rule_nodes.get("pointwise_dag", []))
 
 
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 def test_optimize_in_a_thread_frees_the_egraph_there():
     """egglog's EGraph may only be dropped on the thread that made it."""
     import gc

@@ -8,9 +8,7 @@ pointwise nodes, and returns the new Graph with an ``OptimizeReport``.
 
 from __future__ import annotations
 
-import gc
 import time
-import weakref
 from collections import defaultdict
 
 from ..errors import GraphError
@@ -37,15 +35,8 @@ def optimize(graph: Graph, *, max_iterations: int = 30, node_limit: int = 500_00
     phases["saturate"] = time.perf_counter() - t
     t = time.perf_counter()
     classes, refs = egraph.read_egraph(eg)
-    # egglog's EGraph is "unsendable": free it here, on the thread that made it (a
-    # collection on another thread, the GUI's, that finds it panics). Dropping the last
-    # reference frees it (egglog 13.2 leaves no cycles); collect only where it did not, as
-    # a collection on a worker thread also finalizes other threads' garbage (Qt objects:
-    # that deadlocked the Studio against its main thread).
-    alive = weakref.ref(eg)
+    egraph.free(eg)
     del eg
-    if alive() is not None:
-        gc.collect()
     ex = egraph.Extractor(tr, classes, refs)
     ex.run()
     phases["extract"] = time.perf_counter() - t

@@ -11,6 +11,7 @@ cost of ``cost.py``; every loop is iterative, so depth costs nothing.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import json
 import math
@@ -236,6 +237,21 @@ class ENode:
 
     def children(self):
         return [a for kind, a in self.args if kind == "c"]
+
+
+def free(eg) -> None:
+    """Free egglog's native e-graph now, on this thread. It is "unsendable": dropped on
+    another thread it panics. Its Python state sits in reference cycles (closures of the
+    functions egglog made), so it would be freed by whichever thread's collection found
+    it: the Studio's GUI thread. Dropping the state's reference to the native object
+    frees it here; where egglog keeps it elsewhere, a collection on this thread does
+    (which also finalizes other threads' garbage: on the Studio's worker that deadlocked
+    against the main thread, hence not by default)."""
+    state = getattr(eg, "_state", None)
+    if state is not None and hasattr(state, "egraph"):
+        state.egraph = None
+    else:
+        gc.collect()
 
 
 def read_egraph(eg: EGraph):
