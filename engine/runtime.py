@@ -316,14 +316,15 @@ class Session:
                 cp.end()
             return
         cp = encoder.begin_compute_pass(label=label)
-        for i in positions:
-            pipeline, bind_group, (x, y, z) = steps[i]
-            if timestamps is not None:
+        if timestamps is None:
+            _dispatch_raw(cp, steps, positions)
+        else:
+            for i in positions:
+                pipeline, bind_group, (x, y, z) = steps[i]
                 timestamps.write(cp, i, 0)
-            cp.set_pipeline(pipeline)
-            cp.set_bind_group(0, bind_group)
-            cp.dispatch_workgroups(x, y, z)
-            if timestamps is not None:
+                cp.set_pipeline(pipeline)
+                cp.set_bind_group(0, bind_group)
+                cp.dispatch_workgroups(x, y, z)
                 timestamps.write(cp, i, 1)
         cp.end()
 
@@ -353,6 +354,23 @@ class Session:
             raise MeganeuraError(f"graph {self.graph.name!r} has no {name!r} output")
         with device_guard("reading the loss", self.device):
             return float(self.read_output(name).reshape(-1)[0])
+
+
+def _dispatch_raw(compute_pass, steps, positions) -> None:
+    """``steps[i]`` for each ``i`` in ``positions``, recorded through wgpu-native's C
+    functions directly: wgpu-py's wrappers cost ~2 us a call here (and a dispatch takes
+    three), the driver's part is the rest. Nothing is lost: a pass's validation errors
+    are deferred to its end(), which still goes through wgpu-py."""
+    from wgpu.backends.wgpu_native._api import ffi, lib
+    handle, null = compute_pass._internal, ffi.NULL
+    set_pipeline = lib.wgpuComputePassEncoderSetPipeline
+    set_bind_group = lib.wgpuComputePassEncoderSetBindGroup
+    dispatch = lib.wgpuComputePassEncoderDispatchWorkgroups
+    for i in positions:
+        pipeline, bind_group, (x, y, z) = steps[i]
+        set_pipeline(handle, pipeline._internal)
+        set_bind_group(handle, 0, bind_group._internal, 0, null)
+        dispatch(handle, x, y, z)
 
 
 def build_inference_session(graph: Graph, plan: ExecutionPlan | None = None, share_with: Session | None = None,

@@ -565,3 +565,18 @@ def test_the_lost_process_device_is_forgotten(monkeypatch):
     assert device_mod._device is lost
     device_mod.forget_device(lost)
     assert device_mod._device is None
+
+
+def test_dispatches_recorded_raw_still_report_validation_errors():
+    """Session.record calls wgpu-native's dispatch functions directly (wgpu-py's wrappers
+    cost ~2 us each); a bad dispatch must still raise when the pass's commands finish."""
+    g = Graph("raw")
+    x = g.input("x", [8])
+    g.output("y", g.exp(x))
+    s = build_inference_session(g, optimize=False)
+    s.set_input("x", np.zeros(8, np.float32))
+    s.run()
+    pipeline, bind_group, _ = s._steps[0]
+    s._steps[0] = (pipeline, bind_group, (70000, 1, 1))   # over the 65535 workgroups per dimension
+    with pytest.raises(Exception, match="65535"):
+        s.run()
