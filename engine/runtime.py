@@ -11,7 +11,9 @@ submits once. Reading an output (``queue.read_buffer``) is the only wait.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import os
 import time
 from typing import Mapping
 
@@ -164,6 +166,7 @@ class Session:
             label="meta", size=blob.nbytes, usage=self._wgpu.BufferUsage.UNIFORM | self._wgpu.BufferUsage.COPY_DST)
         self.device.queue.write_buffer(self.meta_buffer, 0, blob)
         self._pipelines: dict[str, tuple] = {}
+        self._build_pipelines()
         self._steps = []
         self.step_dispatches: list[int] = []  # plan dispatch index of each entry of _steps
         for d, off in zip(self.plan.dispatches, offsets):
@@ -184,6 +187,18 @@ class Session:
         self._transfers_after: dict[int, list[Transfer]] = {}
         for t in self.plan.transfers:
             self._transfers_after.setdefault(position[t.after], []).append(t)
+
+    def _build_pipelines(self) -> None:
+        """Every kernel of the plan not built on this device yet, built on several threads:
+        the driver's shader compiler is most of a session's build time (tens of kernels,
+        each tens of ms on NVIDIA), and wgpu-native compiles pipelines concurrently
+        (wgpu-py releases the GIL in its calls and keeps its error capture per thread)."""
+        missing = [(key, k) for key, k in self.plan.kernels.items()
+                   if (id(self.device), key) not in _PIPELINES]
+        workers = min(len(missing), os.cpu_count() or 1, 8)
+        if workers > 1:
+            with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+                list(pool.map(lambda item: self._pipeline(*item), missing))
 
     def _pipeline(self, key: str, kernel: KernelSource):
         hit = self._pipelines.get(key) or _PIPELINES.get((id(self.device), key))
