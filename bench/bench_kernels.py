@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
 
-from bench_vs_torch import TorchTimer, adapter_desc, fmt, log  # noqa: E402
+from bench_vs_torch import TorchTimer, adapter_desc, fmt, log, markdown_table  # noqa: E402
 from engine import codegen  # noqa: E402
 from engine.device import adapter_info, get_device, shader_checks  # noqa: E402
 from engine import reference  # noqa: E402
@@ -162,13 +162,8 @@ def attention_rows(cases, steps, rng, timer):
 
 
 def print_rows(title, cols, rows):
-    widths = [max(len(c), *(len(str(r[i])) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
-    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
     print(f"\n{title}")
-    print(line(cols))
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for r in rows:
-        print(line(r))
+    print(markdown_table(cols, rows))
     sys.stdout.flush()
 
 

@@ -299,15 +299,18 @@ def print_table(rows, torch_desc, adapter):
         data.append([r["name"], fmt(r["ours"], " " + r["unit"]), fmt(r.get("torch"), " " + r["unit"]),
                      fmt(ratio), fmt(r.get("ours_tf")), fmt(r.get("torch_tf")), fmt(r.get("tf32")),
                      r.get("note", "")])
-    widths = [max(len(c), *(len(d[i]) for d in data)) for i, c in enumerate(cols)]
-    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
     print(f"ours: {adapter}")
     print(f"torch: {torch_desc}")
-    print(line(cols))
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for d in data:
-        print(line(d))
+    print(markdown_table(cols, data))
     sys.stdout.flush()
+
+
+def markdown_table(cols, rows) -> str:
+    """A Markdown table with padded columns (the form docs/benchmarks.md keeps)."""
+    rows = [[str(c) for c in r] for r in rows]
+    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+    return "\n".join([line(cols), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
 
 
 def adapter_desc():
