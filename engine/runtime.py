@@ -39,7 +39,7 @@ def _fmt_bytes(n: int) -> str:
 
 def device_capabilities(device=None) -> codegen.Capabilities:
     """The capabilities plans for ``device`` (default: the process's) are compiled with:
-    every feature it offers, f32 matmuls."""
+    every feature of it that a kernel path uses."""
     return codegen.Capabilities.from_features((device if device is not None else get_device()).features)
 
 
