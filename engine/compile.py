@@ -452,9 +452,7 @@ def _schedule_graph(b: _PlanBuilder, pinned_roots: set[int]) -> int:
                 b.place(n.id, best)
             else:
                 b.place(n.id, b.new_buffer(size, "intermediate"))
-        kernel = codegen.kernel_for(g, n, b.caps)
-        slots = [b.slot_of(i) for i in n.inputs] + [b.slot_of(n.id)]
-        b.dispatch(kernel, _kernel_name(g, n), slots, [READ] * len(n.inputs) + [READ_WRITE], n.size, nodes=[n.id])
+        _dispatch_node(b, n)
         for i in set(n.inputs):
             r = root[i]
             if r not in pinned_roots and last_use.get(r) == step and r in b.storage:
@@ -462,6 +460,21 @@ def _schedule_graph(b: _PlanBuilder, pinned_roots: set[int]) -> int:
         if n.id not in pinned_roots and n.id not in last_use:
             free.append(b.storage[n.id][0])
     return without_reuse
+
+
+def _dispatch_node(b: _PlanBuilder, n) -> None:
+    """The dispatch that computes node ``n``; for a kernel with a finishing stage (a
+    reduction spread over many workgroups), two: into a scratch buffer, then from it."""
+    kernel = codegen.kernel_for(b.graph, n, b.caps)
+    name, inputs = _kernel_name(b.graph, n), [b.slot_of(i) for i in n.inputs]
+    reads = [READ] * len(inputs)
+    if kernel.finish is None:
+        b.dispatch(kernel, name, inputs + [b.slot_of(n.id)], reads + [READ_WRITE], n.size, nodes=[n.id])
+        return
+    scratch = b.whole(b.new_buffer(4 * kernel.partials, "intermediate", [f"{name} partials"]))
+    b.dispatch(kernel, name, inputs + [scratch], reads + [READ_WRITE], kernel.partials, nodes=[n.id])
+    b.dispatch(kernel.finish, f"{name}:total", [scratch, b.slot_of(n.id)], [READ, READ_WRITE], n.size,
+               nodes=[n.id])
 
 
 # ---------------------------------------------------------------- the optimizer step

@@ -307,6 +307,25 @@ def test_losses(caps):
     assert paths == {"subgroup reduction" if caps.subgroups else "workgroup-memory reduction"}
 
 
+def test_losses_spread_over_workgroups_then_total():
+    """A loss is two dispatches: per-row (or per-4096-element chunk) partials over many
+    workgroups, then their total; rows and ragged chunks both reach the mean."""
+    g = Graph("loss-stages")
+    logits = g.input("logits", [3000, 20])
+    labels = g.input("labels", [3000], dtype="i32")
+    g.output("ce", g.cross_entropy_loss(logits, labels))
+    g.output("mse", g.mse_loss(g.input("p", [10001]), g.input("q", [10001])))
+    rng = np.random.default_rng(7)
+    lab = rng.integers(0, 20, 3000).astype(np.int32)
+    lab[::7] = -100
+    s = check(g, {"logits": rng.standard_normal((3000, 20)) * 2, "labels": lab,
+                  "p": rng.standard_normal(10001), "q": rng.standard_normal(10001)}, {})
+    kernels = [d.kernel for d in s.plan.dispatches]
+    assert kernels == ["cross_entropy", "cross_entropy:total", "mse_loss", "mse_loss:total"], kernels
+    ce, _, mse, _ = s.plan.dispatches
+    assert ce.workgroups[0] * ce.workgroups[1] >= 3000 and mse.workgroups[0] == 3
+
+
 def test_cross_entropy_all_ignored_is_zero():
     g = Graph("ce0")
     logits = g.input("logits", [4, 6])
