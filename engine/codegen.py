@@ -664,6 +664,11 @@ def _sum_to(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     x = graph[node.inputs[0]]
     r = len(x.shape)
     out_p = (1,) * (r - len(node.shape)) + tuple(node.shape)
+    if r > 1 and out_p == tuple(x.shape[:-1]) + (1,) and x.shape[-1] > 1:
+        # only the last axis summed (layer-norm gradients): a row reduction reads it coalesced
+        n = x.shape[-1]
+        return _finish("sum_to", "reduction", "reduce_row.wgsl", ["x"], ["f32"], "f32", [x.size // n, n, 0],
+                       grid_1d(x.size // n), caps, MODE=_ROW_MODES["sum"])
     xs = contiguous_strides(x.shape)
     kept = [xs[d] if out_p[d] == x.shape[d] else 0 for d in range(r)]
     red = [x.shape[d] if out_p[d] != x.shape[d] else 1 for d in range(r)]

@@ -267,9 +267,13 @@ def test_row_reductions_and_norms(caps):
 def test_sum_to():
     g = Graph("sum_to")
     x = g.input("x", [4, 3, 5])
-    for shape in ([3, 1], [5], [4, 1, 1], [1, 3, 5], [4, 3, 5], []):
+    for shape in ([3, 1], [5], [4, 1, 1], [1, 3, 5], [4, 3, 5], [], [4, 3, 1]):
         g.output(f"to{shape}", g.apply("sum_to", x, shape=tuple(shape)))
-    check(g)
+    long_rows = g.input("long_rows", [2, 3, 300])    # only the last axis: the row-reduction path
+    g.output("rows", g.apply("sum_to", long_rows, shape=(2, 3, 1)))
+    s = check(g)
+    (row_sum,) = [d for d in s.plan.dispatches if d.nodes == [g.outputs["rows"]]]
+    assert row_sum.variant in ("subgroup reduction", "workgroup-memory reduction")
 
 
 @pytest.mark.parametrize("caps", REDUCTION_PATHS, ids=["workgroup", "subgroup"])
