@@ -269,6 +269,8 @@ def test_sum_to():
     x = g.input("x", [4, 3, 5])
     for shape in ([3, 1], [5], [4, 1, 1], [1, 3, 5], [4, 3, 5], [], [4, 3, 1]):
         g.output(f"to{shape}", g.apply("sum_to", x, shape=tuple(shape)))
+    bias_grad = g.input("bias_grad", [700, 24])       # few outputs, long sums: 64 lanes per output
+    g.output("bias", g.apply("sum_to", bias_grad, shape=(24,)))
     long_rows = g.input("long_rows", [2, 3, 300])    # only the last axis: the row-reduction path
     g.output("rows", g.apply("sum_to", long_rows, shape=(2, 3, 1)))
     s = check(g)
