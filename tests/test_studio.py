@@ -192,6 +192,24 @@ def test_profile_training_step_and_cancel(window, qtbot):
     assert not window.errors
 
 
+def test_gpu_training_of_the_default_model_runs(window, qtbot, tmp_path):
+    """audio-align (the Studio's default) trains on the GPU: its zero-initialised
+    projector gives a first gradient norm of ~1e21, whose square overflowed f32 and
+    stopped every run at step 0 with "gradient norm became inf"."""
+    assert window.load_model("audio-align", SMALL["audio-align"])
+    panel = window.training_panel
+    assert panel.backend_name() == "gpu"
+    panel.steps.setValue(3)
+    panel.start()
+    with qtbot.waitSignal(panel.runFinished, timeout=120000) as blocker:
+        pass
+    assert blocker.args == ["finished"], blocker.args
+    assert panel.plotted_points() == 3 and np.isfinite(panel.losses).all()
+    assert not window.errors
+    window.tabs.setCurrentWidget(panel)
+    window.grab().save(str(tmp_path / "audio_align_gpu_training.png"))
+
+
 def test_train_ten_steps_event_loop_alive(window, qtbot):
     import gc
     # Late in the full suite the process holds ~450k objects from earlier tests, and one
