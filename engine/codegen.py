@@ -940,8 +940,9 @@ def _attention_tiled(graph, node, bsz, t, s, h, hkv, d, causal, scale) -> Kernel
 
 @dataclass(frozen=True)
 class _BackwardMode:
-    """One kernel of attention_backward.wgsl: its MODE, the node's operand names and the
-    operands playing the roles A, B (fixed side: scores, dP) and X, Y (streamed side)."""
+    """One kernel of attention_backward.wgsl: its MODE (the template's MODE_LSE, MODE_DQ,
+    MODE_DK, MODE_DV), the node's operand names and the operands playing the roles A, B
+    (fixed side: scores, dP) and X, Y (streamed side)."""
 
     index: int
     operands: tuple[str, ...]
@@ -949,11 +950,18 @@ class _BackwardMode:
 
     @property
     def fixed_queries(self) -> bool:
+        """lse and dq own blocks of queries; dk and dv blocks of keys."""
         return self.index <= 1
 
     @property
     def has_dp(self) -> bool:
+        """dq and dk need dP = dO vᵀ (and so the B operand and Delta)."""
         return self.index in (1, 2)
+
+    @property
+    def accumulates(self) -> bool:
+        """All but lse sum a block's P or dS times a streamed operand into their output."""
+        return self.index > 0
 
 
 _GRAD_OPERANDS = ("q", "k", "v", "dout", "lse", "delta")
@@ -1008,10 +1016,10 @@ def _attention_backward(graph: Graph, node: Node, caps: Capabilities = PLAIN) ->
                                       for n in range(stage_steps)),
                      SCORES=_score_lines("As", "s", d, 8),
                      DP=_score_lines("Bs", "dp", d, 12) if mode.has_dp else "",
-                     ACCUMULATE=_accumulate_lines(groups) if mode.index else "")
-    side = "queries" if mode.fixed_queries else "keys"
-    kernel.notes["variant"] = (f"tiled backward: {ATTENTION_BLOCK} {side} x {ATTENTION_BLOCK}-row blocks, "
-                               f"4x2 scores and 4x{groups} outputs/thread")
+                     ACCUMULATE=_accumulate_lines(groups) if mode.accumulates else "")
+    fixed, streamed = ("queries", "keys") if mode.fixed_queries else ("keys", "queries")
+    kernel.notes["variant"] = (f"tiled backward: {ATTENTION_BLOCK} {fixed} a workgroup, {streamed} streamed "
+                               f"{ATTENTION_BLOCK} at a time, 4x2 scores and 4x{groups} outputs/thread")
     return kernel
 
 
