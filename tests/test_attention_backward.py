@@ -18,8 +18,9 @@ from engine import autodiff
 from engine.autodiff import differentiate
 from engine.compile import OptimizerSpec, compile_plan
 from engine.errors import GraphError
-from engine.ops import OPS, attention_ref
+from engine.ops import ATTENTION, OPS, attention_ref
 from engine.optimize import optimize
+from engine.profiler import estimate_flops
 from engine.runtime import build_inference_session
 from engine.train import TrainConfig
 from engine.training_session import build_session
@@ -151,6 +152,20 @@ def test_layers_of_one_head_dim_share_pipelines():
         return [codegen.kernel_for(g, n).source for n in g.nodes if n.op in BACKWARD_OPS]
     a, b = sources(2, 70, 70, 6, 2, 64, causal=True), sources(1, 33, 130, 2, 2, 64, scale=0.3)
     assert a == b and len(set(a)) == 4
+
+
+def test_profiler_counts_each_op_by_its_passes_over_the_scores():
+    """The Studio colours them as attention, and the profiler's flops follow their matmul-
+    shaped passes: the forward's 2 (q kᵀ, P v), lse's 1, dq's and dk's 3, dv's 2."""
+    attrs = attention_attrs(6, 2, False, None)
+    g = backward_graph(2, 70, 45, 6, 2, 64, attrs)
+    q, k, v = (g.inputs[n] for n in "qkv")
+    forward = g[g.attention(q, k, v, 6, 2)]
+    pairs = 2 * 6 * 70 * 45
+    assert estimate_flops(g, forward) == 4 * pairs * 64 + 5 * pairs
+    passes = {n.op: (estimate_flops(g, n) - 5 * pairs) / (2 * pairs * 64) for n in g.nodes if n.op in BACKWARD_OPS}
+    assert passes == {"attention_lse": 1, "attention_grad_q": 3, "attention_grad_k": 3, "attention_grad_v": 2}
+    assert all(OPS[op].archetype == ATTENTION for op in BACKWARD_OPS)
 
 
 def test_head_dims_without_tiled_kernels_are_refused_by_codegen():
