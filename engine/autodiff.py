@@ -7,12 +7,14 @@ where an operand gets no gradient: integer ids, labels, stop_gradient). A rule m
 return a gradient in the broadcast shape of the output; the walk sums it back to the
 operand's shape with ``sum_to``.
 
-Fused ops (pointwise programs, fused_matmul, norm_matmul, norms, attention) are
-differentiated by *decomposition*: the rule rebuilds the op from simpler ops on the same
-operands and backpropagates through that small subgraph with the same walk. The
-recomputed forward nodes that the gradients do not read are pruned, and what remains
-is what a fused backward kernel needs (e.g. attention recomputes its probabilities,
-as flash attention does). The optimizer then fuses the backward like the forward.
+Fused ops (pointwise programs, fused_matmul, norm_matmul, norms) are differentiated by
+*decomposition*: the rule rebuilds the op from simpler ops on the same operands and
+backpropagates through that small subgraph with the same walk. The recomputed forward
+nodes that the gradients do not read are pruned, and the optimizer then fuses the
+backward like the forward. Attention is the exception: its gradient is FlashAttention-2's
+(the ``attention_lse`` and ``attention_grad_*`` ops), whose kernels recompute the
+probabilities block by block instead of storing them; only head dims with no tiled
+kernel are decomposed.
 
 Only nodes on a path from a trainable parameter to the loss are differentiated, so a
 frozen encoder costs only its forward pass.
@@ -27,7 +29,7 @@ import numpy as np
 
 from .errors import GraphError
 from .graph import Graph, Node
-from .ops import OPS, SOURCE
+from .ops import OPS, SOURCE, tiled_attention_head_dim
 
 GradientRule = Callable[[Graph, Node, int], tuple]
 
@@ -81,11 +83,20 @@ def backprop(g: Graph, root: int, seed: int, active: set[int], leaves=frozenset(
         node = g[nid]
         if nid not in grads or nid in leaves or OPS[node.op].archetype == SOURCE:
             continue
-        for i, d in zip(node.inputs, GRADIENTS[node.op](g, node, grads[nid])):
+        for i, d in zip(node.inputs, rule_of(g, node)(g, node, grads[nid])):
             if d is not None and i in active:
                 d = sum_to(g, d, g[i].shape)
                 grads[i] = g.add(grads[i], d) if i in grads else d
     return grads
+
+
+def rule_of(g: Graph, node: Node) -> GradientRule:
+    rule = GRADIENTS.get(node.op)
+    if rule is None:
+        raise GraphError(f"{g.format_node(node)}: op {node.op!r} has no gradient rule: it exists only in "
+                         f"gradients, and second derivatives through it are not supported; "
+                         f"differentiate a graph without gradient ops")
+    return rule
 
 
 def sum_to(g: Graph, d: int, shape) -> int:
@@ -309,6 +320,26 @@ def pad_grad(g, n, d):
     return (g.slice(d, axis, before, before + g.shape(n.inputs[0])[axis]),)
 
 
+decomposed_attention_grad = through(attention_parts)
+
+
+def attention_grad(g, n, d):
+    """FlashAttention-2's backward: the forward's row log-sum-exp, Delta = rowsum(dO * O)
+    and fused dq, dk, dv kernels that recompute the probabilities block by block, so no
+    [B, H, T, S] tensor exists. Head dims the tiled kernels lack take the decomposition."""
+    q, k, v = n.inputs
+    h = n.attrs["num_heads"]
+    b, t, width = g.shape(q)
+    if not tiled_attention_head_dim(width // h):
+        return decomposed_attention_grad(g, n, d)
+    per_head = (b, t, h, width // h)
+    lse = g.apply("attention_lse", q, k, **n.attrs)
+    delta = g.sum(g.mul(g.reshape(d, per_head), g.reshape(n.id, per_head)), axis=-1)
+    return (g.apply("attention_grad_q", q, k, v, d, lse, delta, **n.attrs),
+            g.apply("attention_grad_k", q, k, v, d, lse, delta, **n.attrs),
+            g.apply("attention_grad_v", q, k, d, lse, **n.attrs))
+
+
 def rope_grad(g, n, d):
     return (g.apply("rope", d, **{**n.attrs, "inverse": not n.attrs["inverse"]}),)
 
@@ -354,7 +385,7 @@ GRADIENTS: dict[str, GradientRule] = {
     "fused_matmul": through(fused_matmul_parts),
     "norm_matmul": through(lambda g, n, x, w, b: g.matmul(g.rms_norm(x, w, n.attrs["eps"]), b,
                                                           transpose_b=n.attrs["transpose_b"])),
-    "attention": through(attention_parts),
+    "attention": attention_grad,
     "rope": rope_grad,
     "conv1d": conv_grad,
     "conv2d": conv_grad,

@@ -23,7 +23,7 @@ import numpy as np
 
 from .errors import DeviceError
 from .graph import Graph, Node
-from .ops import OPS
+from .ops import OPS, tiled_attention_head_dim
 from .paths import shader_dir
 
 MAX_WORKGROUPS = 65535
@@ -880,20 +880,23 @@ def attention_variant(head_dim: int) -> str:
     ``MEGANEURA_ATTENTION=per-query`` forces the latter (benchmarks and tests)."""
     if os.environ.get("MEGANEURA_ATTENTION") == "per-query":
         return "per-query"
-    return "tiled" if head_dim % 4 == 0 and 4 <= head_dim <= 64 else "per-query"
+    return "tiled" if tiled_attention_head_dim(head_dim) else "per-query"
 
 
-def _attention(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
-    q, k = graph[node.inputs[0]], graph[node.inputs[1]]
+def _attention_dims(node: Node, q: Node, k: Node):
+    """(batch, T, S, H, HKV, D, causal, scale) of an attention op's node."""
     a = node.attrs
     h = a["num_heads"]
     hkv = a.get("num_kv_heads") or h
     bsz, t, w = q.shape
-    s = k.shape[1]
     d = w // h
     scale = a.get("scale")
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    causal = int(bool(a.get("causal")))
+    return bsz, t, k.shape[1], h, hkv, d, int(bool(a.get("causal"))), scale
+
+
+def _attention(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    bsz, t, s, h, hkv, d, causal, scale = _attention_dims(node, graph[node.inputs[0]], graph[node.inputs[1]])
     build = _attention_tiled if attention_variant(d) == "tiled" else _attention_per_query
     return build(graph, node, bsz, t, s, h, hkv, d, causal, scale)
 
@@ -925,6 +928,91 @@ def _attention_tiled(graph, node, bsz, t, s, h, hkv, d, causal, scale) -> Kernel
                                            for j in range(ATTENTION_BLOCK)))
     kernel.notes["variant"] = (f"tiled (flash) {ATTENTION_BLOCK} queries x {ATTENTION_BLOCK} keys, "
                                f"4x2 scores and 4x4 outputs/thread")
+    return kernel
+
+
+@dataclass(frozen=True)
+class _BackwardMode:
+    """One kernel of attention_backward.wgsl: its MODE (the template's MODE_LSE, MODE_DQ,
+    MODE_DK, MODE_DV), the node's operand names and the operands playing the roles A, B
+    (fixed side: scores, dP) and X, Y (streamed side)."""
+
+    index: int
+    operands: tuple[str, ...]
+    roles: tuple[str, str, str, str]
+
+    @property
+    def fixed_queries(self) -> bool:
+        """lse and dq own blocks of queries; dk and dv blocks of keys."""
+        return self.index <= 1
+
+    @property
+    def has_dp(self) -> bool:
+        """dq and dk need dP = dO vᵀ (and so the B operand and Delta)."""
+        return self.index in (1, 2)
+
+    @property
+    def accumulates(self) -> bool:
+        """All but lse sum a block's P or dS times a streamed operand into their output."""
+        return self.index > 0
+
+
+_GRAD_OPERANDS = ("q", "k", "v", "dout", "lse", "delta")
+ATTENTION_BACKWARD = {
+    "attention_lse": _BackwardMode(0, ("q", "k"), ("q", "q", "k", "k")),
+    "attention_grad_q": _BackwardMode(1, _GRAD_OPERANDS, ("q", "dout", "k", "v")),
+    "attention_grad_k": _BackwardMode(2, _GRAD_OPERANDS, ("k", "v", "q", "dout")),
+    "attention_grad_v": _BackwardMode(3, ("q", "k", "dout", "lse"), ("k", "k", "q", "dout")),
+}
+_THREADS = 128   # threads of an attention_backward.wgsl workgroup
+
+
+def _score_lines(fixed: str, acc: str, d: int, indent: int) -> str:
+    """acc (4 fixed rows x streamed rows tx, tx + 16) += fixed . Ss over d, unrolled."""
+    return "\n".join(f"{' ' * indent}{acc} = score_step({acc}, {fixed}[{i}u * RV + ty], Ss[{i}u * CP + tx], "
+                     f"Ss[{i}u * CP + tx + 16u]);" for i in range(d))
+
+
+def _accumulate_lines(groups: int) -> str:
+    """o += Ps . Ss over the block's streamed rows, unrolled: column r of o is output
+    column tx + 16 r (r < groups), read from row tx + 16 r of the d-major Ss."""
+    lines = []
+    for j in range(ATTENTION_BLOCK):
+        x = ", ".join(f"Ss[xc + {16 * r}u * CP + {j}u]" if r < groups else "0.0" for r in range(4))
+        lines.append(f"{' ' * 12}o = accumulate_step(o, Ps[{j}u * PR + ty], vec4<f32>({x}));")
+    return "\n".join(lines)
+
+
+def _attention_backward(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    mode = ATTENTION_BACKWARD[node.op]
+    q, k = graph[node.inputs[0]], graph[node.inputs[1]]
+    bsz, t, s, h, hkv, d, causal, scale = _attention_dims(node, q, k)
+    if not tiled_attention_head_dim(d):
+        raise UnsupportedOpError(f"{graph.format_node(node)}: no {node.op} kernel for head dim {d} (it takes "
+                                 f"multiples of 4 up to 64); differentiate attention with such heads "
+                                 f"by decomposition")
+    grid = (-(-(t if mode.fixed_queries else s) // ATTENTION_BLOCK), h if mode.fixed_queries else hkv, bsz)
+    if max(grid) > MAX_WORKGROUPS:
+        raise DeviceError(f"{graph.format_node(node)}: attention grid {grid} exceeds {MAX_WORKGROUPS} "
+                          f"workgroups per dimension")
+    meta = [t, s, h, hkv, causal, f32_bits(scale * math.log2(math.e)), f32_bits(scale)]
+    groups = -(-d // 16)
+    stage_steps = -(-ATTENTION_BLOCK * d // 4 // _THREADS)
+    types = ["f32" if n in ("lse", "delta") else "vec4<f32>" for n in mode.operands]
+    a, b, x, y = mode.roles
+    kernel = _finish(node.op, "attention", "attention_backward.wgsl", list(mode.operands), types, "f32", meta,
+                     grid, D=d, MODE=mode.index, A=a, B=b, X=x, Y=y,
+                     LSE_AT="lse[i] * LOG2E" if "lse" in mode.operands else "0.0",
+                     DELTA_AT="delta[i]" if "delta" in mode.operands else "0.0",
+                     BS_LEN="D * RV" if mode.has_dp else "1u", SS_ROWS=16 * groups,
+                     STAGE="\n".join(f"    stage_element(role, tid + {n * _THREADS}u, b, head, c0);"
+                                      for n in range(stage_steps)),
+                     SCORES=_score_lines("As", "s", d, 8),
+                     DP=_score_lines("Bs", "dp", d, 12) if mode.has_dp else "",
+                     ACCUMULATE=_accumulate_lines(groups) if mode.accumulates else "")
+    fixed, streamed = ("queries", "keys") if mode.fixed_queries else ("keys", "queries")
+    kernel.notes["variant"] = (f"tiled backward: {ATTENTION_BLOCK} {fixed} a workgroup, {streamed} streamed "
+                               f"{ATTENTION_BLOCK} at a time, 4x2 scores and 4x{groups} outputs/thread")
     return kernel
 
 
@@ -1023,6 +1111,8 @@ _BUILDERS["embedding"] = _embedding
 _BUILDERS["rope"] = _rope
 _BUILDERS["conv1d"] = _BUILDERS["conv2d"] = _conv
 _BUILDERS["attention"] = _attention
+for _op in ATTENTION_BACKWARD:
+    _BUILDERS[_op] = _attention_backward
 for _op in _ROW_KERNELS:
     _BUILDERS[_op] = _row_kernel
 _BUILDERS["embedding_grad"] = _embedding_grad

@@ -494,25 +494,135 @@ def split_heads(x, heads):
     return x.reshape(b, t, heads, w // heads).transpose(0, 2, 1, 3)
 
 
-def attention_ref(q, k, v, num_heads, num_kv_heads=None, causal=False, scale=None):
+def attention_scores(q, k, num_heads, num_kv_heads=None, causal=False, scale=None):
+    """scale * q kᵀ per query head, [B, H, T, S]; -inf where the causal mask hides a key
+    (key j is visible to query i iff j <= i). Grouped-query: head h reads kv head h // (H / HKV)."""
     hkv = num_kv_heads or num_heads
-    qh, kh, vh = split_heads(q, num_heads), split_heads(k, hkv), split_heads(v, hkv)
-    rep = num_heads // hkv
-    kh, vh = np.repeat(kh, rep, axis=1), np.repeat(vh, rep, axis=1)
+    qh, kh = split_heads(q, num_heads), np.repeat(split_heads(k, hkv), num_heads // hkv, axis=1)
     scale = 1.0 / math.sqrt(qh.shape[-1]) if scale is None else scale
     s = qh @ np.swapaxes(kh, -1, -2) * scale
     if causal:
         tq, tk = s.shape[-2:]
         s = np.where(np.tril(np.ones((tq, tk), dtype=bool)), s, -np.inf)
-    o = softmax_ref(s) @ vh
-    b, h, t, d = o.shape
-    return o.transpose(0, 2, 1, 3).reshape(b, t, h * d)
+    return s
+
+
+def merge_heads(x):
+    """[B, H, T, D] -> [B, T, H*D]."""
+    b, h, t, d = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(b, t, h * d)
+
+
+def attention_ref(q, k, v, num_heads, num_kv_heads=None, causal=False, scale=None):
+    hkv = num_kv_heads or num_heads
+    vh = np.repeat(split_heads(v, hkv), num_heads // hkv, axis=1)
+    return merge_heads(softmax_ref(attention_scores(q, k, num_heads, num_kv_heads, causal, scale)) @ vh)
 
 
 defop("attention", ATTENTION, _attention_shape, attention_ref,
       doc="multi-head softmax(q kᵀ * scale [+ causal mask]) v on [batch, seq, heads*dim]; "
           "grouped-query when num_kv_heads < num_heads",
       num_heads=1, num_kv_heads=None, causal=False, scale=None)
+
+
+def tiled_attention_head_dim(head_dim: int) -> bool:
+    """Head dims the tiled attention kernels take (the forward and the fused backward):
+    multiples of 4 up to 64. Others run the per-query forward and a decomposed backward."""
+    return head_dim % 4 == 0 and 4 <= head_dim <= 64
+
+
+# ---------------------------------------------------------------- attention backward
+# FlashAttention-2's backward as ops that never hold a T x S matrix: the row statistics
+# of the forward's softmax (attention_lse), then dq, dk, dv, each recomputing the scores
+# block by block. With s = scores, L = logsumexp_j s, P = exp(s - L), dP = dO vᵀ and
+# Delta = rowsum(dO * O) (= rowsum(P * dP)): dS = P * (dP - Delta), dq = scale dS k,
+# dk = scale dSᵀ q, dv = Pᵀ dO, summed over the query heads that share a kv head.
+# lse and delta are [B, T, H] (query-major, like q).
+
+def _attention_backward_shape(names: tuple[str, ...], result: str):
+    """Shape rule of an op whose operands are ``names`` (among q, k, v, dout, lse, delta)
+    and whose result has the shape of ``result``: q, k or the row statistics ("lse")."""
+    def rule(ts, a):
+        _require_float(ts)
+        named = dict(zip(names, ts))
+        q, k = named["q"], named["k"]
+        _attention_shape([q, k, named.get("v", k)], a)
+        rows = q.shape[:2] + (a["num_heads"],)
+        for key, want in (("dout", q.shape), ("lse", rows), ("delta", rows)):
+            if key in named and named[key].shape != want:
+                _fail(f"{key} {list(named[key].shape)} must be {list(want)}")
+        return TensorType(rows if result == "lse" else named[result].shape)
+    return rule
+
+
+def attention_lse_ref(q, k, num_heads, num_kv_heads=None, causal=False, scale=None):
+    s = attention_scores(q, k, num_heads, num_kv_heads, causal, scale)
+    top = s.max(axis=-1, keepdims=True)
+    lse = (top + np.log(np.exp(s - top).sum(axis=-1, keepdims=True)))[..., 0]
+    return np.ascontiguousarray(lse.transpose(0, 2, 1))
+
+
+def _probabilities(q, k, lse, attrs):
+    """P = exp(s - L) per query head, [B, H, T, S]; 0 where masked."""
+    return np.exp(attention_scores(q, k, **attrs) - lse.transpose(0, 2, 1)[..., None])
+
+
+def _score_grads(q, k, v, dout, lse, delta, attrs):
+    """(P, dS) per query head: dS = P * (dO vᵀ - Delta)."""
+    h = attrs["num_heads"]
+    hkv = attrs["num_kv_heads"] or h
+    p = _probabilities(q, k, lse, attrs)
+    dp = split_heads(dout, h) @ np.swapaxes(np.repeat(split_heads(v, hkv), h // hkv, axis=1), -1, -2)
+    return p, p * (dp - delta.transpose(0, 2, 1)[..., None])
+
+
+def _scale_of(q, attrs) -> float:
+    d = q.shape[2] // attrs["num_heads"]
+    return 1.0 / math.sqrt(d) if attrs["scale"] is None else attrs["scale"]
+
+
+def _sum_groups(x, num_heads, num_kv_heads):
+    """[B, H, S, D] -> [B, HKV, S, D]: the sum over the query heads that share each kv head."""
+    hkv = num_kv_heads or num_heads
+    b, _, s, d = x.shape
+    return x.reshape(b, hkv, num_heads // hkv, s, d).sum(axis=2)
+
+
+def attention_grad_q_ref(q, k, v, dout, lse, delta, **attrs):
+    hkv = attrs["num_kv_heads"] or attrs["num_heads"]
+    _, ds = _score_grads(q, k, v, dout, lse, delta, attrs)
+    kh = np.repeat(split_heads(k, hkv), attrs["num_heads"] // hkv, axis=1)
+    return merge_heads(_scale_of(q, attrs) * (ds @ kh))
+
+
+def attention_grad_k_ref(q, k, v, dout, lse, delta, **attrs):
+    _, ds = _score_grads(q, k, v, dout, lse, delta, attrs)
+    dk = _scale_of(q, attrs) * (np.swapaxes(ds, -1, -2) @ split_heads(q, attrs["num_heads"]))
+    return merge_heads(_sum_groups(dk, attrs["num_heads"], attrs["num_kv_heads"]))
+
+
+def attention_grad_v_ref(q, k, dout, lse, **attrs):
+    p = _probabilities(q, k, lse, attrs)
+    dv = np.swapaxes(p, -1, -2) @ split_heads(dout, attrs["num_heads"])
+    return merge_heads(_sum_groups(dv, attrs["num_heads"], attrs["num_kv_heads"]))
+
+
+_ATTENTION_ATTRS = dict(num_heads=1, num_kv_heads=None, causal=False, scale=None)
+defop("attention_lse", ATTENTION, _attention_backward_shape(("q", "k"), "lse"), attention_lse_ref,
+      doc="log-sum-exp over the keys of each query's scaled, masked scores, [B, T, H] "
+          "(the softmax statistics attention's backward recomputes P from)", **_ATTENTION_ATTRS)
+defop("attention_grad_q", ATTENTION,
+      _attention_backward_shape(("q", "k", "v", "dout", "lse", "delta"), "q"), attention_grad_q_ref,
+      doc="d attention / d q from (q, k, v, dout, lse, delta = rowsum(dout * out) [B, T, H])",
+      **_ATTENTION_ATTRS)
+defop("attention_grad_k", ATTENTION,
+      _attention_backward_shape(("q", "k", "v", "dout", "lse", "delta"), "k"), attention_grad_k_ref,
+      doc="d attention / d k from (q, k, v, dout, lse, delta), summed over each kv head's query heads",
+      **_ATTENTION_ATTRS)
+defop("attention_grad_v", ATTENTION, _attention_backward_shape(("q", "k", "dout", "lse"), "k"),
+      attention_grad_v_ref,
+      doc="d attention / d v from (q, k, dout, lse), summed over each kv head's query heads",
+      **_ATTENTION_ATTRS)
 
 
 def _rope_shape(ts, a):
@@ -860,4 +970,5 @@ defop("conv_weight_grad", CONV, _conv_weight_grad_shape, conv_weight_grad_ref,
 
 # Ops above that exist only for gradients; autodiff does not differentiate them again.
 BACKWARD_OPS = ("relu_grad", "abs_grad", "gelu_grad", "max_grad", "cross_entropy_grad",
-                "embedding_grad", "conv_input_grad", "conv_weight_grad")
+                "embedding_grad", "conv_input_grad", "conv_weight_grad",
+                "attention_lse", "attention_grad_q", "attention_grad_k", "attention_grad_v")

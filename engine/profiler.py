@@ -142,9 +142,16 @@ def _node_name(node) -> str:
     return node.name or f"%{node.id}"
 
 
+# Matmul-shaped passes over the T x S scores of each attention op (2 flops per score and
+# head dim each): the forward's q kᵀ and P v; lse's q kᵀ; dq's q kᵀ, dO vᵀ and dS k; dk's
+# the same with dSᵀ q; dv's q kᵀ and Pᵀ dO.
+ATTENTION_PASSES = {"attention": 2, "attention_lse": 1, "attention_grad_q": 3, "attention_grad_k": 3,
+                    "attention_grad_v": 2}
+
+
 def estimate_flops(graph, node) -> int:
     """Floating-point operations of one node: exact for matmuls (2·M·N·K plus the
-    epilogue) and attention (two matmuls plus the softmax), estimates elsewhere
+    epilogue) and attention (its matmul-shaped passes plus the softmax), estimates elsewhere
     (pointwise: ops per element; reductions: a few per input element; data movement: 0)."""
     ins = [graph[i] for i in node.inputs]
     op, a, size = node.op, node.attrs, node.size
@@ -166,7 +173,7 @@ def estimate_flops(graph, node) -> int:
         pairs = b * h * s * t
         if a.get("causal"):
             pairs //= 2
-        return 4 * pairs * (w // h) + 5 * pairs
+        return 2 * ATTENTION_PASSES[op] * pairs * (w // h) + 5 * pairs
     if arch == "conv":
         if op in ("conv1d", "conv2d"):
             w = ins[1]

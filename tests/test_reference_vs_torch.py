@@ -448,6 +448,76 @@ def attention_cases(rng):
     return out
 
 
+def torch_scores(q, k, heads, kv_heads, causal, scale):
+    """scale q kᵀ per query head, [B, H, T, S], -inf above the diagonal when causal."""
+    qh = heads_first(q, heads)
+    kh = heads_first(k, kv_heads).repeat_interleave(heads // kv_heads, dim=1)
+    s = qh @ kh.mT * (qh.shape[-1] ** -0.5 if scale is None else scale)
+    if causal:
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+    return s
+
+
+def heads_last(x):
+    b, h, t, d = x.shape
+    return x.transpose(1, 2).reshape(b, t, h * d)
+
+
+def torch_attention_backward(op, heads, kv_heads, causal, scale):
+    """The backward ops by flash attention's backward formulas, in torch: P = exp(s - lse),
+    dS = P (dO vᵀ - delta), dq = scale dS k, dk = scale dSᵀ q, dv = Pᵀ dO (kv groups summed)."""
+    def repeat(x):
+        return heads_first(x, kv_heads).repeat_interleave(heads // kv_heads, dim=1)
+
+    def group_sum(x):
+        b, _, t, d = x.shape
+        return x.reshape(b, kv_heads, heads // kv_heads, t, d).sum(2)
+
+    def fn(q, k, v=None, dout=None, lse=None, delta=None):
+        s = torch_scores(q, k, heads, kv_heads, causal, scale)
+        if op == "attention_lse":
+            return torch.logsumexp(s, -1).transpose(1, 2)
+        p = torch.exp(s - lse.transpose(1, 2)[..., None])
+        do = heads_first(dout, heads)
+        if op == "attention_grad_v":
+            return heads_last(group_sum(p.mT @ do))
+        ds = p * (do @ repeat(v).mT - delta.transpose(1, 2)[..., None])
+        factor = (q.shape[-1] // heads) ** -0.5 if scale is None else scale
+        if op == "attention_grad_q":
+            return heads_last(factor * ds @ repeat(k))
+        return heads_last(group_sum(factor * ds.mT @ heads_first(q, heads)))
+    return fn
+
+
+ATTENTION_BACKWARD_OPERANDS = {"attention_lse": ("q", "k"), "attention_grad_v": ("q", "k", "dout", "lse"),
+                               "attention_grad_q": ("q", "k", "v", "dout", "lse", "delta"),
+                               "attention_grad_k": ("q", "k", "v", "dout", "lse", "delta")}
+
+
+@case
+def attention_backward_cases(rng):
+    """lse and delta are the true statistics of q, k, v, dout (to float32), so the ops see
+    inputs like those the gradient rule gives them."""
+    out = []
+    for heads, kv_heads, tq, tk, causal, scale in (
+            (2, 2, 5, 5, False, None), (4, 2, 6, 6, True, None), (4, 1, 3, 7, False, 0.3), (3, 3, 6, 3, True, None)):
+        d, b = 4, 2
+        full = {"q": normal(rng, b, tq, heads * d), "k": normal(rng, b, tk, kv_heads * d),
+                "v": normal(rng, b, tk, kv_heads * d), "dout": normal(rng, b, tq, heads * d)}
+        attrs = dict(num_heads=heads, num_kv_heads=kv_heads, causal=causal, scale=scale)
+        wide = {n: a.astype(np.float64) for n, a in full.items()}
+        full["lse"] = OPS["attention_lse"].ref(wide["q"], wide["k"], **attrs).astype(np.float32)
+        o = OPS["attention"].ref(wide["q"], wide["k"], wide["v"], **attrs)
+        full["delta"] = (wide["dout"] * o).reshape(b, tq, heads, d).sum(-1).astype(np.float32)
+        for op, names in ATTENTION_BACKWARD_OPERANDS.items():
+            out.append(Case(f"{op} h={heads} kv={kv_heads} tq={tq} tk={tk} causal={causal} scale={scale}",
+                            {n: full[n] for n in names},
+                            (lambda op, names, attrs: lambda g, **x: g.apply(op, *(x[n] for n in names), **attrs))(
+                                op, names, attrs),
+                            torch_attention_backward(op, heads, kv_heads, causal, scale)))
+    return out
+
+
 def torch_rope(heads, base, offset, inverse):
     """Rotate-half RoPE (Llama/NeoX): pair i with i + d/2, angle = position * base^(-2i/d)."""
     def fn(x):

@@ -301,6 +301,14 @@ class Extractor:
         ids = self.refs.get(cls)
         return not ids or sum(self.tr.uses.get(i, 0) for i in ids) <= 1
 
+    def operand_classes(self, en: ENode) -> set[str]:
+        """The e-classes an e-node reads: its children, or for the leaf of a computed node
+        (an op with more operands than the opaque terms take) that node's operands."""
+        if en.ctor == "leaf":
+            node = self.tr.graph[en.args[0][1]]
+            return set() if node.op in SOURCES else {self.class_of_node(i) for i in node.inputs}
+        return set(en.children())
+
     def lower(self, en: ENode):
         """(op, attrs, operand classes) of an e-node; None for handles with no op."""
         a = en.args
@@ -383,7 +391,7 @@ class Extractor:
         counter = 0
         for cls, ens in self.classes.items():
             for en in ens:
-                kids = set(en.children())
+                kids = self.operand_classes(en)
                 pending[id(en)] = len(kids)
                 for ch in kids:
                     parents[ch].append(en)

@@ -1,0 +1,279 @@
+// Attention archetype, backward (flash attention 2, f32) and the row statistics it needs.
+// One template, four kernels (MODE). A workgroup of 128 threads owns R = 32 "fixed" rows of
+// one head and streams the other side through workgroup memory, C = 32 rows at a time,
+// recomputing the scores s = scale q.k (masked) instead of reading a T x S matrix:
+//   lse: fixed queries, streamed keys:                  L_i = log sum_j exp(s_ij)
+//   dq:  fixed queries (Q, dO), streamed keys (K, V):   dq_i = scale sum_j dS_ij k_j
+//   dk:  fixed keys (K, V), streamed queries (Q, dO):   dk_j = scale sum_i dS_ij q_i
+//   dv:  fixed keys (K), streamed queries (Q, then dO): dv_j = sum_i P_ij dO_i
+// with P = exp(s - L), dP_ij = dO_i . v_j, dS = P (dP - Delta) and Delta_i = dO_i . O_i (an
+// input). dk and dv stream the queries of every head of their kv group (grouped-query), so
+// every output element belongs to one workgroup: no atomics.
+// Roles: A and B are the fixed operands of the scores and of dP, staged once (As, Bs: d-major,
+// a vec4 = 4 rows; A times scale * log2(e) so the softmax runs on exp2). X and Y are the
+// streamed ones, staged one after the other into Ss (d-major, an f32 per row, d-rows of C + 1
+// floats: the score loop reads along a d-row, the accumulation down a column, and both hit 16
+// different banks). Ps holds the block's P or dS (a vec4 = 4 fixed rows, padded rows).
+// Per block: dq, dk stage Y, compute dP, stage X, compute the scores and dS into Ps, then
+// accumulate dS X with X still staged; dv stages X, computes P into Ps, then stages Y for P Y;
+// lse keeps a running max and sum of exp2 per row and thread, combined across threads at the end.
+// Thread tid: ty = tid / 16 owns fixed rows 4ty..4ty+3; tx = tid % 16 scores streamed rows tx
+// and tx + 16 and accumulates output columns tx + 16 r, r < NR = ceil(D / 16).
+// Causal (key j visible to query i iff j <= i): lse and dq stop after the block of their last
+// query, dk and dv start at their first key; scores past the diagonal, T or S count 0.
+// The loops over d, over a block's rows and the staging are unrolled by codegen: llvmpipe
+// (lavapipe) ends an invocation after ~65535 loop iterations in total; one is left per block.
+// Workgroup memory at D = 64: As 8192 + Bs 8192 (dq, dk; 16 otherwise) + Ss 8448 + Ps 4608
+// = 29,440 bytes (lavapipe offers 32 KiB).
+// q, dout: [B, T, H*D] and k, v: [B, S, HKV*D], read as vec4 (D % 4 == 0, D <= 64); lse, delta:
+// [B, T, H]. out: lse [B, T, H], dq [B, T, H*D], dk and dv [B, S, HKV*D].
+// meta: [T, S, H, HKV, causal, scale * log2(e), scale]; grid: (ceil(fixed rows / R), heads of
+// the fixed side, B)
+
+{{PRELUDE}}
+
+{{BINDINGS}}
+
+const MODE_LSE: u32 = 0u;
+const MODE_DQ: u32 = 1u;
+const MODE_DK: u32 = 2u;
+const MODE_DV: u32 = 3u;
+const MODE: u32 = {{MODE}}u;
+const ROWS_ARE_QUERIES: bool = MODE == MODE_LSE || MODE == MODE_DQ;
+const HAS_DP: bool = MODE == MODE_DQ || MODE == MODE_DK;
+const ROLE_A: u32 = 0u;
+const ROLE_B: u32 = 1u;
+const ROLE_X: u32 = 2u;
+const ROLE_Y: u32 = 3u;
+
+const D: u32 = {{D}}u;
+const D4: u32 = D / 4u;
+const R: u32 = 32u;
+const C: u32 = 32u;
+const THREADS: u32 = 128u;
+const RV: u32 = R / 4u;      // vec4s in a d-row of As, Bs
+const PR: u32 = RV + 1u;     // padded row of Ps
+const CP: u32 = C + 1u;      // padded d-row of Ss
+const NEG: f32 = -1.0e30;    // finite "no score yet": exp2(NEG - NEG) stays a number
+const LOG2E: f32 = 1.4426950408889634;
+const LN2: f32 = 0.6931471805599453;
+
+var<workgroup> As: array<vec4<f32>, D * RV>;
+var<workgroup> Bs: array<vec4<f32>, {{BS_LEN}}>;
+var<workgroup> Ss: array<f32, {{SS_ROWS}}u * CP>;
+var<workgroup> Ps: array<vec4<f32>, C * PR>;
+
+// L (in log2 units) and Delta of statistics row i; 0 where this kernel has no such input.
+fn lse2_at(i: u32) -> f32 { return {{LSE_AT}}; }
+fn delta_at(i: u32) -> f32 { return {{DELTA_AT}}; }
+
+// (L, Delta) of query `query` of head `head`; zero past T.
+fn stats_of(b: u32, query: u32, head: u32) -> vec2<f32> {
+    if (query >= m(0u)) { return vec2<f32>(0.0); }
+    let i = (b * m(0u) + query) * m(2u) + head;
+    return vec2<f32>(lse2_at(i), delta_at(i));
+}
+
+// Dims 4 d4 .. 4 d4 + 3 of row `row` of head `head` of the operand playing `role`; zero past
+// the operand's rows. A and B are on the fixed side, X and Y on the streamed side.
+fn operand_row(role: u32, b: u32, row: u32, head: u32, d4: u32) -> vec4<f32> {
+    let queries = (role < ROLE_X) == ROWS_ARE_QUERIES;
+    let n = select(m(1u), m(0u), queries);
+    if (row >= n) { return vec4<f32>(0.0); }
+    let at = ((b * n + row) * select(m(3u), m(2u), queries) + head) * D4 + d4;
+    switch role {
+        case 0u: { return {{A}}[at]; }
+        case 1u: { return {{B}}[at]; }
+        case 2u: { return {{X}}[at]; }
+        default: { return {{Y}}[at]; }
+    }
+}
+
+// x = dims 4 d4 .. 4 d4 + 3 of fixed row i into the d-major As (or Bs).
+fn put_fixed(to_b: bool, d4: u32, i: u32, x: vec4<f32>) {
+    let at = d4 * 4u * RV + i / 4u;
+    let c = i % 4u;
+    if (to_b) {
+        Bs[at][c] = x.x; Bs[at + RV][c] = x.y; Bs[at + 2u * RV][c] = x.z; Bs[at + 3u * RV][c] = x.w;
+    } else {
+        As[at][c] = x.x; As[at + RV][c] = x.y; As[at + 2u * RV][c] = x.z; As[at + 3u * RV][c] = x.w;
+    }
+}
+
+// Fixed rows r0.. of head `head`: A (times scale * log2(e)) and, for dq and dk, B.
+fn stage_fixed(tid: u32, b: u32, head: u32, r0: u32) {
+    let scale = mf(5u);
+    for (var e = tid; e < R * D4; e = e + THREADS) {
+        let i = e / D4;   // neighbouring threads read neighbouring vec4s of a row
+        let d4 = e % D4;
+        put_fixed(false, d4, i, operand_row(ROLE_A, b, r0 + i, head, d4) * scale);
+        if (HAS_DP) { put_fixed(true, d4, i, operand_row(ROLE_B, b, r0 + i, head, d4)); }
+    }
+}
+
+// Element e (a vec4 of a row) of streamed rows c0.. of X or Y into Ss.
+fn stage_element(role: u32, e: u32, b: u32, head: u32, c0: u32) {
+    if (e >= C * D4) { return; }
+    let j = e / D4;
+    let d4 = e % D4;
+    let x = operand_row(role, b, c0 + j, head, d4);
+    let at = 4u * d4 * CP + j;
+    Ss[at] = x.x; Ss[at + CP] = x.y; Ss[at + 2u * CP] = x.z; Ss[at + 3u * CP] = x.w;
+}
+
+fn stage_stream(role: u32, tid: u32, b: u32, head: u32, c0: u32) {
+{{STAGE}}
+}
+
+// Scores of 4 fixed rows (a vec4) against streamed rows tx and tx + 16, one d at a time.
+fn score_step(s: mat2x4<f32>, a: vec4<f32>, x0: f32, x1: f32) -> mat2x4<f32> {
+    return mat2x4<f32>(fma(a, vec4<f32>(x0), s[0]), fma(a, vec4<f32>(x1), s[1]));
+}
+
+// Column r of o (4 fixed rows at output column tx + 16 r) += p (4 fixed rows) * x[r].
+fn accumulate_step(o: mat4x4<f32>, p: vec4<f32>, x: vec4<f32>) -> mat4x4<f32> {
+    return mat4x4<f32>(fma(p, vec4<f32>(x.x), o[0]), fma(p, vec4<f32>(x.y), o[1]),
+                       fma(p, vec4<f32>(x.z), o[2]), fma(p, vec4<f32>(x.w), o[3]));
+}
+
+// Whether the scores of fixed rows `rows` against streamed row `col` count.
+fn visible(rows: vec4<u32>, col: u32, causal: bool) -> vec4<bool> {
+    let query = select(vec4<u32>(col), rows, ROWS_ARE_QUERIES);
+    let key = select(rows, vec4<u32>(col), ROWS_ARE_QUERIES);
+    let inside = (query < vec4<u32>(m(0u))) & (key < vec4<u32>(m(1u)));
+    return inside & select(vec4<bool>(true), key <= query, causal);
+}
+
+// Output row `row` of the fixed side, columns tx + 16 r from x[r].
+fn store_row(b: u32, head: u32, row: u32, tx: u32, x: vec4<f32>) {
+    let n = select(m(1u), m(0u), ROWS_ARE_QUERIES);
+    if (row >= n) { return; }
+    let at = ((b * n + row) * select(m(3u), m(2u), ROWS_ARE_QUERIES) + head) * D + tx;
+    if (tx < D) { out[at] = x.x; }
+    if (tx + 16u < D) { out[at + 16u] = x.y; }
+    if (tx + 32u < D) { out[at + 32u] = x.z; }
+    if (tx + 48u < D) { out[at + 48u] = x.w; }
+}
+
+fn store_lse(b: u32, head: u32, row: u32, l: f32) {
+    if (row < m(0u)) { out[(b * m(0u) + row) * m(2u) + head] = l; }
+}
+
+// The 16 partials (one per thread column) of this thread's 4 rows, combined.
+fn rows_max(ty: u32) -> vec4<f32> {
+    var r = Ps[ty];
+    for (var j = 1u; j < 16u; j = j + 1u) { r = max(r, Ps[j * PR + ty]); }
+    return r;
+}
+
+fn rows_sum(ty: u32) -> vec4<f32> {
+    var r = Ps[ty];
+    for (var j = 1u; j < 16u; j = j + 1u) { r = r + Ps[j * PR + ty]; }
+    return r;
+}
+
+@compute @workgroup_size(128)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    let T = m(0u);
+    let S = m(1u);
+    let group = m(2u) / m(3u);
+    let causal = m(4u) != 0u;
+    let head = wg.y;        // of the fixed rows: a query head (lse, dq) or a kv head (dk, dv)
+    let b = wg.z;
+    let r0 = wg.x * R;
+    let tx = tid % 16u;
+    let ty = tid / 16u;
+    let rows = vec4<u32>(r0 + 4u * ty) + vec4<u32>(0u, 1u, 2u, 3u);
+    var begin = 0u;         // streamed rows begin..end of each of `heads` streamed heads
+    var end = S;
+    var heads = 1u;
+    if (ROWS_ARE_QUERIES) {
+        if (causal) { end = min(S, r0 + R); }
+    } else {
+        end = T;
+        heads = group;
+        if (causal) { begin = min(r0, T); }
+    }
+    let blocks = (end - begin + C - 1u) / C;
+    stage_fixed(tid, b, head, r0);
+    let st0 = stats_of(b, rows.x, head);   // dq: its rows' L and Delta
+    let st1 = stats_of(b, rows.y, head);
+    let st2 = stats_of(b, rows.z, head);
+    let st3 = stats_of(b, rows.w, head);
+    let row_lse = vec4<f32>(st0.x, st1.x, st2.x, st3.x);
+    let row_delta = vec4<f32>(st0.y, st1.y, st2.y, st3.y);
+    var o = mat4x4<f32>();
+    var mx = vec4<f32>(NEG);    // lse: this thread's running max and sum of exp2 per row
+    var l = vec4<f32>(0.0);
+    for (var it = 0u; it < heads * blocks; it = it + 1u) {
+        let c0 = begin + (it % blocks) * C;
+        let stream_head = select(head * group + it / blocks, head / group, ROWS_ARE_QUERIES);
+        var dp = mat2x4<f32>();
+        if (HAS_DP) {
+            workgroupBarrier();     // the previous block's Ss, Ps are read
+            stage_stream(ROLE_Y, tid, b, stream_head, c0);
+            workgroupBarrier();
+{{DP}}
+        }
+        workgroupBarrier();
+        stage_stream(ROLE_X, tid, b, stream_head, c0);
+        workgroupBarrier();
+        var s = mat2x4<f32>();
+{{SCORES}}
+        let seen0 = visible(rows, c0 + tx, causal);
+        let seen1 = visible(rows, c0 + tx + 16u, causal);
+        if (MODE == MODE_LSE) {
+            let top = max(mx, max(select(vec4<f32>(NEG), s[0], seen0), select(vec4<f32>(NEG), s[1], seen1)));
+            l = l * exp2(mx - top) + select(vec4<f32>(0.0), exp2(s[0] - top), seen0)
+                + select(vec4<f32>(0.0), exp2(s[1] - top), seen1);
+            mx = top;
+        } else {
+            var lse0 = row_lse;
+            var lse1 = row_lse;
+            var delta0 = row_delta;
+            var delta1 = row_delta;
+            if (!ROWS_ARE_QUERIES) {
+                let c = stats_of(b, c0 + tx, stream_head);
+                let c16 = stats_of(b, c0 + tx + 16u, stream_head);
+                lse0 = vec4<f32>(c.x); delta0 = vec4<f32>(c.y);
+                lse1 = vec4<f32>(c16.x); delta1 = vec4<f32>(c16.y);
+            }
+            var w0 = select(vec4<f32>(0.0), exp2(s[0] - lse0), seen0);
+            var w1 = select(vec4<f32>(0.0), exp2(s[1] - lse1), seen1);
+            if (HAS_DP) {
+                w0 = w0 * (dp[0] - delta0);
+                w1 = w1 * (dp[1] - delta1);
+            }
+            Ps[tx * PR + ty] = w0;
+            Ps[(tx + 16u) * PR + ty] = w1;
+            if (MODE == MODE_DV) {
+                workgroupBarrier(); // the scores' reads of Ss are done
+                stage_stream(ROLE_Y, tid, b, stream_head, c0);
+            }
+            workgroupBarrier();
+            let xc = tx * CP;
+{{ACCUMULATE}}
+        }
+    }
+    if (MODE == MODE_LSE) {
+        Ps[tx * PR + ty] = mx;      // Ps is not used by the blocks of this mode
+        workgroupBarrier();
+        let top = rows_max(ty);
+        workgroupBarrier();
+        Ps[tx * PR + ty] = l * exp2(mx - top);
+        workgroupBarrier();
+        let lse = (top + log2(rows_sum(ty))) * LN2;
+        if (tx == 0u) {
+            store_lse(b, head, rows.x, lse.x);
+            store_lse(b, head, rows.y, lse.y);
+            store_lse(b, head, rows.z, lse.z);
+            store_lse(b, head, rows.w, lse.w);
+        }
+    } else {
+        let by_row = transpose(o) * select(1.0, mf(6u), HAS_DP);
+        store_row(b, head, rows.x, tx, by_row[0]);
+        store_row(b, head, rows.y, tx, by_row[1]);
+        store_row(b, head, rows.z, tx, by_row[2]);
+        store_row(b, head, rows.w, tx, by_row[3]);
+    }
+}

@@ -1,0 +1,357 @@
+"""Attention's fused backward (flash attention 2): the attention_lse and attention_grad_q/k/v
+kernels on lavapipe against their numpy references, the references against finite
+differences and torch autograd, the gradient rule against the decomposed one, a GPU
+training step, and whisper-tiny's training plan without its T x S matrices.
+
+Sequence lengths are chosen off the 32-row blocks (1, 33, 70, 130) so the edge masking
+runs; head dims off 64 so threads without an output column run too."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import Graph, codegen, models, reference
+from engine import autodiff
+from engine.autodiff import differentiate
+from engine.compile import OptimizerSpec, compile_plan
+from engine.errors import GraphError
+from engine.ops import ATTENTION, OPS, attention_ref
+from engine.optimize import optimize
+from engine.profiler import estimate_flops
+from engine.runtime import build_inference_session
+from engine.train import TrainConfig
+from engine.training_session import build_session
+from test_runtime import TOL, rel_err
+
+BACKWARD_OPS = ("attention_lse", "attention_grad_q", "attention_grad_k", "attention_grad_v")
+
+
+def attention_attrs(heads, kv_heads, causal, scale):
+    return dict(num_heads=heads, num_kv_heads=kv_heads, causal=causal, scale=scale)
+
+
+def backward_inputs(batch, t, s, heads, kv_heads, d, attrs, seed=0, dtype=np.float32):
+    """Random q, k, v, dout and the lse, delta (float64 references) they imply."""
+    rng = np.random.default_rng(seed)
+    x = {"q": rng.standard_normal((batch, t, heads * d)), "k": rng.standard_normal((batch, s, kv_heads * d)),
+         "v": rng.standard_normal((batch, s, kv_heads * d)), "dout": rng.standard_normal((batch, t, heads * d))}
+    x = {n: a.astype(dtype).astype(np.float64) for n, a in x.items()}
+    return with_row_stats(x, attrs, dtype)
+
+
+def with_row_stats(x, attrs, dtype=np.float32):
+    batch, t, width = x["q"].shape
+    out = attention_ref(x["q"], x["k"], x["v"], **attrs)
+    x["lse"] = OPS["attention_lse"].ref(x["q"], x["k"], **attrs)
+    x["delta"] = (x["dout"] * out).reshape(batch, t, attrs["num_heads"], -1).sum(-1)
+    return {n: a.astype(dtype) for n, a in x.items()}
+
+
+def backward_graph(batch, t, s, heads, kv_heads, d, attrs):
+    """One node of each backward op, on inputs q, k, v, dout, lse, delta."""
+    g = Graph("attention-backward")
+    q, k, v, dout = (g.input(n, shape) for n, shape in (("q", [batch, t, heads * d]), ("k", [batch, s, kv_heads * d]),
+                                                         ("v", [batch, s, kv_heads * d]), ("dout", [batch, t, heads * d])))
+    lse, delta = g.input("lse", [batch, t, heads]), g.input("delta", [batch, t, heads])
+    g.output("lse_out", g.apply("attention_lse", q, k, **attrs))
+    g.output("dq", g.apply("attention_grad_q", q, k, v, dout, lse, delta, **attrs))
+    g.output("dk", g.apply("attention_grad_k", q, k, v, dout, lse, delta, **attrs))
+    g.output("dv", g.apply("attention_grad_v", q, k, dout, lse, **attrs))
+    return g
+
+
+def run_backward(batch, t, s, heads, kv_heads, d, causal=False, scale=None, inputs=None, seed=0):
+    """(GPU outputs, float64 reference outputs) of the four ops."""
+    attrs = attention_attrs(heads, kv_heads, causal, scale)
+    g = backward_graph(batch, t, s, heads, kv_heads, d, attrs)
+    inputs = inputs if inputs is not None else backward_inputs(batch, t, s, heads, kv_heads, d, attrs, seed)
+    session = build_inference_session(g, optimize=False)
+    assert [dispatch.variant.startswith("tiled backward") for dispatch in session.plan.dispatches] == [True] * 4
+    session.set_inputs(inputs)
+    session.run()
+    ref = reference.run(g, inputs, {}, np.float64)
+    return {n: session.read_output(n) for n in g.outputs}, ref
+
+
+def assert_close(got, want, tol=TOL):
+    errs = {n: rel_err(got[n], want[n]) for n in want}
+    assert all(e < tol for e in errs.values()), errs
+
+
+# ---------------------------------------------------------------- kernels against the references
+
+CASES = {
+    # name: batch, T, S, heads, kv heads, D, causal, scale
+    "causal": (2, 70, 70, 2, 2, 64, True, None),
+    "full": (2, 70, 70, 2, 2, 64, False, None),
+    "gqa-3-groups-causal": (1, 130, 130, 6, 2, 64, True, None),
+    "gqa-2-groups": (1, 130, 130, 6, 3, 64, False, None),
+    "cross-more-keys-scaled": (2, 33, 130, 6, 3, 64, False, 0.3),
+    "cross-fewer-keys": (1, 130, 33, 2, 1, 64, False, None),
+    "causal-more-keys": (1, 40, 70, 2, 1, 64, True, None),
+    "causal-fewer-keys": (1, 70, 40, 2, 1, 64, True, None),
+    "one-query": (2, 1, 70, 2, 2, 64, False, None),
+    "head-dim-8": (2, 70, 45, 6, 2, 8, False, 0.7),
+    "head-dim-36-causal": (1, 70, 70, 3, 3, 36, True, None),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_backward_kernels_match_the_reference(case):
+    assert_close(*run_backward(*CASES[case]))
+
+
+@pytest.mark.parametrize("shape,causal", [((2, 1, 70), True), ((1, 70, 1), False)], ids=["one-query-causal", "one-key"])
+def test_one_visible_key_gives_zero_dq_and_dk(shape, causal):
+    """With one visible key P = 1 and dP = Delta, so dS = 0: dq and dk vanish (the
+    reference only rounds), while lse and dv = dout are as usual."""
+    got, want = run_backward(*shape, 2, 2, 64, causal)
+    assert_close(got, {n: want[n] for n in ("lse_out", "dv")})
+    for n in ("dq", "dk"):
+        assert np.abs(got[n]).max() < 1e-5 and np.abs(want[n]).max() < 1e-5, n
+
+
+def test_lse_rescales_when_a_later_block_has_the_max():
+    """Scores grow along the keys and span hundreds: each key block raises every row's
+    max, so the running sums are rescaled block after block; exp of an unshifted score
+    would overflow f32. (Only lse is compared: with so peaked a softmax, dS = P (dP -
+    Delta) nearly cancels, and f32 scores of ~500 leave dq and dk no accurate digits.)"""
+    attrs = attention_attrs(1, 1, False, 1.0)
+    rng = np.random.default_rng(3)
+    q = np.abs(rng.standard_normal((1, 70, 64))) + 0.5
+    k = (np.abs(rng.standard_normal((1, 200, 64))) + 0.5) * np.linspace(0.0, 6.0, 200)[None, :, None]
+    x = {"q": q, "k": k, "v": rng.standard_normal((1, 200, 64)), "dout": rng.standard_normal((1, 70, 64))}
+    inputs = with_row_stats({n: a.astype(np.float32).astype(np.float64) for n, a in x.items()}, attrs)
+    got, want = run_backward(1, 70, 200, 1, 1, 64, scale=1.0, inputs=inputs)
+    assert np.abs(want["lse_out"]).max() > 300
+    assert_close(got, {"lse_out": want["lse_out"]})
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_backward_over_whisper_length(causal):
+    """1500 queries x 1500 keys at head dim 64, whisper-tiny's encoder."""
+    assert_close(*run_backward(1, 1500, 1500, 1, 1, 64, causal, seed=1))
+
+
+def test_backward_over_many_blocks():
+    """llvmpipe (lavapipe) ends an invocation after ~65535 loop iterations in total and
+    silently leaves the rest undone. The kernels unroll d, a block's rows and the staging,
+    so one iteration a block is left: lse and dq stream 100,000 keys; dk and dv stream
+    3 heads x 30,000 queries (grouped-query)."""
+    assert_close(*run_backward(1, 40, 100_000, 1, 1, 64, seed=2))
+    assert_close(*run_backward(1, 30_000, 40, 3, 1, 64, seed=3))
+
+
+def test_layers_of_one_head_dim_share_pipelines():
+    """Shapes, heads, causal and scale live in meta, not in the source; each op has its own."""
+    def sources(*shape, causal=False, scale=None):
+        g = backward_graph(*shape, attention_attrs(shape[3], shape[4], causal, scale))
+        return [codegen.kernel_for(g, n).source for n in g.nodes if n.op in BACKWARD_OPS]
+    a, b = sources(2, 70, 70, 6, 2, 64, causal=True), sources(1, 33, 130, 2, 2, 64, scale=0.3)
+    assert a == b and len(set(a)) == 4
+
+
+def test_profiler_counts_each_op_by_its_passes_over_the_scores():
+    """The Studio colours them as attention, and the profiler's flops follow their matmul-
+    shaped passes: the forward's 2 (q kᵀ, P v), lse's 1, dq's and dk's 3, dv's 2."""
+    attrs = attention_attrs(6, 2, False, None)
+    g = backward_graph(2, 70, 45, 6, 2, 64, attrs)
+    q, k, v = (g.inputs[n] for n in "qkv")
+    forward = g[g.attention(q, k, v, 6, 2)]
+    pairs = 2 * 6 * 70 * 45
+    assert estimate_flops(g, forward) == 4 * pairs * 64 + 5 * pairs
+    passes = {n.op: (estimate_flops(g, n) - 5 * pairs) / (2 * pairs * 64) for n in g.nodes if n.op in BACKWARD_OPS}
+    assert passes == {"attention_lse": 1, "attention_grad_q": 3, "attention_grad_k": 3, "attention_grad_v": 2}
+    assert all(OPS[op].archetype == ATTENTION for op in BACKWARD_OPS)
+
+
+def test_head_dims_without_tiled_kernels_are_refused_by_codegen():
+    g = backward_graph(1, 8, 8, 2, 2, 6, attention_attrs(2, 2, False, None))
+    node = next(n for n in g.nodes if n.op == "attention_grad_q")
+    with pytest.raises(codegen.UnsupportedOpError, match="head dim 6"):
+        codegen.kernel_for(g, node)
+
+
+# ---------------------------------------------------------------- the references against the math
+
+def attention_loss_grads_fd(q, k, v, r, attrs, h=1e-6):
+    """d sum(attention(q, k, v) * r) / d q, k, v by float64 central differences."""
+    grads = []
+    for x in (q, k, v):
+        grad = np.zeros_like(x)
+        for idx in np.ndindex(*x.shape):
+            old = x[idx]
+            x[idx] = old + h
+            up = (attention_ref(q, k, v, **attrs) * r).sum()
+            x[idx] = old - h
+            down = (attention_ref(q, k, v, **attrs) * r).sum()
+            x[idx] = old
+            grad[idx] = (up - down) / (2 * h)
+        grads.append(grad)
+    return grads
+
+
+def reference_grads(x, attrs):
+    dq = OPS["attention_grad_q"].ref(x["q"], x["k"], x["v"], x["dout"], x["lse"], x["delta"], **attrs)
+    dk = OPS["attention_grad_k"].ref(x["q"], x["k"], x["v"], x["dout"], x["lse"], x["delta"], **attrs)
+    dv = OPS["attention_grad_v"].ref(x["q"], x["k"], x["dout"], x["lse"], **attrs)
+    return dq, dk, dv
+
+
+def relative_error(got, want):
+    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-12))
+
+
+REF_CASES = {
+    # name: batch, T, S, heads, kv heads, D, causal, scale
+    "causal-gqa": (2, 3, 3, 2, 1, 4, True, None),
+    "cross-scaled": (1, 3, 5, 2, 2, 4, False, 0.3),
+    "causal-fewer-keys-gqa-3": (1, 4, 3, 3, 1, 4, True, 0.8),
+}
+
+
+@pytest.mark.parametrize("case", REF_CASES)
+def test_reference_gradients_match_central_differences(case):
+    batch, t, s, heads, kv_heads, d, causal, scale = REF_CASES[case]
+    attrs = attention_attrs(heads, kv_heads, causal, scale)
+    x = backward_inputs(batch, t, s, heads, kv_heads, d, attrs, seed=5, dtype=np.float64)
+    fd = attention_loss_grads_fd(x["q"], x["k"], x["v"], x["dout"], attrs)
+    for name, got, want in zip("qkv", reference_grads(x, attrs), fd):
+        assert relative_error(got, want) < 1e-7, name
+
+
+TORCH_CASES = {
+    "gqa-3-groups-causal": (2, 7, 7, 6, 2, 8, True, None),
+    "gqa-2-groups-cross": (2, 5, 9, 6, 3, 8, False, 0.3),
+    "mha-cross-causal": (1, 9, 5, 2, 2, 8, True, None),
+}
+
+
+@pytest.mark.parametrize("case", TORCH_CASES)
+def test_reference_gradients_match_torch_autograd(case):
+    batch, t, s, heads, kv_heads, d, causal, scale = TORCH_CASES[case]
+    attrs = attention_attrs(heads, kv_heads, causal, scale)
+    x = backward_inputs(batch, t, s, heads, kv_heads, d, attrs, seed=6, dtype=np.float64)
+    q, k, v = (torch.tensor(x[n], requires_grad=True) for n in "qkv")
+    split = lambda y, n: y.reshape(batch, y.shape[1], n, d).transpose(1, 2)  # noqa: E731
+    # torch's is_causal aligns the mask top-left (key j visible to query i iff j <= i), as ours does
+    o = F.scaled_dot_product_attention(split(q, heads), split(k, kv_heads), split(v, kv_heads), is_causal=causal,
+                                       scale=scale, enable_gqa=True)
+    o.transpose(1, 2).reshape(batch, t, heads * d).backward(torch.tensor(x["dout"]))
+    for name, got, want in zip("qkv", reference_grads(x, attrs), (q.grad, k.grad, v.grad)):
+        assert relative_error(got, want.numpy()) < 1e-12, name
+
+
+# ---------------------------------------------------------------- the gradient rule
+
+def attention_loss_graph(batch, t, s, heads, kv_heads, d, causal, scale, seed=7):
+    """loss = sum(attention(q, k, v) * R) with q, k, v parameters and R a fixed constant."""
+    rng = np.random.default_rng(seed)
+    g = Graph("attention-loss")
+    q = g.parameter("q", (batch, t, heads * d))
+    k, v = (g.parameter(n, (batch, s, kv_heads * d)) for n in "kv")
+    out = g.attention(q, k, v, heads, kv_heads, causal=causal, scale=scale)
+    r = rng.standard_normal((batch, t, heads * d)).astype(np.float32).astype(np.float64)
+    g.output("loss", g.sum(g.mul(out, g.constant(r))))
+    params = {n: rng.standard_normal(g[i].shape) for n, i in g.parameters.items()}
+    return g, params, r
+
+
+def gradients(train, pairs, params):
+    values = reference.run(train, {}, params, np.float64)
+    return {p: values[name] for p, name in pairs}
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fused_rule_matches_the_decomposed_one(causal, monkeypatch):
+    # scale 0.5 is exact in float32, as the decomposition's constants are
+    g, params, _ = attention_loss_graph(2, 5, 7, 6, 2, 8, causal, 0.5)
+    fused, pairs = differentiate(g)
+    ops = [n.op for n in fused.nodes]
+    assert all(ops.count(op) == 1 for op in BACKWARD_OPS) and "softmax" not in ops
+    assert not any(n.shape[-2:] == (5, 7) for n in fused.nodes)   # no [.., T, S] tensor
+    monkeypatch.setitem(autodiff.GRADIENTS, "attention", autodiff.decomposed_attention_grad)
+    decomposed, decomposed_pairs = differentiate(g)
+    assert "softmax" in [n.op for n in decomposed.nodes] and decomposed_pairs == pairs
+    want = gradients(decomposed, pairs, params)
+    for name, got in gradients(fused, pairs, params).items():
+        assert np.abs(got - want[name]).max() <= 1e-12 * np.abs(want[name]).max(), name
+
+
+def test_head_dims_without_tiled_kernels_keep_the_decomposed_rule():
+    g, params, r = attention_loss_graph(1, 4, 4, 2, 1, 6, True, None)
+    train, pairs = differentiate(g)
+    ops = {n.op for n in train.nodes}
+    assert "softmax" in ops and not ops & set(BACKWARD_OPS)
+    fd = attention_loss_grads_fd(*(params[n].copy() for n in "qkv"), r, attention_attrs(2, 1, True, None))
+    got = gradients(train, pairs, params)
+    for name, want in zip("qkv", fd):
+        assert relative_error(got[name], want) < 1e-6, name
+
+
+def test_second_derivatives_of_attention_are_refused():
+    g = Graph("second")
+    q, k, v = (g.parameter(n, (1, 4, 8)) for n in "qkv")
+    lse = g.apply("attention_lse", q, k, num_heads=2)
+    g.output("loss", g.sum(lse))
+    with pytest.raises(GraphError, match="attention_lse.*no gradient rule"):
+        differentiate(g)
+
+
+# ---------------------------------------------------------------- training
+
+def attention_block(batch=2, t=70, width=64, heads=4, kv_heads=2):
+    """x -> q, k, v projections -> causal grouped-query attention -> output projection -> mse."""
+    g = Graph("attention-block")
+    x, target = g.input("x", (batch, t, width)), g.input("target", (batch, t, width))
+    d = width // heads
+    q = g.matmul(x, g.parameter("wq", (width, width)))
+    k = g.matmul(x, g.parameter("wk", (width, kv_heads * d)))
+    v = g.matmul(x, g.parameter("wv", (width, kv_heads * d)))
+    out = g.matmul(g.attention(q, k, v, heads, kv_heads, causal=True), g.parameter("wo", (width, width)))
+    g.output("loss", g.mse_loss(out, target))
+    return g
+
+
+def test_gpu_training_step_gradients_match_the_reference():
+    g = attention_block()
+    rng = np.random.default_rng(8)
+    params = {n: (rng.standard_normal(g[i].shape) / math.sqrt(g[i].shape[0])).astype(np.float32)
+              for n, i in g.parameters.items()}
+    batch = {n: rng.standard_normal(g[i].shape).astype(np.float32) for n, i in g.inputs.items()}
+    session = build_session(g, TrainConfig(optimizer="sgd", lr=0.1), params)
+    assert {d.kernel.split(":")[0] for d in session.plan.dispatches} >= set(BACKWARD_OPS)
+    session.set_inputs(batch)
+    loss, _ = session.step()
+    train, pairs = differentiate(g)
+    want = reference.run(train, batch, params, np.float64)
+    assert abs(loss - want["loss"]) <= 1e-5 * abs(want["loss"])
+    for p, name in pairs:
+        assert rel_err(session.read_output(name), want[name]) < TOL, p
+
+
+def whisper_training_plan(decomposed: bool, monkeypatch) -> tuple:
+    """whisper-tiny's training graph at mel_len=3000 (T = S = 1500, 6 heads of 64), fused,
+    differentiated and fused again as a TrainingSession does, and its plan (no GPU needed)."""
+    if decomposed:
+        monkeypatch.setitem(autodiff.GRADIENTS, "attention", autodiff.decomposed_attention_grad)
+    graph = models.create("whisper-tiny", mel_len=3000).build(train=True)
+    forward, _ = optimize(graph)
+    train, pairs = differentiate(forward)
+    train, _ = optimize(train)
+    spec = OptimizerSpec.from_config(TrainConfig(), graph, [p for p, _ in pairs])
+    monkeypatch.undo()
+    return train, compile_plan(train, gradients=dict(pairs), optimizer=spec)
+
+
+def test_whisper_training_plan_holds_no_score_matrix(monkeypatch):
+    train, plan = whisper_training_plan(False, monkeypatch)
+    assert not [n for n in train.nodes if n.shape[-2:] == (1500, 1500)]
+    ops = [n.op for n in train.nodes]
+    assert all(ops.count(op) == 4 for op in BACKWARD_OPS)   # one of each per layer
+    decomposed, before = whisper_training_plan(True, monkeypatch)
+    assert [n for n in decomposed.nodes if n.shape[-2:] == (1500, 1500)]
+    assert plan.peak_bytes < 0.6 * before.peak_bytes, (plan.peak_bytes, before.peak_bytes)
