@@ -921,7 +921,7 @@ def _attention_tiled(graph, node, bsz, t, s, h, hkv, d, causal, scale) -> Kernel
     meta = [t, s, h, hkv, causal, f32_bits(scale * math.log2(math.e))]
     vec4 = "vec4<f32>"
     kernel = _finish("attention", "attention", "attention_tiled.wgsl", ["q", "k", "v"], [vec4] * 3, vec4,
-                     meta, grid, D=d,
+                     meta, grid, D=d, ROWS=_render("attention_rows.wgsl", PARTIALS="red", STRIDE="PS"),
                      SCORES="\n".join(f"        s = qk_step(s, Qs[{i}u * QV + ty], Ks[{i}u * KV2 + tx]);"
                                        for i in range(d)),
                      ACCUMULATE="\n".join(f"            o = pv_step(o, Ps[{j}u * PS + ty], Vs[{j}u * D4 + tx]);"
@@ -1001,7 +1001,7 @@ def _attention_backward(graph: Graph, node: Node, caps: Capabilities = PLAIN) ->
     types = ["f32" if n in ("lse", "delta") else "vec4<f32>" for n in mode.operands]
     a, b, x, y = mode.roles
     kernel = _finish(node.op, "attention", "attention_backward.wgsl", list(mode.operands), types, "f32", meta,
-                     grid, D=d, MODE=mode.index, A=a, B=b, X=x, Y=y,
+                     grid, D=d, MODE=mode.index, ROWS=_render("attention_rows.wgsl", PARTIALS="Ps", STRIDE="PR"), A=a, B=b, X=x, Y=y,
                      LSE_AT="lse[i] * LOG2E" if "lse" in mode.operands else "0.0",
                      DELTA_AT="delta[i]" if "delta" in mode.operands else "0.0",
                      BS_LEN="D * RV" if mode.has_dp else "1u", SS_ROWS=16 * groups,

@@ -159,18 +159,7 @@ fn store_lse(b: u32, head: u32, row: u32, l: f32) {
     if (row < m(0u)) { out[(b * m(0u) + row) * m(2u) + head] = l; }
 }
 
-// The 16 partials (one per thread column) of this thread's 4 rows, combined.
-fn rows_max(ty: u32) -> vec4<f32> {
-    var r = Ps[ty];
-    for (var j = 1u; j < 16u; j = j + 1u) { r = max(r, Ps[j * PR + ty]); }
-    return r;
-}
-
-fn rows_sum(ty: u32) -> vec4<f32> {
-    var r = Ps[ty];
-    for (var j = 1u; j < 16u; j = j + 1u) { r = r + Ps[j * PR + ty]; }
-    return r;
-}
+{{ROWS}}
 
 @compute @workgroup_size(128)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {

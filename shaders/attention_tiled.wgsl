@@ -99,18 +99,7 @@ fn stage_kv(tid: u32, b: u32, hk: u32, k0: u32) {
     }
 }
 
-// The 16 partials of this thread's 4 query rows, combined.
-fn rows_max(ty: u32) -> vec4<f32> {
-    var r = red[ty];
-    for (var j = 1u; j < 16u; j = j + 1u) { r = max(r, red[j * PS + ty]); }
-    return r;
-}
-
-fn rows_sum(ty: u32) -> vec4<f32> {
-    var r = red[ty];
-    for (var j = 1u; j < 16u; j = j + 1u) { r = r + red[j * PS + ty]; }
-    return r;
-}
+{{ROWS}}
 
 fn store_row(b: u32, h: u32, t: u32, c4: u32, x: vec4<f32>) {
     let T = m(0u);
