@@ -228,10 +228,10 @@ def _step_dispatch(plan, d) -> DispatchInfo:
     over its elements, FLOPs per element of its rule."""
     n = d.elements
     role = d.kernel.split(":", 1)[1]
-    if role == "norm_total":
-        nbytes, flops = 4 * n + 4, n
-    elif role == "sum_squares":
-        nbytes, flops = 4 * n + 4 * norm_partials(n), 2 * n
+    if role == "norm_total":   # n partials, two floats each (scale, scaled sum of squares)
+        nbytes, flops = 8 * n + 4, 3 * n
+    elif role == "sum_squares":  # two passes over the gradient (its max, then the scaled squares)
+        nbytes, flops = 8 * n + 8 * norm_partials(n), 3 * n
     elif role == "gradient":  # copy:gradient
         nbytes, flops = 8 * n, 0
     else:
