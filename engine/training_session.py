@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from . import codegen
 from .autodiff import differentiate
 from .compile import OptimizerSpec, cached_plan
 from .device import device_guard, get_device
