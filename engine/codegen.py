@@ -68,8 +68,6 @@ class Kernel:
     name: str
     archetype: str
     source: str
-    operand_types: list[str]          # WGSL element type of each operand binding
-    out_type: str
     meta: list[int]
     workgroups: tuple[int, int, int]
     meta_vec4: int = 1
@@ -166,7 +164,7 @@ def _finish(name, archetype, template, operand_names, operand_types, out_type, m
                      BINDINGS=_bindings(operand_names, operand_types, out_type), **sg, **subs)
     if enables:
         source = "".join(f"enable {e};\n" for e in dict.fromkeys(enables)) + source
-    return Kernel(name, archetype, source, operand_types, out_type, meta, workgroups, n4)
+    return Kernel(name, archetype, source, meta, workgroups, n4)
 
 
 # ---------------------------------------------------------------- pointwise

@@ -39,7 +39,7 @@ from .graph import Graph
 from .ops import OPS, SOURCE, VIEW
 from .paths import shader_dir
 
-PLAN_FORMAT = 2
+PLAN_FORMAT = 3
 ALIGN = 256  # storage-buffer offset alignment: a multiple of every adapter's minimum
 ARENA_BYTES = 2**27  # WebGPU's default max_storage_buffer_binding_size: any adapter binds an arena this big
 READ, READ_WRITE = "read", "read_write"
@@ -79,8 +79,6 @@ class Dispatch:
     kernel: str
     archetype: str
     nodes: list[int]
-    reads: list[int]
-    writes: list[int]
     elements: int
     key: str = ""
     variant: str = ""
@@ -89,6 +87,16 @@ class Dispatch:
     bindings: list[Binding] = field(default_factory=list)
     group: int | None = None
     names: list[str] = field(default_factory=list)
+
+    @property
+    def reads(self) -> list[int]:
+        """The buffers it binds read-only."""
+        return [b.buffer for b in self.bindings if b.access == READ]
+
+    @property
+    def writes(self) -> list[int]:
+        """The buffers it binds read-write."""
+        return [b.buffer for b in self.bindings if b.access == READ_WRITE]
 
 
 @dataclass
@@ -324,9 +332,8 @@ class _PlanBuilder:
         self.kernels.setdefault(key, KernelSource(kernel.name, kernel.archetype, kernel.source, list(access),
                                                   kernel.meta_vec4 * 16, kernel.guarded))
         binds = [Binding(b, off, size, a) for (b, off, size), a in zip(bindings, access)]
-        d = Dispatch(len(self.dispatches), name, kernel.archetype, list(nodes),
-                     [b.buffer for b in binds if b.access == READ], [b.buffer for b in binds if b.access == READ_WRITE],
-                     int(elements), key, kernel_variant(kernel), [int(w) & 0xFFFFFFFF for w in kernel.meta],
+        d = Dispatch(len(self.dispatches), name, kernel.archetype, list(nodes), int(elements), key,
+                     kernel_variant(kernel), [int(w) & 0xFFFFFFFF for w in kernel.meta],
                      [int(w) for w in kernel.workgroups], binds, group, list(names))
         self.dispatches.append(d)
         return d
