@@ -75,7 +75,7 @@ def kernel_paths() -> dict:
     from . import codegen, device
 
     paths = codegen.Capabilities.from_features(device.device_features()).describe()
-    if any(str(f).startswith("cooperative-matri") for f in device.get_adapter().features):
+    if _has_feature("cooperative-matrix", [str(f) for f in device.get_adapter().features]):
         paths["cooperative_matrix"] = ("offered, not used: wgpu-native 29 cannot enable wgpu's experimental "
                                        "features")
     return paths
