@@ -911,21 +911,77 @@ def _attention_per_query(graph, node, bsz, t, s, h, hkv, d, causal, scale) -> Ke
     return kernel
 
 
-def _attention_tiled(graph, node, bsz, t, s, h, hkv, d, causal, scale) -> Kernel:
-    grid = (-(-t // ATTENTION_BLOCK), h, bsz)
+# An attention grid of fewer workgroups than this splits its streamed side (below);
+# measured on the H100 (docs/benchmarks.md, run 12).
+ATTENTION_FILL = 6 * 132   # six workgroups on each of an H100's 132 SMs
+ATTENTION_MIN_PART = 8     # streamed blocks a part keeps at least
+ATTENTION_MAX_SPLITS = 16
+
+
+def attention_splits(grid: int, streamed_blocks: int) -> int:
+    """How many parts an attention kernel with ``grid`` workgroups (blocks of fixed rows x
+    heads x batch) splits each workgroup's ``streamed_blocks`` blocks into. Whisper's
+    encoder at batch 1 has 47 x 6 blocks of 32 queries, 282 workgroups of 128 threads:
+    two an SM, too few to hide memory latency; splitting the keys three ways took its
+    forward from 0.378 to 0.324 ms and its backward from 1.82 to 1.62 ms on the H100, at
+    the price of partial results and a second dispatch that combines them. Short streams
+    lose: gpt-tiny's 8 blocks of 256 causal keys ran 20% slower split in two.
+    ``MEGANEURA_ATTENTION_SPLITS=N`` forces N (benchmarks and tests)."""
+    forced = os.environ.get("MEGANEURA_ATTENTION_SPLITS")
+    if forced:
+        return max(1, min(int(forced), streamed_blocks))
+    if grid >= ATTENTION_FILL:
+        return 1
+    return max(1, min(-(-ATTENTION_FILL // grid), streamed_blocks // ATTENTION_MIN_PART, ATTENTION_MAX_SPLITS))
+
+
+def _split_grid(graph: Graph, node: Node, blocks: int, heads: int, bsz: int, splits: int):
+    grid = (blocks, heads, bsz * splits)
     if max(grid) > MAX_WORKGROUPS:
-        raise DeviceError(f"{graph.format_node(node)}: attention grid {grid[0]} x {h} x {bsz} exceeds "
-                          f"{MAX_WORKGROUPS} workgroups per dimension")
-    meta = [t, s, h, hkv, causal, f32_bits(scale * math.log2(math.e))]
+        raise DeviceError(f"{graph.format_node(node)}: attention grid {grid} exceeds {MAX_WORKGROUPS} "
+                          f"workgroups per dimension")
+    return grid
+
+
+_SPLIT_MODES = {"softmax": 0, "sum": 1, "logsumexp": 2}
+
+
+def _split_combine(kernel: Kernel, mode: str, splits: int, n: int, partials: int, dims=(0, 0, 0, 0),
+                   streamed: str = "keys") -> Kernel:
+    """Make ``kernel`` (whose output binding now receives ``partials`` floats from
+    ``splits`` parts) the first stage of a two-dispatch node whose second stage combines
+    the parts into the ``n`` outputs (vec4s for ``softmax``): attention_splits.wgsl."""
+    bsz, t, h, d4 = dims
+    typ = "vec4<f32>" if mode == "softmax" else "f32"
+    zero = "vec4<f32>(0.0)" if mode == "softmax" else "0.0"
+    kernel.partials = partials
+    kernel.finish = _finish(f"{kernel.name}:combine", "reduction", "attention_splits.wgsl", ["partials"], [typ],
+                            typ, [n, splits, bsz, t, h, d4, -(-t // 4)], grid_1d(-(-n // WG)),
+                            MODE=_SPLIT_MODES[mode], OUT_TYPE=typ, ZERO=zero,
+                            STAT="partials[at][t % 4u]" if mode == "softmax" else "0.0")
+    kernel.notes["variant"] += f", {streamed} split {splits} ways"
+    return kernel
+
+
+def _attention_tiled(graph, node, bsz, t, s, h, hkv, d, causal, scale) -> Kernel:
+    blocks = -(-t // ATTENTION_BLOCK)
+    splits = attention_splits(blocks * h * bsz, -(-s // ATTENTION_BLOCK))
+    grid = _split_grid(graph, node, blocks, h, bsz, splits)
+    meta = [t, s, h, hkv, causal, f32_bits(scale * math.log2(math.e)), splits, bsz]
     vec4 = "vec4<f32>"
     kernel = _finish("attention", "attention", "attention_tiled.wgsl", ["q", "k", "v"], [vec4] * 3, vec4,
                      meta, grid, D=d, ROWS=_render("attention_rows.wgsl", PARTIALS="red", STRIDE="PS"),
+                     SPLIT="true" if splits > 1 else "false",
                      SCORES="\n".join(f"        s = qk_step(s, Qs[{i}u * QV + ty], Ks[{i}u * KV2 + tx]);"
                                        for i in range(d)),
                      ACCUMULATE="\n".join(f"            o = pv_step(o, Ps[{j}u * PS + ty], Vs[{j}u * D4 + tx]);"
                                            for j in range(ATTENTION_BLOCK)))
     kernel.notes["variant"] = (f"tiled (flash) {ATTENTION_BLOCK} queries x {ATTENTION_BLOCK} keys, "
                                f"4x2 scores and 4x4 outputs/thread")
+    if splits > 1:
+        rows = bsz * t * h
+        stats = splits * bsz * h * -(-t // 4) * 8
+        _split_combine(kernel, "softmax", splits, rows * d // 4, splits * rows * d + stats, (bsz, t, h, d // 4))
     return kernel
 
 
@@ -989,11 +1045,11 @@ def _attention_backward(graph: Graph, node: Node, caps: Capabilities = PLAIN) ->
         raise UnsupportedOpError(f"{graph.format_node(node)}: no {node.op} kernel for head dim {d} (it takes "
                                  f"multiples of 4 up to 64); differentiate attention with such heads "
                                  f"by decomposition")
-    grid = (-(-(t if mode.fixed_queries else s) // ATTENTION_BLOCK), h if mode.fixed_queries else hkv, bsz)
-    if max(grid) > MAX_WORKGROUPS:
-        raise DeviceError(f"{graph.format_node(node)}: attention grid {grid} exceeds {MAX_WORKGROUPS} "
-                          f"workgroups per dimension")
-    meta = [t, s, h, hkv, causal, f32_bits(scale * math.log2(math.e)), f32_bits(scale)]
+    fixed, streamed = (t, s) if mode.fixed_queries else (s, t * (h // hkv))
+    blocks, heads = -(-fixed // ATTENTION_BLOCK), h if mode.fixed_queries else hkv
+    splits = attention_splits(blocks * heads * bsz, -(-streamed // ATTENTION_BLOCK))
+    grid = _split_grid(graph, node, blocks, heads, bsz, splits)
+    meta = [t, s, h, hkv, causal, f32_bits(scale * math.log2(math.e)), f32_bits(scale), splits, node.size]
     groups = -(-d // 16)
     stage_steps = -(-ATTENTION_BLOCK * d // 4 // _THREADS)
     types = ["f32" if n in ("lse", "delta") else "vec4<f32>" for n in mode.operands]
@@ -1011,6 +1067,9 @@ def _attention_backward(graph: Graph, node: Node, caps: Capabilities = PLAIN) ->
     fixed, streamed = ("queries", "keys") if mode.fixed_queries else ("keys", "queries")
     kernel.notes["variant"] = (f"tiled backward: {ATTENTION_BLOCK} {fixed} a workgroup, {streamed} streamed "
                                f"{ATTENTION_BLOCK} at a time, 4x2 scores and 4x{groups} outputs/thread")
+    if splits > 1:
+        _split_combine(kernel, "logsumexp" if mode.index == 0 else "sum", splits, node.size, splits * node.size,
+                       streamed=streamed)
     return kernel
 
 

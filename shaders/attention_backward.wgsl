@@ -27,8 +27,11 @@
 // = 29,440 bytes (lavapipe offers 32 KiB).
 // q, dout: [B, T, H*D] and k, v: [B, S, HKV*D], read as vec4 (D % 4 == 0, D <= 64); lse, delta:
 // [B, T, H]. out: lse [B, T, H], dq [B, T, H*D], dk and dv [B, S, HKV*D].
-// meta: [T, S, H, HKV, causal, scale * log2(e), scale]; grid: (ceil(fixed rows / R), heads of
-// the fixed side, B)
+// Split: when that grid is too small to fill the GPU, each workgroup's streamed blocks are
+// shared among `splits` workgroups, part p writing its partial output at p * N (N = the
+// output's elements) for attention_splits.wgsl to add up (lse: to take their logsumexp).
+// meta: [T, S, H, HKV, causal, scale * log2(e), scale, splits, N]; grid: (ceil(fixed rows / R),
+// heads of the fixed side, B * splits)
 
 {{PRELUDE}}
 
@@ -145,18 +148,18 @@ fn visible(rows: vec4<u32>, col: u32, causal: bool) -> vec4<bool> {
 }
 
 // Output row `row` of the fixed side, columns tx + 16 r from x[r].
-fn store_row(b: u32, head: u32, row: u32, tx: u32, x: vec4<f32>) {
+fn store_row(part: u32, b: u32, head: u32, row: u32, tx: u32, x: vec4<f32>) {
     let n = select(m(1u), m(0u), ROWS_ARE_QUERIES);
     if (row >= n) { return; }
-    let at = ((b * n + row) * select(m(3u), m(2u), ROWS_ARE_QUERIES) + head) * D + tx;
+    let at = part * m(8u) + ((b * n + row) * select(m(3u), m(2u), ROWS_ARE_QUERIES) + head) * D + tx;
     if (tx < D) { out[at] = x.x; }
     if (tx + 16u < D) { out[at + 16u] = x.y; }
     if (tx + 32u < D) { out[at + 32u] = x.z; }
     if (tx + 48u < D) { out[at + 48u] = x.w; }
 }
 
-fn store_lse(b: u32, head: u32, row: u32, l: f32) {
-    if (row < m(0u)) { out[(b * m(0u) + row) * m(2u) + head] = l; }
+fn store_lse(part: u32, b: u32, head: u32, row: u32, l: f32) {
+    if (row < m(0u)) { out[part * m(8u) + (b * m(0u) + row) * m(2u) + head] = l; }
 }
 
 {{ROWS}}
@@ -167,8 +170,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let S = m(1u);
     let group = m(2u) / m(3u);
     let causal = m(4u) != 0u;
+    let splits = m(7u);
     let head = wg.y;        // of the fixed rows: a query head (lse, dq) or a kv head (dk, dv)
-    let b = wg.z;
+    let b = wg.z / splits;
+    let part = wg.z % splits;
     let r0 = wg.x * R;
     let tx = tid % 16u;
     let ty = tid / 16u;
@@ -194,7 +199,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var o = mat4x4<f32>();
     var mx = vec4<f32>(NEG);    // lse: this thread's running max and sum of exp2 per row
     var l = vec4<f32>(0.0);
-    for (var it = 0u; it < heads * blocks; it = it + 1u) {
+    let per_part = (heads * blocks + splits - 1u) / splits;
+    let last = min(heads * blocks, (part + 1u) * per_part);
+    for (var it = part * per_part; it < last; it = it + 1u) {
         let c0 = begin + (it % blocks) * C;
         let stream_head = select(head * group + it / blocks, head / group, ROWS_ARE_QUERIES);
         var dp = mat2x4<f32>();
@@ -253,16 +260,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         workgroupBarrier();
         let lse = (top + log2(rows_sum(ty))) * LN2;
         if (tx == 0u) {
-            store_lse(b, head, rows.x, lse.x);
-            store_lse(b, head, rows.y, lse.y);
-            store_lse(b, head, rows.z, lse.z);
-            store_lse(b, head, rows.w, lse.w);
+            store_lse(part, b, head, rows.x, lse.x);
+            store_lse(part, b, head, rows.y, lse.y);
+            store_lse(part, b, head, rows.z, lse.z);
+            store_lse(part, b, head, rows.w, lse.w);
         }
     } else {
         let by_row = transpose(o) * select(1.0, mf(6u), HAS_DP);
-        store_row(b, head, rows.x, tx, by_row[0]);
-        store_row(b, head, rows.y, tx, by_row[1]);
-        store_row(b, head, rows.z, tx, by_row[2]);
-        store_row(b, head, rows.w, tx, by_row[3]);
+        store_row(part, b, head, rows.x, tx, by_row[0]);
+        store_row(part, b, head, rows.y, tx, by_row[1]);
+        store_row(part, b, head, rows.z, tx, by_row[2]);
+        store_row(part, b, head, rows.w, tx, by_row[3]);
     }
 }

@@ -17,10 +17,15 @@
 // The loops over d and over a block's keys are unrolled by codegen: llvmpipe (lavapipe)
 // ends an invocation after ~65535 loop iterations in total and leaves the rest undone.
 // With them unrolled, ~5 iterations a key block are left (measured: right up to 300k keys).
+// Split (SPLIT): when (T / BQ) x H x B workgroups cannot fill the GPU, the key blocks of a
+// workgroup's rows are shared among `splits` workgroups, and each writes its unnormalised
+// O rows and its rows' maxima and sums for attention_splits.wgsl to combine.
 // q, out: [B, T, H*D]; k, v: [B, S, HKV*D], all read as vec4 (D % 4 == 0, D <= 64).
+// With SPLIT, out holds [splits, B, T, H*D] partial O, then per (part, b, h, 4 queries) a
+// vec4 of row maxima and one of row sums.
 // Thread tid: ty = tid / 16 owns queries 4ty..4ty+3, tx = tid % 16 keys 2tx, 2tx+1 of
 // each block and output columns 4tx..4tx+3 (threads with tx >= D / 4 own no column).
-// meta: [T, S, H, HKV, causal, scale * log2(e)]; grid: (ceil(T / BQ), H, B)
+// meta: [T, S, H, HKV, causal, scale * log2(e), splits, B]; grid: (ceil(T / BQ), H, B * splits)
 
 {{PRELUDE}}
 
@@ -35,6 +40,7 @@ const QV: u32 = BQ / 4u;      // vec4s in a d-row of Qs
 const KV2: u32 = BKV / 2u;    // vec2s in a d-row of Ks
 const PS: u32 = QV + 1u;      // padded row of Ps and red
 const NEG: f32 = -1.0e30;     // finite "no score yet": exp2(NEG - NEG) stays a number
+const SPLIT: bool = {{SPLIT}};
 
 var<workgroup> Qs: array<vec4<f32>, D * QV>;
 var<workgroup> Ks: array<vec2<f32>, D * KV2>;
@@ -101,9 +107,20 @@ fn stage_kv(tid: u32, b: u32, hk: u32, k0: u32) {
 
 {{ROWS}}
 
-fn store_row(b: u32, h: u32, t: u32, c4: u32, x: vec4<f32>) {
+// Row t's columns 4 c4.. of part `part` (0 without SPLIT).
+fn store_row(part: u32, b: u32, h: u32, t: u32, c4: u32, x: vec4<f32>) {
     let T = m(0u);
-    if (t < T) { out[((b * T + t) * m(2u) + h) * D4 + c4] = x; }
+    if (t < T) { out[(((part * m(7u) + b) * T + t) * m(2u) + h) * D4 + c4] = x; }
+}
+
+// A part's row maxima and sums of queries t.. t + 3 (t % 4 == 0), after all parts' O rows.
+fn store_stats(part: u32, b: u32, h: u32, t: u32, mx: vec4<f32>, l: vec4<f32>) {
+    let T = m(0u);
+    let H = m(2u);
+    let splits = m(6u);
+    let base = splits * m(7u) * T * H * D4;
+    let at = base + (((part * m(7u) + b) * H + h) * ((T + 3u) / 4u) + t / 4u) * 2u;
+    if (t < T) { out[at] = mx; out[at + 1u] = l; }
 }
 
 @compute @workgroup_size(128)
@@ -111,8 +128,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let S = m(1u);
     let H = m(2u);
     let causal = m(4u) != 0u;
+    let splits = m(6u);
     let h = wg.y;
-    let b = wg.z;
+    let b = wg.z / splits;
+    let part = wg.z % splits;
     let hk = h / (H / m(3u));
     let q0 = wg.x * BQ;
     let tx = tid % 16u;
@@ -128,7 +147,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var mx = vec4<f32>(NEG);
     var l = vec4<f32>(0.0);         // this thread's keys' share of each row's sum
     var o = mat4x4<f32>();
-    for (var k0 = 0u; k0 < kv_end; k0 = k0 + BKV) {
+    let blocks = (kv_end + BKV - 1u) / BKV;
+    let per_part = (blocks + splits - 1u) / splits;
+    let last = min(blocks, (part + 1u) * per_part);
+    for (var kb = part * per_part; kb < last; kb = kb + 1u) {
+        let k0 = kb * BKV;
         workgroupBarrier();         // the previous block's Ps, Vs are read
         stage_kv(tid, b, hk, k0);
         workgroupBarrier();
@@ -156,11 +179,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     red[tx * PS + ty] = l;          // red's last readers passed the barrier before P . V
     workgroupBarrier();
     let total = rows_sum(ty);
-    let inv = select(vec4<f32>(0.0), 1.0 / total, total > vec4<f32>(0.0));
+    var inv = select(vec4<f32>(0.0), 1.0 / total, total > vec4<f32>(0.0));
+    if (SPLIT) {
+        inv = vec4<f32>(1.0);
+        if (tx == 0u) { store_stats(part, b, h, rows.x, mx, total); }
+    }
     if (tx < D4) {
-        store_row(b, h, rows.x, tx, o[0] * inv.x);
-        store_row(b, h, rows.y, tx, o[1] * inv.y);
-        store_row(b, h, rows.z, tx, o[2] * inv.z);
-        store_row(b, h, rows.w, tx, o[3] * inv.w);
+        store_row(part, b, h, rows.x, tx, o[0] * inv.x);
+        store_row(part, b, h, rows.y, tx, o[1] * inv.y);
+        store_row(part, b, h, rows.z, tx, o[2] * inv.z);
+        store_row(part, b, h, rows.w, tx, o[3] * inv.w);
     }
 }

@@ -22,8 +22,9 @@ def attention_graph(batch, t, s, heads, kv_heads, d, causal=False, scale=None):
 
 def run_against_reference(g, inputs, variant="tiled"):
     s = build_inference_session(g, optimize=False)
-    (dispatch,) = s.plan.dispatches
+    dispatch = s.plan.dispatches[0]
     assert dispatch.variant.startswith(variant), dispatch.variant
+    assert len(s.plan.dispatches) == (2 if "split" in dispatch.variant else 1)
     s.set_inputs(inputs)
     s.run()
     ref = reference.run(g, inputs, {}, np.float64)["o"]
@@ -53,8 +54,13 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("splits", [1, 3], ids=["whole", "keys-split-3"])
 @pytest.mark.parametrize("case", CASES)
-def test_tiled_attention_matches_reference(case):
+def test_tiled_attention_matches_reference(case, splits, monkeypatch):
+    """Also with the keys split among three workgroups a block of queries, whose partial
+    rows the second dispatch combines (causal: the last parts of early query blocks see
+    no key at all)."""
+    monkeypatch.setenv("MEGANEURA_ATTENTION_SPLITS", str(splits))
     batch, t, s, heads, kv_heads, d, causal, scale = CASES[case]
     g = attention_graph(batch, t, s, heads, kv_heads, d, causal, scale)
     assert run_against_reference(g, random_inputs(g)) < TOL
@@ -100,6 +106,19 @@ def test_model_shapes_get_the_tiled_kernel():
     assert whisper.startswith("tiled") and gpt.startswith("tiled"), (whisper, gpt)
 
 
+def test_grids_too_small_to_fill_the_gpu_split_their_keys():
+    """whisper-tiny at batch 1 makes 47 x 6 workgroups, two for each of an H100's SMs: its
+    keys are split; at batch 8 (2,256 workgroups) they are not, nor where a part would
+    keep fewer than ATTENTION_MIN_PART blocks."""
+    fill, least = codegen.ATTENTION_FILL, codegen.ATTENTION_MIN_PART
+    assert codegen.attention_splits(47 * 6, 47) == -(-fill // 282) > 1
+    assert "keys split" in variant_of(1, 1500, 1500, 6, 6, 64)
+    assert codegen.attention_splits(47 * 6 * 8, 47) == 1
+    assert "split" not in variant_of(8, 1500, 1500, 6, 6, 64)
+    assert codegen.attention_splits(10, 2 * least - 1) == 1
+    assert codegen.attention_splits(1, 10_000) == codegen.ATTENTION_MAX_SPLITS
+
+
 @pytest.mark.parametrize("d", [5, 2, 68, 128])
 def test_head_dims_the_tiled_kernel_lacks_fall_back_to_one_thread_per_query(d):
     assert variant_of(1, 40, 40, 2, 2, d) == "one thread per query"
@@ -118,3 +137,19 @@ def test_layers_of_one_head_dim_share_one_pipeline():
     b = attention_graph(1, 33, 130, 2, 2, 64, scale=0.3)
     ka, kb = (codegen.kernel_for(g, next(n for n in g.nodes if n.op == "attention")) for g in (a, b))
     assert ka.source == kb.source and ka.meta != kb.meta
+
+
+def test_profiler_counts_a_split_attention_once(monkeypatch):
+    """With its keys split, attention is two dispatches: the first does the attention's
+    FLOPs, the second (the combine) about one per partial float it reads."""
+    from engine.profiler import estimate_flops, session_dispatches
+    monkeypatch.setenv("MEGANEURA_ATTENTION_SPLITS", "3")
+    g = attention_graph(1, 130, 130, 2, 2, 64)
+    s = build_inference_session(g, optimize=False)
+    first, combine = session_dispatches(s)
+    (node,) = [n for n in g.nodes if n.op == "attention"]
+    partials = s.plan.dispatches[0].bindings[-1].size
+    assert combine.kernel == first.kernel + ":total" and first.archetype == "attention"
+    assert first.flops == estimate_flops(g, node)
+    assert combine.flops == partials // 4 and combine.bytes == partials + node.nbytes
+    assert partials >= 3 * node.nbytes
