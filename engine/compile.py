@@ -452,14 +452,8 @@ def _schedule_graph(b: _PlanBuilder, pinned_roots: set[int]) -> int:
         if n.id not in b.storage:
             size = _aligned(n.nbytes)
             without_reuse += size
-            fits = [buf for buf in free if b.buffers[buf].nbytes >= size]
-            if fits:
-                best = min(fits, key=lambda buf: b.buffers[buf].nbytes)
-                free.remove(best)
-                b.place(n.id, best)
-            else:
-                b.place(n.id, b.new_buffer(size, "intermediate"))
-        _dispatch_node(b, n)
+            b.place(n.id, _pooled_buffer(b, free, size))
+        _dispatch_node(b, n, free)
         for i in set(n.inputs):
             r = root[i]
             if r not in pinned_roots and last_use.get(r) == step and r in b.storage:
@@ -469,19 +463,33 @@ def _schedule_graph(b: _PlanBuilder, pinned_roots: set[int]) -> int:
     return without_reuse
 
 
-def _dispatch_node(b: _PlanBuilder, n) -> None:
+def _pooled_buffer(b: _PlanBuilder, free: list[int], size: int) -> int:
+    """The smallest free pooled buffer of at least ``size`` bytes (taken from ``free``),
+    else a new one."""
+    fits = [buf for buf in free if b.buffers[buf].nbytes >= size]
+    if not fits:
+        return b.new_buffer(size, "intermediate")
+    best = min(fits, key=lambda buf: b.buffers[buf].nbytes)
+    free.remove(best)
+    return best
+
+
+def _dispatch_node(b: _PlanBuilder, n, free: list[int]) -> None:
     """The dispatch that computes node ``n``; for a kernel with a finishing stage (a
-    reduction spread over many workgroups), two: into a scratch buffer, then from it."""
+    reduction or an attention split over many workgroups), two: into a scratch buffer
+    from the pool, then from it (the scratch goes back to the pool)."""
     kernel = codegen.kernel_for(b.graph, n, b.caps)
     name, inputs = _kernel_name(b.graph, n), [b.slot_of(i) for i in n.inputs]
     reads = [READ] * len(inputs)
     if kernel.finish is None:
         b.dispatch(kernel, name, inputs + [b.slot_of(n.id)], reads + [READ_WRITE], n.size, nodes=[n.id])
         return
-    scratch = b.whole(b.new_buffer(4 * kernel.partials, "intermediate", [f"{name} partials"]))
+    buffer = _pooled_buffer(b, free, _aligned(4 * kernel.partials))
+    scratch = (buffer, 0, 4 * kernel.partials)
     b.dispatch(kernel, name, inputs + [scratch], reads + [READ_WRITE], kernel.partials, nodes=[n.id])
     b.dispatch(kernel.finish, f"{name}:total", [scratch, b.slot_of(n.id)], [READ, READ_WRITE], n.size,
                nodes=[n.id])
+    free.append(buffer)
 
 
 # ---------------------------------------------------------------- the optimizer step
@@ -620,11 +628,12 @@ def _codegen_fingerprint() -> str:
 
 def _cache_key(graph: Graph, gradients, loss, capabilities: codegen.Capabilities,
                optimizer: OptimizerSpec | None) -> str:
-    # MEGANEURA_MATMUL and MEGANEURA_ATTENTION force kernel variants at codegen time
+    # MEGANEURA_MATMUL and MEGANEURA_ATTENTION(_SPLITS) force kernel variants at codegen time
     # (benchmarks), so they are part of the key.
     key = json.dumps([graph.structural_hash(), sorted((gradients or {}).items()), loss, asdict(capabilities),
                       optimizer.to_dict() if optimizer is not None else None, _codegen_fingerprint(),
-                      os.environ.get("MEGANEURA_MATMUL", "auto"), os.environ.get("MEGANEURA_ATTENTION", "auto")],
+                      os.environ.get("MEGANEURA_MATMUL", "auto"), os.environ.get("MEGANEURA_ATTENTION", "auto"),
+                      os.environ.get("MEGANEURA_ATTENTION_SPLITS", "auto")],
                      sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
