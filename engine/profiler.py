@@ -175,12 +175,13 @@ def estimate_flops(graph, node) -> int:
             pairs //= 2
         return 2 * ATTENTION_PASSES[op] * pairs * (w // h) + 5 * pairs
     if arch == "conv":
+        # Each of the three is the same implicit GEMM: 2 flops for every element of the
+        # forward's output (dout for the gradients) times every weight of one filter.
         if op in ("conv1d", "conv2d"):
-            w = ins[1]
-            return 2 * size * math.prod(w.shape[1:]) + (size if len(ins) > 2 else 0)
-        w = next((t for t in ins if len(t.shape) == len(node.shape) and t is not ins[0]), ins[-1])
-        big = max(t.size for t in ins)
-        return 2 * big * max(1, math.prod(w.shape[2:]) if len(w.shape) > 2 else 1) * max(1, ins[0].shape[1] if len(ins[0].shape) > 1 else 1)
+            return 2 * size * math.prod(ins[1].shape[1:]) + (size if len(ins) > 2 else 0)
+        if op == "conv_input_grad":   # (dout, w)
+            return 2 * ins[0].size * math.prod(ins[1].shape[1:])
+        return 2 * ins[1].size * math.prod(node.shape[1:])   # conv_weight_grad (x, dout) -> w
     if arch == "pointwise":
         prog = a.get("program") or a.get("ops") or a.get("body")
         per = len(prog) if isinstance(prog, (list, tuple)) and prog else 1
@@ -205,16 +206,21 @@ def session_dispatches(session) -> list[DispatchInfo]:
 
 
 def _graph_dispatch(graph, d) -> DispatchInfo:
-    """A dispatch running graph nodes: bytes of its operands and outputs, estimated FLOPs."""
+    """A dispatch running graph nodes: bytes of its operands and outputs, estimated FLOPs.
+    The second stage of a two-dispatch node (``:total``: a loss's total, split attention's
+    combine) reads the first stage's partials and does about one FLOP for each."""
     nodes = [graph[n] for n in d.nodes]
     ins = [graph[i] for n in nodes for i in n.inputs]
     nbytes = sum(t.nbytes for t in ins) + sum(n.nbytes for n in nodes)
+    flops = sum(estimate_flops(graph, n) for n in nodes)
+    if d.kernel.endswith(":total"):
+        partial_bytes = d.bindings[0].size
+        nbytes, flops = partial_bytes + sum(n.nbytes for n in nodes), partial_bytes // 4
     return DispatchInfo(
         kernel=d.kernel, archetype=d.archetype,
         nodes=[_node_name(n) for n in nodes], ops=[n.op for n in nodes],
         shapes={"inputs": [list(t.shape) for t in ins], "output": [list(n.shape) for n in nodes]},
-        workgroups=tuple(int(w) for w in d.workgroups), bytes=int(nbytes),
-        flops=int(sum(estimate_flops(graph, n) for n in nodes)),
+        workgroups=tuple(int(w) for w in d.workgroups), bytes=int(nbytes), flops=int(flops),
         plan_index=d.index, output_buffer=d.writes[0] if d.writes else None)
 
 

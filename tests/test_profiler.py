@@ -280,3 +280,23 @@ def test_gpu_clock_anchored_to_submit_when_clocks_differ(session, monkeypatch):
         ds = [d for d in r.dispatches if d.step == s.step]
         assert s.submit_start_ns <= min(d.begin_ns for d in ds)
         assert max(d.end_ns for d in ds) <= s.start_ns + s.wall_ns
+
+
+@pytest.mark.parametrize("dims", [1, 2], ids=["conv1d", "conv2d"])
+def test_convolution_flops_are_one_implicit_gemm_each(dims):
+    """The forward convolution and both of its gradients are the same implicit GEMM:
+    2 x (elements of the forward's output) x (weights of one filter) flops each. (The
+    weight gradient's estimate was once ~500x too high, which put a whisper-tiny
+    training step at 115 'TFLOP/s'.)"""
+    from engine.autodiff import differentiate
+    g = Graph("conv")
+    spatial = (20,) * dims
+    x = g.parameter("x", (2, 3) + spatial)   # a parameter, so its gradient (conv_input_grad) is taken
+    w = g.parameter("w", (5, 3) + (3,) * dims)
+    conv = g.conv1d if dims == 1 else g.conv2d
+    y = conv(x, w, stride=2, padding=1)
+    g.output("loss", g.mean(g.apply("mul", y, y)))
+    train, _ = differentiate(g)
+    want = 2 * g[y].size * 3 * 3 ** dims
+    got = {n.op: profiler.estimate_flops(train, n) for n in train.nodes if n.op.startswith("conv")}
+    assert got == {f"conv{dims}d": want, "conv_input_grad": want, "conv_weight_grad": want}, (got, want)
