@@ -46,6 +46,8 @@ MATMULS_FULL = [
     ("gpt dX=dY@W^T", 2048, 384, 1536, False, True, ()),
     ("gpt dW=X^T@dY", 384, 1536, 2048, True, False, ()),
     ("whisper fwd", 1500, 1536, 384, False, False, ()),
+    ("whisper qkv", 1500, 384, 384, False, False, ()),
+    ("whisper fc2", 1500, 384, 1536, False, False, ()),
     ("attn scores", 256, 256, 64, False, True, (48,)),
 ]
 MATMULS_QUICK = [
@@ -125,13 +127,50 @@ def matmul_rows(cases, steps, rng, timer, variants):
 
 # (label, batch, T, S, heads, kv heads, head dim, causal)
 ATTENTION_FULL = [("whisper encoder", 1, 1500, 1500, 6, 6, 64, False),
+                  ("whisper encoder b8", 8, 1500, 1500, 6, 6, 64, False),
                   ("gpt-tiny causal", 8, 256, 256, 6, 6, 64, True)]
 ATTENTION_QUICK = [("small causal", 1, 40, 40, 2, 1, 16, True)]
 
 
-def attention_rows(cases, steps, rng, timer):
-    """The attention kernels (tiled flash, one thread per query) against torch's
-    scaled_dot_product_attention in fp32 on the same tensors."""
+ATTENTION_BACKWARD_OPS = {"attention_lse": 1, "attention_grad_q": 3, "attention_grad_k": 3,
+                          "attention_grad_v": 2}   # op: its passes over the scores
+
+
+def _attention_variants(splits: str) -> list[tuple[str, dict]]:
+    """(label, environment) of each forward variant to time: the per-query kernel, and
+    the tiled one with each forced key split ("auto": codegen's choice)."""
+    out = [("per-query", {"MEGANEURA_ATTENTION": "per-query"})]
+    for n in splits.split(","):
+        out.append((f"tiled, splits {n}", {} if n == "auto" else {"MEGANEURA_ATTENTION_SPLITS": n}))
+    return out
+
+
+def _timed_session(g, inputs, env, steps):
+    """(session, median GPU ms, profile) of graph ``g`` built under ``env``."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        sess = Session(g)
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    sess.set_inputs(inputs)
+    sess.run()
+    rep = sess.profile(steps=steps, measure_overhead=False, include_build_spans=False)
+    return sess, statistics.median(rep.gpu_step_ns) / 1e6, rep
+
+
+def _torch_heads(timer, inputs, b, d, h, hkv):
+    heads = lambda x, n: torch.tensor(x, device=timer.device).view(b, -1, n, d).transpose(1, 2)
+    tq, tk, tv = heads(inputs["q"], h), heads(inputs["k"], hkv), heads(inputs["v"], hkv)
+    if hkv != h:
+        tk, tv = tk.repeat_interleave(h // hkv, 1), tv.repeat_interleave(h // hkv, 1)
+    return tq, tk, tv
+
+
+def attention_rows(cases, steps, rng, timer, splits="auto"):
+    """The attention kernels (one thread per query; tiled flash with each key split)
+    against torch's scaled_dot_product_attention in fp32 on the same tensors."""
     import torch.nn.functional as F
     rows = []
     for label, b, t, s_, h, hkv, d, causal in cases:
@@ -141,23 +180,52 @@ def attention_rows(cases, steps, rng, timer):
         inputs = {nm: rng.standard_normal(g[i].shape, dtype=np.float32) for nm, i in g.inputs.items()}
         flops = 4.0 * b * h * t * s_ * d * (0.5 if causal else 1.0)
         ref = reference.run(g, inputs, {}, np.float64)["c"]
-        heads = lambda x, n: torch.tensor(x, device=timer.device).view(b, -1, n, d).transpose(1, 2)
-        tq, tk, tv = heads(inputs["q"], h), heads(inputs["k"], hkv), heads(inputs["v"], hkv)
-        if hkv != h:
-            tk, tv = tk.repeat_interleave(h // hkv, 1), tv.repeat_interleave(h // hkv, 1)
+        tq, tk, tv = _torch_heads(timer, inputs, b, d, h, hkv)
         t_ms = timer.median_ms(lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal), max(steps, 10))
-        for variant in ("tiled", "per-query"):
-            os.environ["MEGANEURA_ATTENTION"] = variant
+        for variant, env in _attention_variants(splits):
             log(f"attention {label} {variant}")
-            sess = Session(g)
-            sess.set_inputs(inputs)
-            sess.run()
+            sess, ms, _ = _timed_session(g, inputs, env, steps)
             err = float(np.linalg.norm(sess.read_output("c") - ref) / np.linalg.norm(ref))
-            rep = sess.profile(steps=steps, measure_overhead=False, include_build_spans=False)
-            ms = statistics.median(rep.gpu_step_ns) / 1e6
             rows.append([label, f"{b}x{t}x{s_} h{h}/{hkv} d{d}", variant, fmt(ms, " ms"), fmt(flops / ms / 1e9),
                          fmt(t_ms, " ms"), fmt(ms / t_ms), f"err {err:.1e}; {sess.plan.dispatches[0].variant}"])
-        os.environ.pop("MEGANEURA_ATTENTION", None)
+    return rows
+
+
+def attention_backward_rows(cases, steps, rng, timer, splits="auto"):
+    """The fused backward ops (lse, dq, dk, dv) as one graph per case and key split,
+    each op's GPU time, against torch's backward of scaled_dot_product_attention (fp32,
+    autograd through the efficient kernel) on the same tensors."""
+    import torch.nn.functional as F
+    rows = []
+    for label, b, t, s_, h, hkv, d, causal in cases:
+        g = Graph(f"attention-backward-{label}")
+        q, k, v = g.input("q", (b, t, h * d)), g.input("k", (b, s_, hkv * d)), g.input("v", (b, s_, hkv * d))
+        dout, lse, delta = g.input("dout", (b, t, h * d)), g.input("lse", (b, t, h)), g.input("delta", (b, t, h))
+        attrs = dict(num_heads=h, num_kv_heads=hkv, causal=causal)
+        g.output("lse_out", g.apply("attention_lse", q, k, **attrs))
+        g.output("dq", g.apply("attention_grad_q", q, k, v, dout, lse, delta, **attrs))
+        g.output("dk", g.apply("attention_grad_k", q, k, v, dout, lse, delta, **attrs))
+        g.output("dv", g.apply("attention_grad_v", q, k, dout, lse, **attrs))
+        inputs = {nm: rng.standard_normal(g[i].shape, dtype=np.float32) for nm, i in g.inputs.items()}
+        inputs["lse"] = np.abs(inputs["lse"]) + np.log(s_)
+        pairs = b * h * t * s_ * (0.5 if causal else 1.0)
+        tq, tk, tv = (x.requires_grad_() for x in _torch_heads(timer, inputs, b, d, h, hkv))
+        o = F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+        grad = torch.randn_like(o)
+        t_ms = timer.median_ms(lambda: torch.autograd.grad(o, (tq, tk, tv), grad, retain_graph=True), max(steps, 10))
+        for n in splits.split(","):
+            env = {} if n == "auto" else {"MEGANEURA_ATTENTION_SPLITS": n}
+            log(f"attention backward {label} splits {n}")
+            sess, ms, rep = _timed_session(g, inputs, env, steps)
+            per_op = {}
+            for r in rep.dispatches:
+                op = r.ops[0] if r.ops else r.kernel
+                per_op[op] = per_op.get(op, 0) + r.gpu_ns / 1e6 / rep.steps
+            flops = 2.0 * pairs * d * sum(ATTENTION_BACKWARD_OPS.values())
+            note = ", ".join(f"{op.removeprefix('attention_')} {per_op.get(op, 0):.3f}" for op in ATTENTION_BACKWARD_OPS)
+            rows.append([label, f"{b}x{t}x{s_} h{h}/{hkv} d{d}", f"splits {n}", fmt(ms, " ms"),
+                         fmt(flops / ms / 1e9), fmt(t_ms, " ms"), fmt(ms / t_ms),
+                         f"ms: {note}; {sess.plan.dispatches[0].variant}"])
     return rows
 
 
@@ -175,6 +243,10 @@ def main(argv=None):
     p.add_argument("--variants", default=",".join(F32_VARIANTS),
                    help=f"matmul variants: {', '.join(F32_VARIANTS)}")
     p.add_argument("--attention", action="store_true", help="also time the attention kernels")
+    p.add_argument("--attention-backward", action="store_true", help="also time the fused attention backward")
+    p.add_argument("--splits", default="auto", help="attention key splits to time, e.g. 1,2,4,auto "
+                                                    "(MEGANEURA_ATTENTION_SPLITS)")
+    p.add_argument("--no-matmul", action="store_true", help="skip the matmul rows")
     args = p.parse_args(argv)
     if args.checks:
         for mode in args.checks.split(","):
@@ -193,13 +265,19 @@ def main(argv=None):
     print(f"torch: {torch.__version__} on {torch.cuda.get_device_name() if timer.cuda else 'CPU'}")
     steps = 3 if args.quick else 20
     cases = MATMULS_QUICK if args.quick else MATMULS_FULL
-    rows = matmul_rows(cases, steps, rng, timer, [v for v in args.variants.split(",") if v])
-    print_rows(f"matmul (shader checks: {shader_checks(True)} for matmuls)",
-               ["case", "shape", "variant", "ours", "ours TFLOP/s", "torch fp32 TFLOP/s", "ours/torch",
-                "torch tf32", "torch fp16", "note"], rows)
+    if not args.no_matmul:
+        rows = matmul_rows(cases, steps, rng, timer, [v for v in args.variants.split(",") if v])
+        print_rows(f"matmul (shader checks: {shader_checks(True)} for matmuls)",
+                   ["case", "shape", "variant", "ours", "ours TFLOP/s", "torch fp32 TFLOP/s", "ours/torch",
+                    "torch tf32", "torch fp16", "note"], rows)
+    attention_cases = ATTENTION_QUICK if args.quick else ATTENTION_FULL
     if args.attention:
-        rows = attention_rows(ATTENTION_QUICK if args.quick else ATTENTION_FULL, steps, rng, timer)
+        rows = attention_rows(attention_cases, steps, rng, timer, args.splits)
         print_rows("attention (torch: scaled_dot_product_attention, fp32)",
+                   ["case", "shape", "variant", "ours", "ours TFLOP/s", "torch", "ours/torch", "note"], rows)
+    if args.attention_backward:
+        rows = attention_backward_rows(attention_cases, steps, rng, timer, args.splits)
+        print_rows("attention backward: lse + dq + dk + dv (torch: autograd of scaled_dot_product_attention, fp32)",
                    ["case", "shape", "variant", "ours", "ours TFLOP/s", "torch", "ours/torch", "note"], rows)
     return 0
 

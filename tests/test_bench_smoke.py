@@ -36,18 +36,25 @@ def test_bench_vs_torch_quick():
 
 
 def test_bench_kernels_quick():
-    """bench/bench_kernels.py --quick runs every matmul kernel and both attention kernels
-    and prints their rows with finite times and small errors (no timing asserted)."""
+    """bench/bench_kernels.py --quick runs every matmul kernel, the attention kernels
+    (per-query; tiled whole and with its keys split) and the fused backward, and prints
+    their rows with finite times and small errors (no timing asserted)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_kernels.py"), "--quick", "--attention",
-                           "--variants", "auto,64,128k8"],
+                           "--attention-backward", "--splits", "1,2", "--variants", "auto,64,128k8"],
                           capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in proc.stdout.splitlines()
             if line.startswith("| ") and not line.startswith("| case")]
     matmuls = [r for r in rows if r[2] in ("auto", "64", "128k8")]
-    attention = [r for r in rows if r[2] in ("tiled", "per-query")]
-    assert len(matmuls) == 9 and len(attention) == 2, proc.stdout
+    attention = [r for r in rows if r[2] in ("tiled, splits 1", "tiled, splits 2", "per-query")]
+    backward = [r for r in rows if r[2] in ("splits 1", "splits 2")]
+    assert len(matmuls) == 9 and len(attention) == 3 and len(backward) == 2, proc.stdout
+    assert "keys split 2 ways" in attention[2][-1] and "split" not in attention[1][-1], attention
+    for r in backward:
+        assert math.isfinite(float(r[3].split()[0])) and float(r[3].split()[0]) > 0, r
+        per_op = dict(part.split() for part in r[-1].removeprefix("ms: ").split(";")[0].split(", "))
+        assert set(per_op) == {"lse", "grad_q", "grad_k", "grad_v"} and all(float(v) > 0 for v in per_op.values()), r
     for r in matmuls + attention:
         assert math.isfinite(float(r[3].split()[0])) and float(r[3].split()[0]) > 0, r
         err = float(r[-1].split(";")[0].split()[1])
