@@ -35,7 +35,7 @@ from engine import codegen  # noqa: E402
 from engine.device import adapter_info, get_device, shader_checks  # noqa: E402
 from engine import reference  # noqa: E402
 from engine.graph import Graph  # noqa: E402
-from engine.runtime import Session  # noqa: E402
+from engine.runtime import Session, device_capabilities  # noqa: E402
 
 # (label, m, n, k, transpose_a, transpose_b, batch)
 MATMULS_FULL = [
@@ -102,7 +102,7 @@ def time_torch(inputs, ta, tb, timer, steps):
 
 
 def matmul_rows(cases, steps, rng, timer, variants):
-    caps = codegen.Capabilities.from_features(get_device().features)
+    caps = device_capabilities()
     rows = []
     for label, m, n, k, ta, tb, batch in cases:
         g = matmul_graph(m, n, k, ta, tb, batch)
@@ -129,7 +129,7 @@ def matmul_rows(cases, steps, rng, timer, variants):
 ATTENTION_FULL = [("whisper encoder", 1, 1500, 1500, 6, 6, 64, False),
                   ("whisper encoder b8", 8, 1500, 1500, 6, 6, 64, False),
                   ("gpt-tiny causal", 8, 256, 256, 6, 6, 64, True)]
-ATTENTION_QUICK = [("small causal", 1, 40, 40, 2, 1, 16, True)]
+ATTENTION_QUICK = [("small causal", 1, 40, 40, 2, 1, 16, True), ("small cross", 1, 40, 130, 2, 1, 16, False)]
 
 
 ATTENTION_BACKWARD_OPS = {"attention_lse": 1, "attention_grad_q": 3, "attention_grad_k": 3,

@@ -72,9 +72,10 @@ def kernel_paths() -> dict:
     """Which path each archetype's kernels take on this device: the capabilities of the
     features the device enabled (what sessions compile their plans for), and why the
     tensor cores stay unused where the adapter offers cooperative matrices."""
-    from . import codegen, device
+    from . import device
+    from .runtime import device_capabilities
 
-    paths = codegen.Capabilities.from_features(device.device_features()).describe()
+    paths = device_capabilities().describe()
     if _has_feature("cooperative-matrix", [str(f) for f in device.get_adapter().features]):
         paths["cooperative_matrix"] = ("offered, not used: wgpu-native 29 cannot enable wgpu's experimental "
                                        "features")

@@ -48,16 +48,22 @@ class Capabilities:
     """
 
     subgroups: bool = False
+    workgroup_storage: int = 32768   # bytes of workgroup memory a kernel may use (lavapipe: 32 KiB)
 
     @classmethod
-    def from_features(cls, features) -> "Capabilities":
-        """The capabilities a device with these wgpu feature names gives."""
-        return cls(subgroups="subgroup" in {str(f) for f in features})
+    def from_features(cls, features, workgroup_storage: int | None = None) -> "Capabilities":
+        """The capabilities a device with these wgpu feature names (and this much
+        workgroup memory, default 32 KiB) gives."""
+        return cls(subgroups="subgroup" in {str(f) for f in features},
+                   workgroup_storage=int(workgroup_storage or cls.workgroup_storage))
 
     def describe(self) -> dict:
         """Which path each archetype takes (``meganeura doctor`` and the plan show it)."""
+        q = attention_queries(64, self)
         return {"reductions": "subgroup" if self.subgroups else "workgroup memory",
-                "matmul": "register-blocked f32 (vec4 loads where the layout allows)"}
+                "matmul": "register-blocked f32 (vec4 loads where the layout allows)",
+                "attention": f"flash, {q} queries x {ATTENTION_KEYS} keys a workgroup at head dim 64 "
+                             f"({self.workgroup_storage // 1024} KiB of workgroup memory)"}
 
 
 PLAIN = Capabilities()
@@ -868,12 +874,12 @@ def _conv(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     return k
 
 
-ATTENTION_BLOCK = 32   # queries and keys per block of attention_tiled.wgsl (fixed by its thread layout)
+ATTENTION_BLOCK = 32   # fixed and streamed rows per block of attention_backward.wgsl
 
 
 def attention_variant(head_dim: int) -> str:
-    """Which attention kernel a head dim gets: ``"tiled"`` (flash attention, 32 x 32 blocks
-    in workgroup memory, a vec4 of output columns per thread) where D is a multiple of 4 up
+    """Which attention kernel a head dim gets: ``"tiled"`` (flash attention, blocks of
+    queries and keys in workgroup memory, a vec4 of output columns per thread) where D is a multiple of 4 up
     to 64, else ``"per-query"`` (one thread per query streaming over the keys).
     ``MEGANEURA_ATTENTION=per-query`` forces the latter (benchmarks and tests)."""
     if os.environ.get("MEGANEURA_ATTENTION") == "per-query":
@@ -895,8 +901,9 @@ def _attention_dims(node: Node, q: Node, k: Node):
 
 def _attention(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     bsz, t, s, h, hkv, d, causal, scale = _attention_dims(node, graph[node.inputs[0]], graph[node.inputs[1]])
-    build = _attention_tiled if attention_variant(d) == "tiled" else _attention_per_query
-    return build(graph, node, bsz, t, s, h, hkv, d, causal, scale)
+    if attention_variant(d) == "tiled":
+        return _attention_tiled(graph, node, bsz, t, s, h, hkv, d, causal, scale, caps)
+    return _attention_per_query(graph, node, bsz, t, s, h, hkv, d, causal, scale)
 
 
 def _attention_per_query(graph, node, bsz, t, s, h, hkv, d, causal, scale) -> Kernel:
@@ -963,21 +970,44 @@ def _split_combine(kernel: Kernel, mode: str, splits: int, n: int, partials: int
     return kernel
 
 
-def _attention_tiled(graph, node, bsz, t, s, h, hkv, d, causal, scale) -> Kernel:
-    blocks = -(-t // ATTENTION_BLOCK)
-    splits = attention_splits(blocks * h * bsz, -(-s // ATTENTION_BLOCK))
+ATTENTION_KEYS = 64   # keys per block of attention_tiled.wgsl (16 threads x 4)
+
+
+def attention_workgroup_bytes(queries: int, head_dim: int) -> int:
+    """Workgroup memory of attention_tiled.wgsl with blocks of ``queries`` queries: Qs, the
+    K/V block, Ps and the row partials (vec4s; Ps and red rows padded by one)."""
+    qv = queries // 4
+    return 16 * (head_dim * qv + head_dim * ATTENTION_KEYS // 4 + (ATTENTION_KEYS + 16) * (qv + 1))
+
+
+def attention_queries(head_dim: int, caps: Capabilities) -> int:
+    """Queries a workgroup of the tiled forward owns: 32 where the device's workgroup
+    memory holds that block (36 KiB at D = 64: NVIDIA's 48 KiB does, lavapipe's 32 KiB
+    from D = 56 on does not), else 16."""
+    return 32 if attention_workgroup_bytes(32, head_dim) <= caps.workgroup_storage else 16
+
+
+def _attention_tiled(graph, node, bsz, t, s, h, hkv, d, causal, scale, caps: Capabilities = PLAIN) -> Kernel:
+    bq = attention_queries(d, caps)
+    blocks = -(-t // bq)
+    splits = attention_splits(blocks * h * bsz, -(-s // ATTENTION_KEYS))
     grid = _split_grid(graph, node, blocks, h, bsz, splits)
     meta = [t, s, h, hkv, causal, f32_bits(scale * math.log2(math.e)), splits, bsz]
     vec4 = "vec4<f32>"
+    threads = 4 * bq
+    stage = -(-ATTENTION_KEYS * d // 4 // threads)
     kernel = _finish("attention", "attention", "attention_tiled.wgsl", ["q", "k", "v"], [vec4] * 3, vec4,
-                     meta, grid, D=d, ROWS=_render("attention_rows.wgsl", PARTIALS="red", STRIDE="PS"),
+                     meta, grid, D=d, BQ=bq, THREADS=threads,
+                     ROWS=_render("attention_rows.wgsl", PARTIALS="red", STRIDE="PS"),
                      SPLIT="true" if splits > 1 else "false",
-                     SCORES="\n".join(f"        s = qk_step(s, Qs[{i}u * QV + ty], Ks[{i}u * KV2 + tx]);"
+                     STAGE_K="\n".join(f"        stage_k(tid + {n * threads}u, b, hk, k0);" for n in range(stage)),
+                     STAGE_V="\n".join(f"        stage_v(tid + {n * threads}u, b, hk, k0);" for n in range(stage)),
+                     SCORES="\n".join(f"        s = outer_step(s, Qs[{i}u * QV + ty], KVs[{i}u * KV4 + tx]);"
                                        for i in range(d)),
-                     ACCUMULATE="\n".join(f"            o = pv_step(o, Ps[{j}u * PS + ty], Vs[{j}u * D4 + tx]);"
-                                           for j in range(ATTENTION_BLOCK)))
-    kernel.notes["variant"] = (f"tiled (flash) {ATTENTION_BLOCK} queries x {ATTENTION_BLOCK} keys, "
-                               f"4x2 scores and 4x4 outputs/thread")
+                     ACCUMULATE="\n".join(f"            o = outer_step(o, KVs[{j}u * D4 + tx], Ps[{j}u * PS + ty]);"
+                                           for j in range(ATTENTION_KEYS)))
+    kernel.notes["variant"] = (f"tiled (flash) {bq} queries x {ATTENTION_KEYS} keys, "
+                               f"4x4 scores and 4x4 outputs/thread")
     if splits > 1:
         rows = bsz * t * h
         stats = splits * bsz * h * -(-t // 4) * 8

@@ -39,8 +39,10 @@ def _fmt_bytes(n: int) -> str:
 
 def device_capabilities(device=None) -> codegen.Capabilities:
     """The capabilities plans for ``device`` (default: the process's) are compiled with:
-    every feature of it that a kernel path uses."""
-    return codegen.Capabilities.from_features((device if device is not None else get_device()).features)
+    every feature of it that a kernel path uses, and its workgroup memory."""
+    device = device if device is not None else get_device()
+    return codegen.Capabilities.from_features(device.features,
+                                              _limit(device.limits, "max_compute_workgroup_storage_size"))
 
 
 def _as_view(view) -> tuple[object, int, int]:

@@ -1,30 +1,32 @@
-// Attention archetype, tiled path (flash attention forward, f32). One workgroup of 128
-// threads per (block of BQ = 32 queries, head, batch) loops over blocks of BKV = 32 keys:
-// it stages the block's K and V (and its Q block, once) in workgroup memory, each thread
-// scores 4 queries x 2 keys, the rows' maxima meet in workgroup memory (16 threads share a
-// row), P = exp(S - max) goes to workgroup memory, and each thread accumulates O for its
-// 4 queries x 4 columns in registers, rescaled when a row's max grows (online softmax).
-// Every key read from global memory serves 32 queries (the per-query kernel: 1), and each
-// workgroup-memory read feeds 4 to 8 FMAs.
-// Why 32 x 32 and not 64 queries: Q + K + V + P blocks and the row partials must fit the
-// 32 KiB of workgroup memory lavapipe offers (31,488 bytes at D = 64; NVIDIA offers 48 KiB).
+// Attention archetype, tiled path (flash attention forward, f32). One workgroup of
+// 4 * BQ threads per (block of BQ queries, head, batch) loops over blocks of BKV = 64 keys:
+// it stages its Q block once, then for each key block K (d-major) into workgroup memory,
+// each thread scores 4 queries x 4 keys, the rows' maxima meet in workgroup memory (16
+// threads share a row), P = exp(S - max) goes to workgroup memory while V replaces K in the
+// same buffer, and each thread accumulates O for its 4 queries x 4 columns in registers,
+// rescaled when a row's max grows (online softmax).
+// Why 4 x 4 scores: the kernel is bound by workgroup-memory reads, not by FMAs; a 4 x 4
+// tile reads 0.5 floats a multiply-add (4 x 2: 0.75) and halves the reads of Q per key.
+// Why K and V share a buffer: it keeps BQ = 32 at D = 64 inside 36 KiB (NVIDIA offers 48).
+// BQ is 32 where the device's workgroup memory holds it, else 16 (lavapipe's 32 KiB at D
+// above 52): workgroup_bytes() in codegen says how much each takes.
 // Layouts: Qs d-major (a vec4 = a thread's 4 queries), scaled by scale * log2(e) so the
-// softmax runs on exp2; Ks d-major (a vec2 = a thread's 2 keys); Vs key-major (a vec4 = a
-// thread's 4 columns); Ps key-major (a vec4 = 4 queries). Rows of Ps and red are padded by
-// one vec4 so the 16 threads of a row write to different banks.
+// softmax runs on exp2; K d-major in KVs (a vec4 = a thread's 4 keys); V key-major in KVs
+// (a vec4 = a thread's 4 columns); Ps key-major (a vec4 = 4 queries). Rows of Ps and red
+// are padded by one vec4 so the 16 threads of a row write to different banks.
 // Causal: key blocks above the diagonal are skipped; keys past a query (or past S) are
 // masked, and a row with no visible key comes out 0, not NaN.
-// The loops over d and over a block's keys are unrolled by codegen: llvmpipe (lavapipe)
-// ends an invocation after ~65535 loop iterations in total and leaves the rest undone.
-// With them unrolled, ~5 iterations a key block are left (measured: right up to 300k keys).
+// The loops over d, over a block's keys and the staging are unrolled by codegen: llvmpipe
+// (lavapipe) ends an invocation after ~65535 loop iterations in total and leaves the rest
+// undone; a few are left a key block.
 // Split (SPLIT): when (T / BQ) x H x B workgroups cannot fill the GPU, the key blocks of a
 // workgroup's rows are shared among `splits` workgroups, and each writes its unnormalised
 // O rows and its rows' maxima and sums for attention_splits.wgsl to combine.
 // q, out: [B, T, H*D]; k, v: [B, S, HKV*D], all read as vec4 (D % 4 == 0, D <= 64).
 // With SPLIT, out holds [splits, B, T, H*D] partial O, then per (part, b, h, 4 queries) a
 // vec4 of row maxima and one of row sums.
-// Thread tid: ty = tid / 16 owns queries 4ty..4ty+3, tx = tid % 16 keys 2tx, 2tx+1 of
-// each block and output columns 4tx..4tx+3 (threads with tx >= D / 4 own no column).
+// Thread tid: ty = tid / 16 owns queries 4ty..4ty+3, tx = tid % 16 keys 4tx..4tx+3 of each
+// block and output columns 4tx..4tx+3 (threads with tx >= D / 4 own no column).
 // meta: [T, S, H, HKV, causal, scale * log2(e), splits, B]; grid: (ceil(T / BQ), H, B * splits)
 
 {{PRELUDE}}
@@ -33,36 +35,31 @@
 
 const D: u32 = {{D}}u;
 const D4: u32 = D / 4u;
-const BQ: u32 = 32u;
-const BKV: u32 = 32u;
-const THREADS: u32 = 128u;
+const BQ: u32 = {{BQ}}u;
+const BKV: u32 = 64u;
+const THREADS: u32 = 4u * BQ;
 const QV: u32 = BQ / 4u;      // vec4s in a d-row of Qs
-const KV2: u32 = BKV / 2u;    // vec2s in a d-row of Ks
+const KV4: u32 = BKV / 4u;    // vec4s in a d-row of K
 const PS: u32 = QV + 1u;      // padded row of Ps and red
 const NEG: f32 = -1.0e30;     // finite "no score yet": exp2(NEG - NEG) stays a number
 const SPLIT: bool = {{SPLIT}};
 
 var<workgroup> Qs: array<vec4<f32>, D * QV>;
-var<workgroup> Ks: array<vec2<f32>, D * KV2>;
-var<workgroup> Vs: array<vec4<f32>, BKV * D4>;
+var<workgroup> KVs: array<vec4<f32>, D * KV4>;   // K, then V, of the current key block
 var<workgroup> Ps: array<vec4<f32>, BKV * PS>;
 var<workgroup> red: array<vec4<f32>, 16u * PS>;   // one partial per (thread column tx, query vec4)
 
-// Scores as 2 columns (one per key) of 4 queries; O as 4 columns (one per query) of 4 outputs.
-fn qk_step(s: mat2x4<f32>, q: vec4<f32>, k: vec2<f32>) -> mat2x4<f32> {
-    return mat2x4<f32>(fma(q, vec4<f32>(k.x), s[0]), fma(q, vec4<f32>(k.y), s[1]));
-}
-
-fn pv_step(o: mat4x4<f32>, p: vec4<f32>, v: vec4<f32>) -> mat4x4<f32> {
-    return mat4x4<f32>(fma(v, vec4<f32>(p.x), o[0]), fma(v, vec4<f32>(p.y), o[1]),
-                       fma(v, vec4<f32>(p.z), o[2]), fma(v, vec4<f32>(p.w), o[3]));
+// Scores as 4 columns (one per key) of 4 queries; O as 4 columns (one per query) of 4 outputs.
+fn outer_step(acc: mat4x4<f32>, a: vec4<f32>, b: vec4<f32>) -> mat4x4<f32> {
+    return mat4x4<f32>(fma(a, vec4<f32>(b.x), acc[0]), fma(a, vec4<f32>(b.y), acc[1]),
+                       fma(a, vec4<f32>(b.z), acc[2]), fma(a, vec4<f32>(b.w), acc[3]));
 }
 
 fn scale_columns(o: mat4x4<f32>, c: vec4<f32>) -> mat4x4<f32> {
     return mat4x4<f32>(o[0] * c.x, o[1] * c.y, o[2] * c.z, o[3] * c.w);
 }
 
-// x = dims 4 * d4 .. 4 * d4 + 3 of query i (key j) into the d-major Qs (Ks).
+// x = dims 4 * d4 .. 4 * d4 + 3 of query i (key j) into the d-major Qs (K in KVs).
 fn put_q(d4: u32, i: u32, x: vec4<f32>) {
     let at = d4 * 4u * QV + i / 4u;
     let c = i % 4u;
@@ -70,9 +67,9 @@ fn put_q(d4: u32, i: u32, x: vec4<f32>) {
 }
 
 fn put_k(d4: u32, j: u32, x: vec4<f32>) {
-    let at = d4 * 4u * KV2 + j / 2u;
-    let c = j % 2u;
-    Ks[at][c] = x.x; Ks[at + KV2][c] = x.y; Ks[at + 2u * KV2][c] = x.z; Ks[at + 3u * KV2][c] = x.w;
+    let at = d4 * 4u * KV4 + j / 4u;
+    let c = j % 4u;
+    KVs[at][c] = x.x; KVs[at + KV4][c] = x.y; KVs[at + 2u * KV4][c] = x.z; KVs[at + 3u * KV4][c] = x.w;
 }
 
 // Queries q0.. of head h, times scale * log2(e); rows past T are zero.
@@ -89,20 +86,22 @@ fn stage_q(tid: u32, b: u32, h: u32, q0: u32) {
     }
 }
 
-// Keys and values k0.. of kv head hk; rows past S are zero (P is 0 there, 0 * garbage is not).
-fn stage_kv(tid: u32, b: u32, hk: u32, k0: u32) {
-    let S = m(1u);
-    let HKV = m(3u);
-    for (var e = tid; e < BKV * D4; e = e + THREADS) {
-        let j = e % BKV;
-        var x = vec4<f32>(0.0);
-        if (k0 + j < S) { x = k[((b * S + k0 + j) * HKV + hk) * D4 + e / BKV]; }
-        put_k(e / BKV, j, x);
-        let jv = e / D4;
-        var y = vec4<f32>(0.0);
-        if (k0 + jv < S) { y = v[((b * S + k0 + jv) * HKV + hk) * D4 + e % D4]; }
-        Vs[e] = y;
-    }
+// Element e of the key block k0.. of kv head hk: K (d-major, neighbouring threads on
+// neighbouring keys) or V (key-major); rows past S are zero (P is 0 there, 0 * garbage is not).
+fn stage_k(e: u32, b: u32, hk: u32, k0: u32) {
+    if (e >= BKV * D4) { return; }
+    let j = e % BKV;
+    var x = vec4<f32>(0.0);
+    if (k0 + j < m(1u)) { x = k[((b * m(1u) + k0 + j) * m(3u) + hk) * D4 + e / BKV]; }
+    put_k(e / BKV, j, x);
+}
+
+fn stage_v(e: u32, b: u32, hk: u32, k0: u32) {
+    if (e >= BKV * D4) { return; }
+    let j = e / D4;
+    var y = vec4<f32>(0.0);
+    if (k0 + j < m(1u)) { y = v[((b * m(1u) + k0 + j) * m(3u) + hk) * D4 + e % D4]; }
+    KVs[e] = y;
 }
 
 {{ROWS}}
@@ -123,7 +122,13 @@ fn store_stats(part: u32, b: u32, h: u32, t: u32, mx: vec4<f32>, l: vec4<f32>) {
     if (t < T) { out[at] = mx; out[at + 1u] = l; }
 }
 
-@compute @workgroup_size(128)
+fn masked(s: vec4<f32>, seen: vec4<bool>) -> vec4<f32> { return select(vec4<f32>(NEG), s, seen); }
+
+fn probabilities(s: vec4<f32>, mx: vec4<f32>, seen: vec4<bool>) -> vec4<f32> {
+    return select(vec4<f32>(0.0), exp2(s - mx), seen);
+}
+
+@compute @workgroup_size({{THREADS}})
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     let S = m(1u);
     let H = m(2u);
@@ -152,23 +157,31 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let last = min(blocks, (part + 1u) * per_part);
     for (var kb = part * per_part; kb < last; kb = kb + 1u) {
         let k0 = kb * BKV;
-        workgroupBarrier();         // the previous block's Ps, Vs are read
-        stage_kv(tid, b, hk, k0);
+        workgroupBarrier();         // the previous block's Ps and V are read
+{{STAGE_K}}
         workgroupBarrier();
-        var s = mat2x4<f32>();
+        var s = mat4x4<f32>();
 {{SCORES}}
-        let key = k0 + 2u * tx;
+        let key = k0 + 4u * tx;
         let seen0 = vec4<u32>(key) < key_end;
         let seen1 = vec4<u32>(key + 1u) < key_end;
-        red[tx * PS + ty] = max(select(vec4<f32>(NEG), s[0], seen0), select(vec4<f32>(NEG), s[1], seen1));
-        workgroupBarrier();
+        let seen2 = vec4<u32>(key + 2u) < key_end;
+        let seen3 = vec4<u32>(key + 3u) < key_end;
+        red[tx * PS + ty] = max(max(masked(s[0], seen0), masked(s[1], seen1)),
+                                max(masked(s[2], seen2), masked(s[3], seen3)));
+        workgroupBarrier();         // red is written and K is read: V may replace it
+{{STAGE_V}}
         let mx_new = max(mx, rows_max(ty));
         let corr = exp2(mx - mx_new);
-        let p0 = select(vec4<f32>(0.0), exp2(s[0] - mx_new), seen0);
-        let p1 = select(vec4<f32>(0.0), exp2(s[1] - mx_new), seen1);
-        Ps[2u * tx * PS + ty] = p0;
-        Ps[(2u * tx + 1u) * PS + ty] = p1;
-        l = l * corr + p0 + p1;
+        let p0 = probabilities(s[0], mx_new, seen0);
+        let p1 = probabilities(s[1], mx_new, seen1);
+        let p2 = probabilities(s[2], mx_new, seen2);
+        let p3 = probabilities(s[3], mx_new, seen3);
+        Ps[4u * tx * PS + ty] = p0;
+        Ps[(4u * tx + 1u) * PS + ty] = p1;
+        Ps[(4u * tx + 2u) * PS + ty] = p2;
+        Ps[(4u * tx + 3u) * PS + ty] = p3;
+        l = l * corr + (p0 + p1) + (p2 + p3);
         o = scale_columns(o, corr);
         mx = mx_new;
         workgroupBarrier();

@@ -153,3 +153,22 @@ def test_profiler_counts_a_split_attention_once(monkeypatch):
     assert first.flops == estimate_flops(g, node)
     assert combine.flops == partials // 4 and combine.bytes == partials + node.nbytes
     assert partials >= 3 * node.nbytes
+
+
+def test_block_of_queries_follows_the_devices_workgroup_memory():
+    """32 queries a workgroup where the device's workgroup memory holds the block (NVIDIA's
+    48 KiB at D = 64), else 16 (lavapipe's 32 KiB at D = 64): the kernel declares no more
+    than the limit. The 32-query kernel runs on lavapipe at smaller head dims (CASES'
+    head-dim-8 and head-dim-36-causal), the 16-query one at D = 64."""
+    lavapipe, nvidia = codegen.Capabilities(), codegen.Capabilities(workgroup_storage=49152)
+    assert [codegen.attention_queries(d, lavapipe) for d in (8, 36, 52, 56, 64)] == [32, 32, 32, 16, 16]
+    assert codegen.attention_queries(64, nvidia) == 32
+    for caps in (lavapipe, nvidia):
+        for d in (8, 36, 64):
+            assert codegen.attention_workgroup_bytes(codegen.attention_queries(d, caps), d) <= caps.workgroup_storage
+    g = attention_graph(1, 1500, 1500, 6, 6, 64)
+    (node,) = [n for n in g.nodes if n.op == "attention"]
+    small, large = (codegen.kernel_for(g, node, caps) for caps in (lavapipe, nvidia))
+    assert small.workgroups[0] == -(-1500 // 16) and large.workgroups[0] == -(-1500 // 32)
+    assert "@workgroup_size(64)" in small.source and "@workgroup_size(128)" in large.source
+    assert small.notes["variant"].startswith("tiled (flash) 16 queries x 64 keys")
