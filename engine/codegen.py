@@ -874,9 +874,6 @@ def _conv(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     return k
 
 
-ATTENTION_BLOCK = 32   # fixed and streamed rows per block of attention_backward.wgsl
-
-
 def attention_variant(head_dim: int) -> str:
     """Which attention kernel a head dim gets: ``"tiled"`` (flash attention, blocks of
     queries and keys in workgroup memory, a vec4 of output columns per thread) where D is a multiple of 4 up
@@ -966,11 +963,18 @@ def _split_combine(kernel: Kernel, mode: str, splits: int, n: int, partials: int
                             typ, [n, splits, bsz, t, h, d4, -(-t // 4)], grid_1d(-(-n // WG)),
                             MODE=_SPLIT_MODES[mode], OUT_TYPE=typ, ZERO=zero,
                             STAT="partials[at][t % 4u]" if mode == "softmax" else "0.0")
+    kernel.finish.guarded = True
     kernel.notes["variant"] += f", {streamed} split {splits} ways"
     return kernel
 
 
 ATTENTION_KEYS = 64   # keys per block of attention_tiled.wgsl (16 threads x 4)
+
+
+def _p_row(j: int) -> int:
+    """The row of Ps that holds streamed row (key) j of a block of 64: thread tx writes
+    rows 4tx..4tx+3 at tx, 16 + tx, 32 + tx, 48 + tx, so a row's 16 threads hit 16 banks."""
+    return 16 * (j % 4) + j // 4
 
 
 def attention_workgroup_bytes(queries: int, head_dim: int) -> int:
@@ -1004,10 +1008,11 @@ def _attention_tiled(graph, node, bsz, t, s, h, hkv, d, causal, scale, caps: Cap
                      STAGE_V="\n".join(f"        stage_v(tid + {n * threads}u, b, hk, k0);" for n in range(stage)),
                      SCORES="\n".join(f"        s = outer_step(s, Qs[{i}u * QV + ty], KVs[{i}u * KV4 + tx]);"
                                        for i in range(d)),
-                     ACCUMULATE="\n".join(f"            o = outer_step(o, KVs[{j}u * D4 + tx], Ps[{j}u * PS + ty]);"
-                                           for j in range(ATTENTION_KEYS)))
+                     ACCUMULATE="\n".join(f"            o = outer_step(o, KVs[{j}u * D4 + tx], "
+                                           f"Ps[{_p_row(j)}u * PS + ty]);" for j in range(ATTENTION_KEYS)))
     kernel.notes["variant"] = (f"tiled (flash) {bq} queries x {ATTENTION_KEYS} keys, "
                                f"4x4 scores and 4x4 outputs/thread")
+    kernel.guarded = True
     if splits > 1:
         rows = bsz * t * h
         stats = splits * bsz * h * -(-t // 4) * 8
@@ -1048,22 +1053,52 @@ ATTENTION_BACKWARD = {
     "attention_grad_k": _BackwardMode(2, _GRAD_OPERANDS, ("k", "v", "q", "dout")),
     "attention_grad_v": _BackwardMode(3, ("q", "k", "dout", "lse"), ("k", "k", "q", "dout")),
 }
-_THREADS = 128   # threads of an attention_backward.wgsl workgroup
+ATTENTION_STREAMED = 64   # streamed rows per block of attention_backward.wgsl (16 threads x 4)
+
+
+def attention_backward_bytes(rows: int, head_dim: int, has_dp: bool, accumulates: bool = True) -> int:
+    """Workgroup memory of an attention_backward.wgsl kernel owning ``rows`` fixed rows:
+    As (and Bs where it computes dP), Ss (d-rows rounded up to 16, padded by a vec4) and
+    Ps (padded rows: a block's, or lse's 16 partials), in vec4s."""
+    rv = rows // 4
+    ps_rows = ATTENTION_STREAMED if accumulates else 16
+    return 16 * (head_dim * rv + (head_dim * rv if has_dp else 1)
+                 + 16 * -(-head_dim // 16) * (ATTENTION_STREAMED // 4 + 1) + ps_rows * (rv + 1))
+
+
+def attention_backward_rows(head_dim: int, mode: "_BackwardMode", caps: Capabilities) -> int:
+    """Fixed rows a workgroup of an attention backward kernel owns: the most (64, 32 or
+    16) the device's workgroup memory holds. Each block of streamed rows staged serves
+    that many fixed rows, and the kernels are bound by that staging (on the H100, 16 rows
+    took twice as long as 32); only lse, which keeps no block of P, fits 64 at D = 64 in
+    NVIDIA's 48 KiB. ``MEGANEURA_ATTENTION_BACKWARD_ROWS=16|32|64`` forces it (benchmarks)."""
+    forced = os.environ.get("MEGANEURA_ATTENTION_BACKWARD_ROWS")
+    if forced in ("16", "32", "64"):
+        return int(forced)
+    fits = [r for r in (64, 32) if attention_backward_bytes(r, head_dim, mode.has_dp, mode.accumulates)
+            <= caps.workgroup_storage]
+    return fits[0] if fits else 16
 
 
 def _score_lines(fixed: str, acc: str, d: int, indent: int) -> str:
-    """acc (4 fixed rows x streamed rows tx, tx + 16) += fixed . Ss over d, unrolled."""
-    return "\n".join(f"{' ' * indent}{acc} = score_step({acc}, {fixed}[{i}u * RV + ty], Ss[{i}u * CP + tx], "
-                     f"Ss[{i}u * CP + tx + 16u]);" for i in range(d))
+    """acc (4 fixed rows x streamed rows 4tx..4tx+3) += fixed . Ss over d, unrolled."""
+    return "\n".join(f"{' ' * indent}{acc} = score_step({acc}, {fixed}[{i}u * RV + ty], Ss[{i}u * CV + tx]);"
+                     for i in range(d))
 
 
 def _accumulate_lines(groups: int) -> str:
-    """o += Ps . Ss over the block's streamed rows, unrolled: column r of o is output
-    column tx + 16 r (r < groups), read from row tx + 16 r of the d-major Ss."""
+    """o += Ps . Ss over the block's streamed rows, 4 at a time, unrolled: column r of o is
+    output column tx + 16 r (r < groups), read from d-row tx + 16 r of Ss as a vec4 over 4
+    streamed rows."""
     lines = []
-    for j in range(ATTENTION_BLOCK):
-        x = ", ".join(f"Ss[xc + {16 * r}u * CP + {j}u]" if r < groups else "0.0" for r in range(4))
-        lines.append(f"{' ' * 12}o = accumulate_step(o, Ps[{j}u * PR + ty], vec4<f32>({x}));")
+    for jj in range(ATTENTION_STREAMED // 4):
+        loads = " ".join(f"let x{r} = Ss[xc + {16 * r}u * CV + {jj}u];" for r in range(groups))
+        lines.append(f"{' ' * 12}{{ {loads}")
+        for c in "xyzw":
+            j = 4 * jj + "xyzw".index(c)
+            x = ", ".join(f"x{r}.{c}" if r < groups else "0.0" for r in range(4))
+            lines.append(f"{' ' * 14}o = accumulate_step(o, Ps[{_p_row(j)}u * PR + ty], vec4<f32>({x}));")
+        lines[-1] += " }"
     return "\n".join(lines)
 
 
@@ -1075,28 +1110,33 @@ def _attention_backward(graph: Graph, node: Node, caps: Capabilities = PLAIN) ->
         raise UnsupportedOpError(f"{graph.format_node(node)}: no {node.op} kernel for head dim {d} (it takes "
                                  f"multiples of 4 up to 64); differentiate attention with such heads "
                                  f"by decomposition")
+    rows = attention_backward_rows(d, mode, caps)
+    threads = 4 * rows
     fixed, streamed = (t, s) if mode.fixed_queries else (s, t * (h // hkv))
-    blocks, heads = -(-fixed // ATTENTION_BLOCK), h if mode.fixed_queries else hkv
-    splits = attention_splits(blocks * heads * bsz, -(-streamed // ATTENTION_BLOCK))
+    blocks, heads = -(-fixed // rows), h if mode.fixed_queries else hkv
+    splits = attention_splits(blocks * heads * bsz, -(-streamed // ATTENTION_STREAMED))
     grid = _split_grid(graph, node, blocks, heads, bsz, splits)
     meta = [t, s, h, hkv, causal, f32_bits(scale * math.log2(math.e)), f32_bits(scale), splits, node.size]
     groups = -(-d // 16)
-    stage_steps = -(-ATTENTION_BLOCK * d // 4 // _THREADS)
+    stage_steps = -(-ATTENTION_STREAMED * d // 4 // threads)
     types = ["f32" if n in ("lse", "delta") else "vec4<f32>" for n in mode.operands]
     a, b, x, y = mode.roles
     kernel = _finish(node.op, "attention", "attention_backward.wgsl", list(mode.operands), types, "f32", meta,
-                     grid, D=d, MODE=mode.index, ROWS=_render("attention_rows.wgsl", PARTIALS="Ps", STRIDE="PR"), A=a, B=b, X=x, Y=y,
+                     grid, D=d, R=rows, THREADS=threads, MODE=mode.index,
+                     ROWS=_render("attention_rows.wgsl", PARTIALS="Ps", STRIDE="PR"), A=a, B=b, X=x, Y=y,
                      LSE_AT="lse[i] * LOG2E" if "lse" in mode.operands else "0.0",
                      DELTA_AT="delta[i]" if "delta" in mode.operands else "0.0",
                      BS_LEN="D * RV" if mode.has_dp else "1u", SS_ROWS=16 * groups,
-                     STAGE="\n".join(f"    stage_element(role, tid + {n * _THREADS}u, b, head, c0);"
+                     PS_ROWS="C" if mode.accumulates else "16u",
+                     STAGE="\n".join(f"    stage_element(role, tid + {n * threads}u, b, head, c0);"
                                       for n in range(stage_steps)),
                      SCORES=_score_lines("As", "s", d, 8),
                      DP=_score_lines("Bs", "dp", d, 12) if mode.has_dp else "",
                      ACCUMULATE=_accumulate_lines(groups) if mode.accumulates else "")
     fixed, streamed = ("queries", "keys") if mode.fixed_queries else ("keys", "queries")
-    kernel.notes["variant"] = (f"tiled backward: {ATTENTION_BLOCK} {fixed} a workgroup, {streamed} streamed "
-                               f"{ATTENTION_BLOCK} at a time, 4x2 scores and 4x{groups} outputs/thread")
+    kernel.notes["variant"] = (f"tiled backward: {rows} {fixed} a workgroup, {streamed} streamed "
+                               f"{ATTENTION_STREAMED} at a time, 4x4 scores and 4x{groups} outputs/thread")
+    kernel.guarded = True
     if splits > 1:
         _split_combine(kernel, "logsumexp" if mode.index == 0 else "sum", splits, node.size, splits * node.size,
                        streamed=streamed)

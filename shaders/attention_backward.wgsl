@@ -1,6 +1,6 @@
 // Attention archetype, backward (flash attention 2, f32) and the row statistics it needs.
-// One template, four kernels (MODE). A workgroup of 128 threads owns R = 32 "fixed" rows of
-// one head and streams the other side through workgroup memory, C = 32 rows at a time,
+// One template, four kernels (MODE). A workgroup of 4 R threads owns R "fixed" rows of one
+// head and streams the other side through workgroup memory, C = 64 rows at a time,
 // recomputing the scores s = scale q.k (masked) instead of reading a T x S matrix:
 //   lse: fixed queries, streamed keys:                  L_i = log sum_j exp(s_ij)
 //   dq:  fixed queries (Q, dO), streamed keys (K, V):   dq_i = scale sum_j dS_ij k_j
@@ -11,20 +11,26 @@
 // every output element belongs to one workgroup: no atomics.
 // Roles: A and B are the fixed operands of the scores and of dP, staged once (As, Bs: d-major,
 // a vec4 = 4 rows; A times scale * log2(e) so the softmax runs on exp2). X and Y are the
-// streamed ones, staged one after the other into Ss (d-major, an f32 per row, d-rows of C + 1
-// floats: the score loop reads along a d-row, the accumulation down a column, and both hit 16
-// different banks). Ps holds the block's P or dS (a vec4 = 4 fixed rows, padded rows).
+// streamed ones, staged one after the other into Ss (d-major, a vec4 = 4 streamed rows, d-rows
+// of C / 4 + 1 vec4s: the score loop reads along a d-row, the accumulation down a column, and
+// neither conflicts on banks). Ps holds the block's P or dS (a vec4 = 4 fixed rows, padded rows).
+// Why 4 x 4 tiles (scores: 4 fixed x 4 streamed rows; outputs: 4 fixed rows x 4 columns): a
+// 4 x 4 tile reads 0.5 floats of workgroup memory a multiply-add (4 x 2: 0.75). What bounds
+// these kernels is staging the streamed blocks: each serves R fixed rows, so R is as large as
+// the workgroup memory allows.
 // Per block: dq, dk stage Y, compute dP, stage X, compute the scores and dS into Ps, then
 // accumulate dS X with X still staged; dv stages X, computes P into Ps, then stages Y for P Y;
 // lse keeps a running max and sum of exp2 per row and thread, combined across threads at the end.
-// Thread tid: ty = tid / 16 owns fixed rows 4ty..4ty+3; tx = tid % 16 scores streamed rows tx
-// and tx + 16 and accumulates output columns tx + 16 r, r < NR = ceil(D / 16).
+// Thread tid: ty = tid / 16 owns fixed rows 4ty..4ty+3; tx = tid % 16 scores streamed rows
+// 4tx..4tx+3 and accumulates output columns tx + 16 r, r < ceil(D / 16).
 // Causal (key j visible to query i iff j <= i): lse and dq stop after the block of their last
 // query, dk and dv start at their first key; scores past the diagonal, T or S count 0.
 // The loops over d, over a block's rows and the staging are unrolled by codegen: llvmpipe
 // (lavapipe) ends an invocation after ~65535 loop iterations in total; one is left per block.
-// Workgroup memory at D = 64: As 8192 + Bs 8192 (dq, dk; 16 otherwise) + Ss 8448 + Ps 4608
-// = 29,440 bytes (lavapipe offers 32 KiB).
+// Workgroup memory at D = 64, R = 32: As 8192 + Bs 8192 (dq, dk; 16 otherwise) + Ss 17408 +
+// Ps 9216 (lse: 16 rows, 2304) = 43,008 bytes (NVIDIA offers 48 KiB); R is 64, 32 or 16, the
+// most the device holds (attention_backward_rows() in codegen): NVIDIA at D = 64 takes 64 for
+// lse, 32 for the others; lavapipe's 32 KiB 32 for lse, 16 for the others.
 // q, dout: [B, T, H*D] and k, v: [B, S, HKV*D], read as vec4 (D % 4 == 0, D <= 64); lse, delta:
 // [B, T, H]. out: lse [B, T, H], dq [B, T, H*D], dk and dv [B, S, HKV*D].
 // Split: when that grid is too small to fill the GPU, each workgroup's streamed blocks are
@@ -51,20 +57,20 @@ const ROLE_Y: u32 = 3u;
 
 const D: u32 = {{D}}u;
 const D4: u32 = D / 4u;
-const R: u32 = 32u;
-const C: u32 = 32u;
-const THREADS: u32 = 128u;
+const R: u32 = {{R}}u;
+const C: u32 = 64u;
+const THREADS: u32 = 4u * R;
 const RV: u32 = R / 4u;      // vec4s in a d-row of As, Bs
 const PR: u32 = RV + 1u;     // padded row of Ps
-const CP: u32 = C + 1u;      // padded d-row of Ss
+const CV: u32 = C / 4u + 1u; // padded d-row of Ss (vec4s)
 const NEG: f32 = -1.0e30;    // finite "no score yet": exp2(NEG - NEG) stays a number
 const LOG2E: f32 = 1.4426950408889634;
 const LN2: f32 = 0.6931471805599453;
 
 var<workgroup> As: array<vec4<f32>, D * RV>;
 var<workgroup> Bs: array<vec4<f32>, {{BS_LEN}}>;
-var<workgroup> Ss: array<f32, {{SS_ROWS}}u * CP>;
-var<workgroup> Ps: array<vec4<f32>, C * PR>;
+var<workgroup> Ss: array<vec4<f32>, {{SS_ROWS}}u * CV>;
+var<workgroup> Ps: array<vec4<f32>, {{PS_ROWS}} * PR>;   // a block's P or dS; lse: its 16 partials
 
 // L (in log2 units) and Delta of statistics row i; 0 where this kernel has no such input.
 fn lse2_at(i: u32) -> f32 { return {{LSE_AT}}; }
@@ -114,29 +120,48 @@ fn stage_fixed(tid: u32, b: u32, head: u32, r0: u32) {
     }
 }
 
-// Element e (a vec4 of a row) of streamed rows c0.. of X or Y into Ss.
+// Element e (a vec4 of a row) of streamed rows c0.. of X or Y into Ss: 8 neighbouring threads
+// take 8 rows (their stores land in 8 neighbouring floats), and the next 8 the next vec4 of
+// those rows, so a warp reads 64 contiguous bytes of each of 8 rows (rows one thread apart
+// read half sectors and ran dv 35% slower on the H100; vec4s of one row one thread apart
+// store 16-way bank conflicts into the d-major Ss).
 fn stage_element(role: u32, e: u32, b: u32, head: u32, c0: u32) {
     if (e >= C * D4) { return; }
-    let j = e / D4;
-    let d4 = e % D4;
+    let j = e / (8u * D4) * 8u + e % 8u;
+    let d4 = e / 8u % D4;
     let x = operand_row(role, b, c0 + j, head, d4);
-    let at = 4u * d4 * CP + j;
-    Ss[at] = x.x; Ss[at + CP] = x.y; Ss[at + 2u * CP] = x.z; Ss[at + 3u * CP] = x.w;
+    let at = 4u * d4 * CV + j / 4u;
+    let c = j % 4u;
+    Ss[at][c] = x.x; Ss[at + CV][c] = x.y; Ss[at + 2u * CV][c] = x.z; Ss[at + 3u * CV][c] = x.w;
 }
 
 fn stage_stream(role: u32, tid: u32, b: u32, head: u32, c0: u32) {
 {{STAGE}}
 }
 
-// Scores of 4 fixed rows (a vec4) against streamed rows tx and tx + 16, one d at a time.
-fn score_step(s: mat2x4<f32>, a: vec4<f32>, x0: f32, x1: f32) -> mat2x4<f32> {
-    return mat2x4<f32>(fma(a, vec4<f32>(x0), s[0]), fma(a, vec4<f32>(x1), s[1]));
+// Scores of 4 fixed rows (a vec4) against streamed rows 4tx..4tx+3 (x), one d at a time.
+fn score_step(s: mat4x4<f32>, a: vec4<f32>, x: vec4<f32>) -> mat4x4<f32> {
+    return mat4x4<f32>(fma(a, vec4<f32>(x.x), s[0]), fma(a, vec4<f32>(x.y), s[1]),
+                       fma(a, vec4<f32>(x.z), s[2]), fma(a, vec4<f32>(x.w), s[3]));
 }
 
 // Column r of o (4 fixed rows at output column tx + 16 r) += p (4 fixed rows) * x[r].
 fn accumulate_step(o: mat4x4<f32>, p: vec4<f32>, x: vec4<f32>) -> mat4x4<f32> {
     return mat4x4<f32>(fma(p, vec4<f32>(x.x), o[0]), fma(p, vec4<f32>(x.y), o[1]),
                        fma(p, vec4<f32>(x.z), o[2]), fma(p, vec4<f32>(x.w), o[3]));
+}
+
+fn masked(s: vec4<f32>, seen: vec4<bool>) -> vec4<f32> { return select(vec4<f32>(NEG), s, seen); }
+
+// exp2(s - lse) where the score counts, else 0 (P, or the lse pass's share of the row sum).
+fn weight(s: vec4<f32>, lse: vec4<f32>, seen: vec4<bool>) -> vec4<f32> {
+    return select(vec4<f32>(0.0), exp2(s - lse), seen);
+}
+
+// P (dv), or dS = P (dP - Delta) (dq, dk), of 4 fixed rows against one streamed row.
+fn probability(s: vec4<f32>, dp: vec4<f32>, lse: vec4<f32>, delta: vec4<f32>, seen: vec4<bool>) -> vec4<f32> {
+    let p = weight(s, lse, seen);
+    return select(p, p * (dp - delta), HAS_DP);
 }
 
 // Whether the scores of fixed rows `rows` against streamed row `col` count.
@@ -164,7 +189,7 @@ fn store_lse(part: u32, b: u32, head: u32, row: u32, l: f32) {
 
 {{ROWS}}
 
-@compute @workgroup_size(128)
+@compute @workgroup_size({{THREADS}})
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     let T = m(0u);
     let S = m(1u);
@@ -204,7 +229,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     for (var it = part * per_part; it < last; it = it + 1u) {
         let c0 = begin + (it % blocks) * C;
         let stream_head = select(head * group + it / blocks, head / group, ROWS_ARE_QUERIES);
-        var dp = mat2x4<f32>();
+        var dp = mat4x4<f32>();
         if (HAS_DP) {
             workgroupBarrier();     // the previous block's Ss, Ps are read
             stage_stream(ROLE_Y, tid, b, stream_head, c0);
@@ -214,40 +239,45 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         workgroupBarrier();
         stage_stream(ROLE_X, tid, b, stream_head, c0);
         workgroupBarrier();
-        var s = mat2x4<f32>();
+        var s = mat4x4<f32>();
 {{SCORES}}
-        let seen0 = visible(rows, c0 + tx, causal);
-        let seen1 = visible(rows, c0 + tx + 16u, causal);
+        let col = c0 + 4u * tx;
+        let seen0 = visible(rows, col, causal);
+        let seen1 = visible(rows, col + 1u, causal);
+        let seen2 = visible(rows, col + 2u, causal);
+        let seen3 = visible(rows, col + 3u, causal);
         if (MODE == MODE_LSE) {
-            let top = max(mx, max(select(vec4<f32>(NEG), s[0], seen0), select(vec4<f32>(NEG), s[1], seen1)));
-            l = l * exp2(mx - top) + select(vec4<f32>(0.0), exp2(s[0] - top), seen0)
-                + select(vec4<f32>(0.0), exp2(s[1] - top), seen1);
+            let top = max(mx, max(max(masked(s[0], seen0), masked(s[1], seen1)),
+                                  max(masked(s[2], seen2), masked(s[3], seen3))));
+            l = l * exp2(mx - top) + (weight(s[0], top, seen0) + weight(s[1], top, seen1))
+                + (weight(s[2], top, seen2) + weight(s[3], top, seen3));
             mx = top;
         } else {
-            var lse0 = row_lse;
-            var lse1 = row_lse;
-            var delta0 = row_delta;
-            var delta1 = row_delta;
+            // the statistics (L, Delta) belong to the fixed queries (dq) or to each streamed one (dk, dv)
+            var lse0 = row_lse; var lse1 = row_lse; var lse2 = row_lse; var lse3 = row_lse;
+            var delta0 = row_delta; var delta1 = row_delta; var delta2 = row_delta; var delta3 = row_delta;
             if (!ROWS_ARE_QUERIES) {
-                let c = stats_of(b, c0 + tx, stream_head);
-                let c16 = stats_of(b, c0 + tx + 16u, stream_head);
-                lse0 = vec4<f32>(c.x); delta0 = vec4<f32>(c.y);
-                lse1 = vec4<f32>(c16.x); delta1 = vec4<f32>(c16.y);
+                let st0 = stats_of(b, col, stream_head);
+                let st1 = stats_of(b, col + 1u, stream_head);
+                let st2 = stats_of(b, col + 2u, stream_head);
+                let st3 = stats_of(b, col + 3u, stream_head);
+                lse0 = vec4<f32>(st0.x); lse1 = vec4<f32>(st1.x); lse2 = vec4<f32>(st2.x); lse3 = vec4<f32>(st3.x);
+                delta0 = vec4<f32>(st0.y); delta1 = vec4<f32>(st1.y); delta2 = vec4<f32>(st2.y); delta3 = vec4<f32>(st3.y);
             }
-            var w0 = select(vec4<f32>(0.0), exp2(s[0] - lse0), seen0);
-            var w1 = select(vec4<f32>(0.0), exp2(s[1] - lse1), seen1);
-            if (HAS_DP) {
-                w0 = w0 * (dp[0] - delta0);
-                w1 = w1 * (dp[1] - delta1);
-            }
-            Ps[tx * PR + ty] = w0;
-            Ps[(tx + 16u) * PR + ty] = w1;
+            let w0 = probability(s[0], dp[0], lse0, delta0, seen0);
+            let w1 = probability(s[1], dp[1], lse1, delta1, seen1);
+            let w2 = probability(s[2], dp[2], lse2, delta2, seen2);
+            let w3 = probability(s[3], dp[3], lse3, delta3, seen3);
+            Ps[tx * PR + ty] = w0;          // streamed row 4tx + c at row 16c + tx: the 16
+            Ps[(16u + tx) * PR + ty] = w1;  // threads of a row store to 16 different banks
+            Ps[(32u + tx) * PR + ty] = w2;
+            Ps[(48u + tx) * PR + ty] = w3;
             if (MODE == MODE_DV) {
                 workgroupBarrier(); // the scores' reads of Ss are done
                 stage_stream(ROLE_Y, tid, b, stream_head, c0);
             }
             workgroupBarrier();
-            let xc = tx * CP;
+            let xc = tx * CV;
 {{ACCUMULATE}}
         }
     }

@@ -12,7 +12,7 @@
 // above 52): workgroup_bytes() in codegen says how much each takes.
 // Layouts: Qs d-major (a vec4 = a thread's 4 queries), scaled by scale * log2(e) so the
 // softmax runs on exp2; K d-major in KVs (a vec4 = a thread's 4 keys); V key-major in KVs
-// (a vec4 = a thread's 4 columns); Ps key-major (a vec4 = 4 queries). Rows of Ps and red
+// (a vec4 = a thread's 4 columns); Ps key-major (a vec4 = 4 queries; key 4i + c at row 16c + i). Rows of Ps and red
 // are padded by one vec4 so the 16 threads of a row write to different banks.
 // Causal: key blocks above the diagonal are skipped; keys past a query (or past S) are
 // masked, and a row with no visible key comes out 0, not NaN.
@@ -86,14 +86,17 @@ fn stage_q(tid: u32, b: u32, h: u32, q0: u32) {
     }
 }
 
-// Element e of the key block k0.. of kv head hk: K (d-major, neighbouring threads on
-// neighbouring keys) or V (key-major); rows past S are zero (P is 0 there, 0 * garbage is not).
+// Element e of the key block k0.. of kv head hk: K (d-major; 8 neighbouring threads take 8
+// keys, the next 8 the next vec4 of those keys: 64 contiguous bytes of each of 8 rows a warp,
+// 2-way bank conflicts at most on the transposing stores) or V (key-major, row by row);
+// rows past S are zero (P is 0 there, 0 * garbage is not).
 fn stage_k(e: u32, b: u32, hk: u32, k0: u32) {
     if (e >= BKV * D4) { return; }
-    let j = e % BKV;
+    let j = e / (8u * D4) * 8u + e % 8u;
+    let d4 = e / 8u % D4;
     var x = vec4<f32>(0.0);
-    if (k0 + j < m(1u)) { x = k[((b * m(1u) + k0 + j) * m(3u) + hk) * D4 + e / BKV]; }
-    put_k(e / BKV, j, x);
+    if (k0 + j < m(1u)) { x = k[((b * m(1u) + k0 + j) * m(3u) + hk) * D4 + d4]; }
+    put_k(d4, j, x);
 }
 
 fn stage_v(e: u32, b: u32, hk: u32, k0: u32) {
@@ -177,10 +180,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         let p1 = probabilities(s[1], mx_new, seen1);
         let p2 = probabilities(s[2], mx_new, seen2);
         let p3 = probabilities(s[3], mx_new, seen3);
-        Ps[4u * tx * PS + ty] = p0;
-        Ps[(4u * tx + 1u) * PS + ty] = p1;
-        Ps[(4u * tx + 2u) * PS + ty] = p2;
-        Ps[(4u * tx + 3u) * PS + ty] = p3;
+        Ps[tx * PS + ty] = p0;      // key 4tx + c at row 16c + tx: the 16 threads of a row
+        Ps[(16u + tx) * PS + ty] = p1;  // store to 16 different banks
+        Ps[(32u + tx) * PS + ty] = p2;
+        Ps[(48u + tx) * PS + ty] = p3;
         l = l * corr + (p0 + p1) + (p2 + p3);
         o = scale_columns(o, corr);
         mx = mx_new;

@@ -362,3 +362,24 @@ def test_whisper_training_plan_holds_no_score_matrix(monkeypatch):
     decomposed, before = whisper_training_plan(True, monkeypatch)
     assert [n for n in decomposed.nodes if n.shape[-2:] == (1500, 1500)]
     assert plan.peak_bytes < 0.6 * before.peak_bytes, (plan.peak_bytes, before.peak_bytes)
+
+
+def test_fixed_rows_follow_the_devices_workgroup_memory():
+    """As many fixed rows a workgroup (64, 32, 16) as the device's workgroup memory holds:
+    at D = 64, NVIDIA's 48 KiB holds 32 (lse, which keeps no block of P: 64), lavapipe's
+    32 KiB 16 (lse: 32); no kernel declares more than the limit. On lavapipe the 64-row
+    kernels run at D = 8 (CASES' head-dim-8) and for lse at D = 36, the 32-row ones at
+    D = 36 and for lse at D = 64, the 16-row ones at D = 64."""
+    lavapipe, nvidia = codegen.Capabilities(), codegen.Capabilities(workgroup_storage=49152)
+    g = backward_graph(1, 1500, 1500, 6, 6, 64, attention_attrs(6, 6, False, None))
+    for caps, small in ((lavapipe, 16), (nvidia, 32)):
+        for n in (n for n in g.nodes if n.op in BACKWARD_OPS):
+            rows = 2 * small if n.op == "attention_lse" else small
+            kernel = codegen.kernel_for(g, n, caps)
+            assert kernel.notes["variant"].startswith(f"tiled backward: {rows} "), kernel.notes["variant"]
+            assert f"@workgroup_size({4 * rows})" in kernel.source
+            has_dp = n.op in ("attention_grad_q", "attention_grad_k")
+            assert codegen.attention_backward_bytes(rows, 64, has_dp, n.op != "attention_lse") <= caps.workgroup_storage
+    modes = codegen.ATTENTION_BACKWARD
+    assert [codegen.attention_backward_rows(d, modes["attention_grad_q"], lavapipe) for d in (8, 36, 64)] == [64, 32, 16]
+    assert [codegen.attention_backward_rows(d, modes["attention_lse"], lavapipe) for d in (8, 36, 64)] == [64, 64, 32]

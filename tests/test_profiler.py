@@ -286,7 +286,7 @@ def test_gpu_clock_anchored_to_submit_when_clocks_differ(session, monkeypatch):
 def test_convolution_flops_are_one_implicit_gemm_each(dims):
     """The forward convolution and both of its gradients are the same implicit GEMM:
     2 x (elements of the forward's output) x (weights of one filter) flops each. (The
-    weight gradient's estimate was once ~500x too high, which put a whisper-tiny
+    weight gradient's estimate was once ~1000x too high, which put a whisper-tiny
     training step at 115 'TFLOP/s'.)"""
     from engine.autodiff import differentiate
     g = Graph("conv")
