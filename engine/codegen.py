@@ -1102,6 +1102,21 @@ def _accumulate_lines(groups: int) -> str:
     return "\n".join(lines)
 
 
+def _staging(mode: _BackwardMode, threads: int, steps: int) -> dict:
+    """The staging lines of attention_backward.wgsl's loop: the second operand of a block
+    (dq, dk: X; dv: Y) fetched into registers pre0.. at its start and put into Ss where it
+    is needed; lse, with one operand, stages X directly. ``MEGANEURA_ATTENTION_PREFETCH=0``
+    stages both directly (benchmarks)."""
+    direct = {role: f"        stage_stream({role}, tid, b, stream_head, c0);" for role in ("ROLE_X", "ROLE_Y")}
+    if mode.index == 0 or os.environ.get("MEGANEURA_ATTENTION_PREFETCH") == "0":
+        return dict(PREFETCH="", STAGE_X=direct["ROLE_X"], STAGE_Y=direct["ROLE_Y"])
+    fetch = "\n".join(f"        let pre{n} = fetch_element(second, tid + {n * threads}u, b, stream_head, c0);"
+                      for n in range(steps))
+    put = "\n".join(f"        put_element(tid + {n * threads}u, pre{n});" for n in range(steps))
+    dv = mode.index == 3
+    return dict(PREFETCH=fetch, STAGE_X=direct["ROLE_X"] if dv else put, STAGE_Y=put if dv else direct["ROLE_Y"])
+
+
 def _attention_backward(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     mode = ATTENTION_BACKWARD[node.op]
     q, k = graph[node.inputs[0]], graph[node.inputs[1]]
@@ -1130,6 +1145,7 @@ def _attention_backward(graph: Graph, node: Node, caps: Capabilities = PLAIN) ->
                      PS_ROWS="C" if mode.accumulates else "16u",
                      STAGE="\n".join(f"    stage_element(role, tid + {n * threads}u, b, head, c0);"
                                       for n in range(stage_steps)),
+                     **_staging(mode, threads, stage_steps),
                      SCORES=_score_lines("As", "s", d, 8),
                      DP=_score_lines("Bs", "dp", d, 12) if mode.has_dp else "",
                      ACCUMULATE=_accumulate_lines(groups) if mode.accumulates else "")

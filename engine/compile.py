@@ -634,7 +634,8 @@ def _cache_key(graph: Graph, gradients, loss, capabilities: codegen.Capabilities
                       optimizer.to_dict() if optimizer is not None else None, _codegen_fingerprint(),
                       os.environ.get("MEGANEURA_MATMUL", "auto"), os.environ.get("MEGANEURA_ATTENTION", "auto"),
                       os.environ.get("MEGANEURA_ATTENTION_SPLITS", "auto"),
-                      os.environ.get("MEGANEURA_ATTENTION_BACKWARD_ROWS", "auto")],
+                      os.environ.get("MEGANEURA_ATTENTION_BACKWARD_ROWS", "auto"),
+                      os.environ.get("MEGANEURA_ATTENTION_PREFETCH", "1")],
                      sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 

@@ -20,6 +20,7 @@
 // the workgroup memory allows.
 // Per block: dq, dk stage Y, compute dP, stage X, compute the scores and dS into Ps, then
 // accumulate dS X with X still staged; dv stages X, computes P into Ps, then stages Y for P Y;
+// the second operand staged (dq, dk: X; dv: Y) is fetched into registers at the block's start;
 // lse keeps a running max and sum of exp2 per row and thread, combined across threads at the end.
 // Thread tid: ty = tid / 16 owns fixed rows 4ty..4ty+3; tx = tid % 16 scores streamed rows
 // 4tx..4tx+3 and accumulates output columns tx + 16 r, r < ceil(D / 16).
@@ -120,19 +121,29 @@ fn stage_fixed(tid: u32, b: u32, head: u32, r0: u32) {
     }
 }
 
-// Element e (a vec4 of a row) of streamed rows c0.. of X or Y into Ss: 8 neighbouring threads
-// take 8 rows (their stores land in 8 neighbouring floats), and the next 8 the next vec4 of
-// those rows, so a warp reads 64 contiguous bytes of each of 8 rows (rows one thread apart
-// read half sectors and ran dv 35% slower on the H100; vec4s of one row one thread apart
-// store 16-way bank conflicts into the d-major Ss).
-fn stage_element(role: u32, e: u32, b: u32, head: u32, c0: u32) {
+// Element e (a vec4 of a row) of streamed rows c0.. of X or Y, fetched, then put into Ss:
+// 8 neighbouring threads take 8 rows (their stores land in 8 neighbouring floats), and the
+// next 8 the next vec4 of those rows, so a warp reads 64 contiguous bytes of each of 8 rows
+// (rows one thread apart read half sectors; vec4s of one row one thread apart would store
+// with 16-way bank conflicts into the d-major Ss).
+fn element_row(e: u32) -> u32 { return e / (8u * D4) * 8u + e % 8u; }
+fn element_d4(e: u32) -> u32 { return e / 8u % D4; }
+
+fn fetch_element(role: u32, e: u32, b: u32, head: u32, c0: u32) -> vec4<f32> {
+    if (e >= C * D4) { return vec4<f32>(0.0); }
+    return operand_row(role, b, c0 + element_row(e), head, element_d4(e));
+}
+
+fn put_element(e: u32, x: vec4<f32>) {
     if (e >= C * D4) { return; }
-    let j = e / (8u * D4) * 8u + e % 8u;
-    let d4 = e / 8u % D4;
-    let x = operand_row(role, b, c0 + j, head, d4);
-    let at = 4u * d4 * CV + j / 4u;
+    let j = element_row(e);
+    let at = 4u * element_d4(e) * CV + j / 4u;
     let c = j % 4u;
     Ss[at][c] = x.x; Ss[at + CV][c] = x.y; Ss[at + 2u * CV][c] = x.z; Ss[at + 3u * CV][c] = x.w;
+}
+
+fn stage_element(role: u32, e: u32, b: u32, head: u32, c0: u32) {
+    put_element(e, fetch_element(role, e, b, head, c0));
 }
 
 fn stage_stream(role: u32, tid: u32, b: u32, head: u32, c0: u32) {
@@ -229,6 +240,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     for (var it = part * per_part; it < last; it = it + 1u) {
         let c0 = begin + (it % blocks) * C;
         let stream_head = select(head * group + it / blocks, head / group, ROWS_ARE_QUERIES);
+        // The block's second operand (dq, dk: X; dv: Y), fetched into registers now so that
+        // its latency hides behind the first's staging and pass.
+        let second = select(ROLE_X, ROLE_Y, MODE == MODE_DV);
+{{PREFETCH}}
         var dp = mat4x4<f32>();
         if (HAS_DP) {
             workgroupBarrier();     // the previous block's Ss, Ps are read
@@ -237,7 +252,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 {{DP}}
         }
         workgroupBarrier();
-        stage_stream(ROLE_X, tid, b, stream_head, c0);
+{{STAGE_X}}
         workgroupBarrier();
         var s = mat4x4<f32>();
 {{SCORES}}
@@ -274,7 +289,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
             Ps[(48u + tx) * PR + ty] = w3;
             if (MODE == MODE_DV) {
                 workgroupBarrier(); // the scores' reads of Ss are done
-                stage_stream(ROLE_Y, tid, b, stream_head, c0);
+{{STAGE_Y}}
             }
             workgroupBarrier();
             let xc = tx * CV;
