@@ -927,9 +927,10 @@ def attention_splits(grid: int, streamed_blocks: int) -> int:
     heads x batch) splits each workgroup's ``streamed_blocks`` blocks into. Whisper's
     encoder at batch 1 has 47 x 6 blocks of 32 queries, 282 workgroups of 128 threads:
     two an SM, too few to hide memory latency; splitting the keys three ways took its
-    forward from 0.378 to 0.324 ms and its backward from 1.82 to 1.62 ms on the H100, at
-    the price of partial results and a second dispatch that combines them. Short streams
-    lose: gpt-tiny's 8 blocks of 256 causal keys ran 20% slower split in two.
+    forward from 0.378 to 0.324 ms and its backward from 1.82 to 1.62 ms on the H100 (run
+    12, 32-row blocks), at the price of partial results and a second dispatch that
+    combines them. Short streams lose: gpt-tiny's 256 causal keys ran 20% slower split
+    in two.
     ``MEGANEURA_ATTENTION_SPLITS=N`` forces N (benchmarks and tests)."""
     forced = os.environ.get("MEGANEURA_ATTENTION_SPLITS")
     if forced:
