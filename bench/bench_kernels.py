@@ -5,7 +5,8 @@
     .venv/bin/python bench/bench_kernels.py --checks checked,no-loop-bounding,unchecked
 
 Each row is one kernel (a one-node graph session) with a forced variant: its GPU time
-(profiler timestamps, median over steps), TFLOP/s, and its error against numpy float64
+(steps recorded back to back into one command buffer, ``back_to_back_ms``; the
+profiler's timestamped time is in the note), TFLOP/s, and its error against numpy float64
 (relative Frobenius norm), next to torch's time for the same op (CUDA events, median;
 fp32 with TF32 off, and the TF32 and fp16 rates as extra columns: what tensor cores
 give, which WGSL cannot reach here). ``--checks`` runs the
@@ -20,6 +21,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -48,12 +50,14 @@ MATMULS_FULL = [
     ("whisper fwd", 1500, 1536, 384, False, False, ()),
     ("whisper qkv", 1500, 384, 384, False, False, ()),
     ("whisper fc2", 1500, 384, 1536, False, False, ()),
+    ("whisper dX fc1", 1500, 384, 1536, False, True, ()),
     ("attn scores", 256, 256, 64, False, True, (48,)),
 ]
 MATMULS_QUICK = [
     ("square", 128, 128, 128, False, False, ()),
     ("ragged", 130, 70, 36, True, False, ()),
     ("weight grad", 64, 96, 128, True, False, ()),
+    ("long k", 40, 36, 300, False, True, ()),
 ]
 F32_VARIANTS = ["auto", *codegen.TILED, "simple"]
 
@@ -66,8 +70,34 @@ def matmul_graph(m, n, k, ta, tb, batch):
     return g
 
 
+def back_to_back_ms(sess, gpu_ms: float, trials: int = 3) -> float:
+    """GPU ms of one step of ``sess`` run back to back: ``r`` and ``2 r`` steps recorded
+    into one command buffer each, timed from submit to a 4-byte read, and the difference
+    divided by ``r`` (so submit and read cancel out). It includes the barriers between
+    dispatches and leaves out the timestamps, which add about 8 us to every dispatch on
+    the H100 (a split kernel's second dispatch would pay it); ``gpu_ms`` (the
+    timestamped time) sizes ``r`` to about 10 ms of work."""
+    q = sess.device.queue
+    sync = sess.buffers[sess.plan.outputs[next(iter(sess.graph.outputs))]]
+    reps = int(min(400, max(10, 10.0 / max(gpu_ms, 1e-3))))
+
+    def wall(n):
+        enc = sess.device.create_command_encoder()
+        for _ in range(n):
+            sess.record(enc)
+        t = time.perf_counter()
+        q.submit([enc.finish()])
+        q.read_buffer(sync, 0, 4)
+        return time.perf_counter() - t
+
+    wall(reps)
+    best = min(wall(2 * reps) - wall(reps) for _ in range(trials))
+    return max(best, 0.0) * 1e3 / reps
+
+
 def time_ours(g, inputs, caps, steps):
-    """(median GPU ms, relative error vs float64, variant) of a one-node graph."""
+    """(GPU ms back to back, relative error vs float64, variant, timestamped GPU ms) of a
+    one-node graph."""
     s = Session(g, capabilities=caps)
     s.set_inputs(inputs)
     s.run()
@@ -81,7 +111,8 @@ def time_ours(g, inputs, caps, steps):
     ref = a @ b
     err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
     rep = s.profile(steps=steps, measure_overhead=False, include_build_spans=False)
-    return statistics.median(rep.gpu_step_ns) / 1e6, err, s.plan.dispatches[0].variant
+    stamped = statistics.median(rep.gpu_step_ns) / 1e6
+    return back_to_back_ms(s, stamped), err, s.plan.dispatches[0].variant, stamped
 
 
 def time_torch(inputs, ta, tb, timer, steps):
@@ -101,7 +132,9 @@ def time_torch(inputs, ta, tb, timer, steps):
     return out
 
 
-def matmul_rows(cases, steps, rng, timer, variants):
+def matmul_rows(cases, steps, rng, timer, variants, splits=("auto",)):
+    """One row per case, kernel variant (MEGANEURA_MATMUL) and K split
+    (MEGANEURA_MATMUL_SPLITS; "auto": codegen's choice)."""
     caps = device_capabilities()
     rows = []
     for label, m, n, k, ta, tb, batch in cases:
@@ -111,17 +144,25 @@ def matmul_rows(cases, steps, rng, timer, variants):
         t = time_torch(inputs, ta, tb, timer, max(steps, 10))
         shape = f"{'x'.join(map(str, batch))}{'x' if batch else ''}{m}x{n}x{k}{' tA' if ta else ''}{' tB' if tb else ''}"
         for v in variants:
-            os.environ["MEGANEURA_MATMUL"] = v
-            log(f"matmul {label} {shape} {v}")
-            try:
-                ms, err, variant = time_ours(g, inputs, caps, steps)
-            except Exception as exc:  # a variant that fails to build is a finding, not a crash
-                rows.append([label, shape, v, "-", "-", "-", "-", "-", "-", f"FAILED: {str(exc)[:300]}"])
-                continue
-            rows.append([label, shape, v, fmt(ms, " ms"), fmt(flops / ms / 1e9), fmt(flops / t["fp32"] / 1e9),
-                         fmt(ms / t["fp32"]), fmt(flops / t["tf32"] / 1e9) if "tf32" in t else "-",
-                         fmt(flops / t["fp16"] / 1e9) if "fp16" in t else "-", f"err {err:.1e}; {variant}"])
+            for split in splits:
+                os.environ["MEGANEURA_MATMUL"] = v
+                os.environ.pop("MEGANEURA_MATMUL_SPLITS", None)
+                if split != "auto":
+                    os.environ["MEGANEURA_MATMUL_SPLITS"] = split
+                name = v if split == "auto" else f"{v}, split {split}"
+                log(f"matmul {label} {shape} {name}")
+                try:
+                    ms, err, variant, stamped = time_ours(g, inputs, caps, steps)
+                except Exception as exc:  # a variant that fails to build is a finding, not a crash
+                    rows.append([label, shape, name, "-", "-", "-", "-", "-", "-", f"FAILED: {str(exc)[:300]}"])
+                    continue
+                rows.append([label, shape, name, fmt(ms, " ms"), fmt(flops / ms / 1e9),
+                             fmt(flops / t["fp32"] / 1e9), fmt(ms / t["fp32"]),
+                             fmt(flops / t["tf32"] / 1e9) if "tf32" in t else "-",
+                             fmt(flops / t["fp16"] / 1e9) if "fp16" in t else "-",
+                             f"err {err:.1e}; timestamped {stamped:.3g} ms; {variant}"])
         os.environ.pop("MEGANEURA_MATMUL", None)
+        os.environ.pop("MEGANEURA_MATMUL_SPLITS", None)
     return rows
 
 
@@ -146,7 +187,7 @@ def _attention_variants(splits: str) -> list[tuple[str, dict]]:
 
 
 def _timed_session(g, inputs, env, steps):
-    """(session, median GPU ms, profile) of graph ``g`` built under ``env``."""
+    """(session, GPU ms back to back, profile) of graph ``g`` built under ``env``."""
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
@@ -157,7 +198,7 @@ def _timed_session(g, inputs, env, steps):
     sess.set_inputs(inputs)
     sess.run()
     rep = sess.profile(steps=steps, measure_overhead=False, include_build_spans=False)
-    return sess, statistics.median(rep.gpu_step_ns) / 1e6, rep
+    return sess, back_to_back_ms(sess, statistics.median(rep.gpu_step_ns) / 1e6), rep
 
 
 def _torch_heads(timer, inputs, b, d, h, hkv):
@@ -247,6 +288,10 @@ def main(argv=None):
     p.add_argument("--splits", default="auto", help="attention key splits to time, e.g. 1,2,4,auto "
                                                     "(MEGANEURA_ATTENTION_SPLITS)")
     p.add_argument("--no-matmul", action="store_true", help="skip the matmul rows")
+    p.add_argument("--cases", default="", help="only the matmul cases whose label contains one of these "
+                                               "comma-separated words")
+    p.add_argument("--matmul-splits", default="auto", help="matmul K splits to time, e.g. 1,2,4,auto "
+                                                           "(MEGANEURA_MATMUL_SPLITS)")
     args = p.parse_args(argv)
     if args.checks:
         for mode in args.checks.split(","):
@@ -265,8 +310,11 @@ def main(argv=None):
     print(f"torch: {torch.__version__} on {torch.cuda.get_device_name() if timer.cuda else 'CPU'}")
     steps = 3 if args.quick else 20
     cases = MATMULS_QUICK if args.quick else MATMULS_FULL
+    if args.cases:
+        cases = [c for c in cases if any(w in c[0] for w in args.cases.split(","))]
     if not args.no_matmul:
-        rows = matmul_rows(cases, steps, rng, timer, [v for v in args.variants.split(",") if v])
+        rows = matmul_rows(cases, steps, rng, timer, [v for v in args.variants.split(",") if v],
+                           [v for v in args.matmul_splits.split(",") if v])
         print_rows(f"matmul (shader checks: {shader_checks(True)} for matmuls)",
                    ["case", "shape", "variant", "ours", "ours TFLOP/s", "torch fp32 TFLOP/s", "ours/torch",
                     "torch tf32", "torch fp16", "note"], rows)

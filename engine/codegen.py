@@ -26,6 +26,11 @@ from .graph import Graph, Node
 from .ops import OPS, tiled_attention_head_dim
 from .paths import shader_dir
 
+# Environment variables that force a kernel variant (benchmarks and tests; compile's plan
+# cache keys on them).
+KNOBS = ("MEGANEURA_MATMUL", "MEGANEURA_MATMUL_SPLITS", "MEGANEURA_ATTENTION", "MEGANEURA_ATTENTION_SPLITS",
+         "MEGANEURA_ATTENTION_BACKWARD_ROWS", "MEGANEURA_ATTENTION_PREFETCH")
+
 MAX_WORKGROUPS = 65535
 WG = 256          # threads per workgroup of the 1-D archetypes
 TILE = 16         # matmul tile
@@ -79,11 +84,13 @@ class Kernel:
     meta_vec4: int = 1
     notes: dict = field(default_factory=dict)
     guarded: bool = False  # every memory access is bounds-checked by the kernel itself
-    # A reduction to one value in two dispatches: this kernel writes ``partials`` floats
-    # into a scratch buffer (its last binding) and ``finish`` (bindings: the scratch, the
-    # output) combines them, so the first stage can spread over many workgroups.
+    # A node in two dispatches (a reduction, a split attention or matmul): this kernel
+    # writes ``partials`` floats into a scratch buffer (its last binding) and ``finish``
+    # (bindings: the scratch, ``finish_operands``, the output) combines them, so the first
+    # stage can spread over many workgroups.
     partials: int = 0
     finish: "Kernel | None" = None
+    finish_operands: tuple[int, ...] = ()   # the node's inputs the finish also binds, after the scratch
 
 
 # ---------------------------------------------------------------- helpers
@@ -348,7 +355,7 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
             j += 1
         if not epi:
             epi.append("    v = act(v);")
-    variant = "simple" if norm else matmul_variant(m_, n_, max(nbatch, 1))
+    variant = "simple" if norm else matmul_variant(m_, n_, max(nbatch, 1), k_)
     tile_m, tile_n = _tile_of(variant)
     gx, gy = -(-n_ // tile_n), -(-m_ // tile_m)
     if max(gx, gy, nbatch) > MAX_WORKGROUPS:
@@ -365,13 +372,59 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     fetch_b = operand_fetch(words_b[:-2] + [words_b[-1], words_b[-2]], n_, k_)
     types[0] = "vec4<f32>" if fetch_a.endswith("vec4") else "f32"
     types[1] = "vec4<f32>" if fetch_b.endswith("vec4") else "f32"
-    k = _finish(f"matmul:{node.op}", "matmul", "matmul_tiled.wgsl", names, types, "f32", meta,
-                (gx, gy, max(nbatch, 1)), **common, **_tiled_subs(variant, fetch_a, fetch_b))
     tm, tn, bk, unroll = TILED[variant]
-    k.notes["variant"] = (f"{tile_m}x{tile_n} tile, {tm}x{tn}/thread, BK {bk}{', unrolled' if unroll else ''}, "
-                          f"A {fetch_a}, B {fetch_b}")
+    note = (f"{tile_m}x{tile_n} tile, {tm}x{tn}/thread, BK {bk}{', unrolled' if unroll else ''}, "
+            f"A {fetch_a}, B {fetch_b}")
+    return _tiled_kernel(f"matmul:{node.op}", "matmul", names, types, meta, (gx, gy, max(nbatch, 1)), k_, note,
+                         common, _tiled_subs(variant, fetch_a, fetch_b), extras=len(extras))
+
+
+def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, subs, extras=0) -> Kernel:
+    """A matmul_tiled.wgsl kernel over ``grid`` (column tiles, row tiles, batch); where
+    its tiles are too few to fill the GPU (``matmul_splits``), the first stage of a split-K
+    node: its K slices write raw sums to partials (the epilogue left out) and a second
+    dispatch (matmul_splits.wgsl; bindings: the partials, the last ``extras`` operands,
+    the output) adds them and applies the epilogue."""
+    splits = matmul_splits(grid[0] * grid[1] * grid[2], k_, subs["BK"])
+    if grid[2] * splits > MAX_WORKGROUPS:
+        splits = 1
+    first = dict(common, EPILOGUE="", OPERANDS=_render("matmul_operands.wgsl", ACTIVATION="x")) if splits > 1 else common
+    k = _finish(name, archetype, "matmul_tiled.wgsl", names, types, "f32", meta,
+                (grid[0], grid[1], grid[2] * splits), SPLITS=splits, **first, **subs)
+    k.notes["variant"] = note
     k.guarded = True
+    if splits > 1:
+        total = meta[0] * meta[1] * grid[2]
+        k.partials = splits * total
+        operands = len(names) - extras
+        k.finish = _finish(f"{name}:splits", archetype, "matmul_splits.wgsl", ["partials", *names[operands:]],
+                           ["f32"] * (1 + extras), "f32", meta, grid_1d(-(-total // WG)), SPLITS=splits, **common)
+        k.finish.guarded = True
+        k.finish_operands = tuple(range(operands, len(names)))
+        k.notes["variant"] += f", K split {splits} ways"
     return k
+
+
+# Split-K, measured on the H100 (docs/benchmarks.md, run 15).
+MATMUL_RESIDENT = 4 * 132   # 64 x 64 workgroups an H100 keeps resident: four on each of 132 SMs
+MATMUL_MIN_SLICE = 512      # K a slice keeps at least: K = 384 lost at every split
+MATMUL_MAX_SPLITS = 4
+
+
+def matmul_splits(tiles: int, k: int, bk: int) -> int:
+    """How many K slices a tiled matmul (or convolution) with ``tiles`` workgroups and
+    reduction length ``k`` is cut into: as many as still fit the GPU's resident
+    workgroups in one wave, each slice at least ``MATMUL_MIN_SLICE`` long. On the H100
+    whisper's fc2 ([1500, 384] out of K = 1536, 144 tiles) went from 0.127 to 0.100 ms
+    in 3 slices, gpt-tiny's weight gradient (K = 2048) from 0.163 to 0.128 ms, and a
+    32 x 4096 x 4096 from 0.206 to 0.115 ms in 4; 2 slices gained nothing, and no split
+    of K = 384 did, the partials and the second dispatch (about 10 us with the barrier
+    before it) costing what the slices saved.
+    ``MEGANEURA_MATMUL_SPLITS=N`` forces N (benchmarks and tests)."""
+    forced = os.environ.get("MEGANEURA_MATMUL_SPLITS")
+    if forced:
+        return max(1, min(int(forced), -(-k // bk)))
+    return max(1, min(MATMUL_RESIDENT // max(tiles, 1), k // MATMUL_MIN_SLICE, MATMUL_MAX_SPLITS))
 
 
 def _tile_of(variant: str) -> tuple[int, int]:
@@ -382,12 +435,14 @@ def _tile_of(variant: str) -> tuple[int, int]:
     return 16 * tm, 16 * tn
 
 
-def matmul_variant(m_: int, n_: int, nbatch: int) -> str:
-    """Which matmul kernel a (batched) m x n output gets. Measured on an H100
-    (docs/benchmarks.md, run 5): the 128 x 128 tile with BK 8 is fastest once it makes
-    at least two waves of workgroups (33 TFLOP/s at 4096^3); below that the 64 x 64 tile,
-    which keeps more workgroups per SM, wins (23 TFLOP/s on gpt-tiny's 2048 x 1536 x 384,
-    where the 128 tile gave 15-21); outputs thinner than 64 keep the 16 x 16 kernel.
+def matmul_variant(m_: int, n_: int, nbatch: int, k_: int = 0) -> str:
+    """Which matmul kernel a (batched) m x n output with reduction length ``k_`` gets.
+    Measured on an H100 (docs/benchmarks.md, run 5): the 128 x 128 tile with BK 8 is
+    fastest once it makes at least two waves of workgroups (33 TFLOP/s at 4096^3); below
+    that the 64 x 64 tile, which keeps more workgroups per SM, wins (23 TFLOP/s on
+    gpt-tiny's 2048 x 1536 x 384, where the 128 tile gave 15-21). Small or thinner outputs
+    keep the 16 x 16 kernel unless K is long enough to split (run 15: 32 x 4096 x 4096 in
+    0.206 ms on it, 0.115 ms on the 64 tile with K in 4 slices).
     ``MEGANEURA_MATMUL`` forces one of ``MATMUL_KERNELS`` (benchmarks and tests)."""
     forced = os.environ.get("MEGANEURA_MATMUL", "auto")
     if forced in MATMUL_KERNELS:
@@ -395,7 +450,7 @@ def matmul_variant(m_: int, n_: int, nbatch: int) -> str:
     tiles = lambda t: -(-m_ // t) * -(-n_ // t) * nbatch
     if tiles(128) >= 264:
         return "128k8"
-    if tiles(64) >= 64 and min(m_, n_) >= 64:  # skinny outputs (m = 32) ran faster on "simple"
+    if (tiles(64) >= 64 and min(m_, n_) >= 64) or matmul_splits(tiles(64), k_, TILED["64"][2]) > 1:
         return "64"
     return "simple"
 
@@ -516,7 +571,7 @@ def _tiled_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b
             store.append(f"    let r{g}{i} = row0 + {64 * g + i}u + ty * 4u;")
             for h in hs:
                 for j, x in enumerate("xyzw"):
-                    store.append(f"    store(b, r{g}{i}, col0 + {64 * h + j}u + tx * 4u, c{g}{i}_{h}.{x});")
+                    store.append(f"    store(b, wg.z, r{g}{i}, col0 + {64 * h + j}u + tx * 4u, c{g}{i}_{h}.{x});")
     ca, da, la, ra = _fetch_operand("a", fetch_a, bm, bk, gather_a)
     cb, db, lb, rb = _fetch_operand("b", fetch_b, bn, bk, gather_b)
     sa, sb = _store_tiled("a", fetch_a, ra), _store_tiled("b", fetch_b, rb)
@@ -858,20 +913,18 @@ def _conv(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     # bindings follow the node's inputs: B (x or dout) comes first in all three ops
     names = ["b_in", "a_in"] + (["add_in"] if has_bias else [])
     types = ["f32", "vec4<f32>" if fetch_a.endswith("vec4") else "f32"] + (["f32"] if has_bias else [])
-    preset = matmul_variant(m_, n_, nbatch)
+    preset = matmul_variant(m_, n_, nbatch, k_)
     preset = "64" if preset == "simple" else preset
     tile_m, tile_n = _tile_of(preset)
     grid = (-(-n_ // tile_n), -(-m_ // tile_m), nbatch)
     if max(grid) > MAX_WORKGROUPS:
         raise DeviceError(f"{graph.format_node(node)}: convolution grid {grid} exceeds {MAX_WORKGROUPS} "
                           f"workgroups per dimension")
-    k = _finish(f"conv:{node.op}", "conv", "matmul_tiled.wgsl", names, types, "f32", meta, grid,
-                BR=1, OPERANDS=_render("matmul_operands.wgsl", ACTIVATION="x"), EPILOGUE="\n".join(epilogue),
-                **_tiled_subs(preset, fetch_a, fetch_b, gather_a, gather_b, lets))
     tm, tn, _, _ = TILED[preset]
-    k.notes["variant"] = f"implicit GEMM {m_}x{n_}x{k_}, {tile_m}x{tile_n} tile, {tm}x{tn}/thread"
-    k.guarded = True
-    return k
+    common = dict(BR=1, OPERANDS=_render("matmul_operands.wgsl", ACTIVATION="x"), EPILOGUE="\n".join(epilogue))
+    return _tiled_kernel(f"conv:{node.op}", "conv", names, types, meta, grid, k_,
+                         f"implicit GEMM {m_}x{n_}x{k_}, {tile_m}x{tile_n} tile, {tm}x{tn}/thread", common,
+                         _tiled_subs(preset, fetch_a, fetch_b, gather_a, gather_b, lets), extras=int(has_bias))
 
 
 def attention_variant(head_dim: int) -> str:

@@ -487,8 +487,9 @@ def _dispatch_node(b: _PlanBuilder, n, free: list[int]) -> None:
     buffer = _pooled_buffer(b, free, _aligned(4 * kernel.partials))
     scratch = (buffer, 0, 4 * kernel.partials)
     b.dispatch(kernel, name, inputs + [scratch], reads + [READ_WRITE], kernel.partials, nodes=[n.id])
-    b.dispatch(kernel.finish, f"{name}:total", [scratch, b.slot_of(n.id)], [READ, READ_WRITE], n.size,
-               nodes=[n.id])
+    extra = [inputs[i] for i in kernel.finish_operands]
+    b.dispatch(kernel.finish, f"{name}:total", [scratch, *extra, b.slot_of(n.id)], [READ] * (1 + len(extra)) + [READ_WRITE],
+               n.size, nodes=[n.id])
     free.append(buffer)
 
 
@@ -628,15 +629,10 @@ def _codegen_fingerprint() -> str:
 
 def _cache_key(graph: Graph, gradients, loss, capabilities: codegen.Capabilities,
                optimizer: OptimizerSpec | None) -> str:
-    # MEGANEURA_MATMUL and MEGANEURA_ATTENTION(_SPLITS) force kernel variants at codegen time
-    # (benchmarks), so they are part of the key.
+    # the knobs force kernel variants at codegen time (benchmarks), so they are part of the key
     key = json.dumps([graph.structural_hash(), sorted((gradients or {}).items()), loss, asdict(capabilities),
                       optimizer.to_dict() if optimizer is not None else None, _codegen_fingerprint(),
-                      os.environ.get("MEGANEURA_MATMUL", "auto"), os.environ.get("MEGANEURA_ATTENTION", "auto"),
-                      os.environ.get("MEGANEURA_ATTENTION_SPLITS", "auto"),
-                      os.environ.get("MEGANEURA_ATTENTION_BACKWARD_ROWS", "auto"),
-                      os.environ.get("MEGANEURA_ATTENTION_PREFETCH", "1")],
-                     sort_keys=True)
+                      [os.environ.get(knob, "") for knob in codegen.KNOBS]], sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 

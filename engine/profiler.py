@@ -208,14 +208,16 @@ def session_dispatches(session) -> list[DispatchInfo]:
 def _graph_dispatch(graph, d) -> DispatchInfo:
     """A dispatch running graph nodes: bytes of its operands and outputs, estimated FLOPs.
     The second stage of a two-dispatch node (``:total``: a loss's total, split attention's
-    combine) reads the first stage's partials and does about one FLOP for each."""
+    combine, a split-K matmul's sum and epilogue) reads the first stage's partials (and
+    the epilogue's operands) and does about one FLOP for each partial."""
     nodes = [graph[n] for n in d.nodes]
     ins = [graph[i] for n in nodes for i in n.inputs]
     nbytes = sum(t.nbytes for t in ins) + sum(n.nbytes for n in nodes)
     flops = sum(estimate_flops(graph, n) for n in nodes)
     if d.kernel.endswith(":total"):
         partial_bytes = d.bindings[0].size
-        nbytes, flops = partial_bytes + sum(n.nbytes for n in nodes), partial_bytes // 4
+        nbytes = sum(b.size for b in d.bindings[:-1]) + sum(n.nbytes for n in nodes)
+        flops = partial_bytes // 4
     return DispatchInfo(
         kernel=d.kernel, archetype=d.archetype,
         nodes=[_node_name(n) for n in nodes], ops=[n.op for n in nodes],

@@ -9,6 +9,10 @@
 // (g < TM / 4), its columns h * 64 + tx * 4 + 0..3 (h < TN / 4).
 // How each operand is fetched (vec4 loads along whichever axis is contiguous, or scalar
 // loads through the strides) is generated per operand layout by codegen.
+// Split-K (SPLITS > 1, for outputs of too few tiles to fill the GPU): workgroup z covers
+// batch z % nbatch and the K slice z / nbatch, a whole number of BK steps, and writes its
+// raw sums to slice z of `out` (partials); matmul_splits.wgsl adds the slices and applies
+// the epilogue, which is then empty here.
 // Strides, transposes, batch broadcasting and epilogue as in matmul.wgsl (same meta).
 // meta: [M, N, K, nbatch, eps, batch_shape[BR], per operand: batch_strides[BR], s_row, s_col]
 
@@ -20,6 +24,7 @@ const BR: u32 = {{BR}}u;
 const BM: u32 = {{BM}}u;
 const BN: u32 = {{BN}}u;
 const BK: u32 = {{BK}}u;
+const SPLITS: u32 = {{SPLITS}}u;
 const AS: u32 = {{AS}}u;   // vec4 slots per k row of As: BM / 4 + 1
 const BS: u32 = {{BS}}u;
 const ABUF: u32 = BK * AS; // one of the two buffers
@@ -30,13 +35,13 @@ var<workgroup> Bs: array<vec4<f32>, {{B_SLOTS}}>;
 
 {{OPERANDS}}
 
-fn store(b: u32, row: u32, col: u32, acc: f32) {
+fn store(b: u32, z: u32, row: u32, col: u32, acc: f32) {
     let M = m(0u);
     let N = m(1u);
     if (row >= M || col >= N) { return; }
     var v = acc;
 {{EPILOGUE}}
-    out[(b * M + row) * N + col] = v;
+    out[(z * M + row) * N + col] = v;
 }
 
 @compute @workgroup_size(256)
@@ -44,7 +49,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let M = m(0u);
     let N = m(1u);
     let K = m(2u);
-    let b = wg.z;
+    let part = wg.z / m(3u);
+    let b = wg.z - part * m(3u);
+    let kslice = (K + SPLITS * BK - 1u) / (SPLITS * BK) * BK;
+    let kbeg = part * kslice;
+    let kend = min(K, kbeg + kslice);
     let tx = tid % 16u;
     let ty = tid / 16u;
     let row0 = wg.y * BM;
@@ -57,14 +66,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let sbn = scol(1u);
 {{LOAD_DECL}}
 {{ACC_DECL}}
-    var kb = 0u;
+    var kb = kbeg;
 {{LOAD}}
     var buf = 0u;
 {{STORE}}
     workgroupBarrier();
-    for (var k0 = 0u; k0 < K; k0 = k0 + BK) {
+    for (var k0 = kbeg; k0 < kend; k0 = k0 + BK) {
         kb = k0 + BK;
-        let more = kb < K;
+        let more = kb < kend;
         if (more) {
 {{LOAD}}
         }

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from engine import codegen
+
 pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,20 +38,25 @@ def test_bench_vs_torch_quick():
 
 
 def test_bench_kernels_quick():
-    """bench/bench_kernels.py --quick runs every matmul kernel, the attention kernels
+    """bench/bench_kernels.py --quick runs every matmul kernel (whole and with K split), the attention kernels
     (per-query; tiled whole and with its keys split) and the fused backward, and prints
     their rows with finite times and small errors (no timing asserted)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_kernels.py"), "--quick", "--attention",
-                           "--attention-backward", "--splits", "1,2", "--variants", "auto,64,128k8"],
+                           "--attention-backward", "--splits", "1,2", "--variants", "auto,64,128k8",
+                           "--matmul-splits", "auto,3"],
                           capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in proc.stdout.splitlines()
             if line.startswith("| ") and not line.startswith("| case")]
-    matmuls = [r for r in rows if r[2] in ("auto", "64", "128k8")]
+    matmuls = [r for r in rows if r[2].split(",")[0] in ("auto", "64", "128k8")]
     attention = [r for r in rows if r[2] in ("tiled, splits 1", "tiled, splits 2", "per-query")]
     backward = [r for r in rows if r[2] in ("splits 1", "splits 2")]
-    assert len(matmuls) == 9 and len(attention) == 6 and len(backward) == 4, proc.stdout
+    assert len(matmuls) == 24 and len(attention) == 6 and len(backward) == 4, proc.stdout
+    long_k = {r[2]: r[-1] for r in matmuls if r[0] == "long k"}
+    auto = codegen.matmul_splits(1, 300, codegen.TILED["64"][2])    # one 64 x 64 tile, K = 300
+    assert "K split 3 ways" in long_k["64, split 3"], long_k
+    assert (f"K split {auto} ways" if auto > 1 else "64x64 tile") in long_k["64"], long_k
     cross = {r[2]: r[-1] for r in attention if r[0] == "small cross"}   # 130 keys: 3 blocks, so 2 parts
     assert "keys split 2 ways" in cross["tiled, splits 2"] and "split" not in cross["tiled, splits 1"], cross
     for r in backward:

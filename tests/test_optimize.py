@@ -291,29 +291,20 @@ def _weight_grad(k, m=64, n=96):
     return g
 
 
-def test_split_k_weight_gradient_runs_as_slices_on_the_gpu():
-    from engine.optimize.split_k import splits_for
+def test_weight_gradient_stays_one_matmul_and_its_kernel_splits_k():
+    """Split-K is the kernel's choice (codegen.matmul_splits), not a graph rewrite: the
+    optimized graph keeps dW as one matmul, and its dispatch cuts K into slices."""
     from engine.runtime import build_inference_session
-    g = _weight_grad(1024)
+    g = _weight_grad(2048)
     o, rep = optimize(g)
-    assert splits_for(64, 96, 1024) == 4
-    assert rep.rules["split_k"] == 1, rep.format_table()
-    (mm,) = [n for n in o.nodes if n.op == "matmul"]
-    assert mm.shape == (4, 64, 96) and o[o.outputs["dw"]].op == "sum_to"
-    assert rep.rule_nodes["split_k"] == [o.outputs["dw"]]
-    check_same(g, o)
+    assert [n.op for n in o.nodes if n.op not in ("input", "parameter")] == ["matmul"], rep.format_table()
     ins, _ = _values(g)
     s = build_inference_session(o, optimize=False)
     s.set_inputs(ins)
     s.run()
+    assert "K split 4 ways" in s.plan.dispatches[0].variant, s.plan.dispatches[0].variant
     want = ins["x"].T @ ins["dy"]
     assert np.abs(s.read_output("dw") - want).max() / np.abs(want).max() < 1e-5
-
-
-@pytest.mark.parametrize("k,m,n", [(512, 64, 96), (1024, 1024, 2048), (1027, 64, 96)])
-def test_split_k_leaves_short_or_wide_or_odd_matmuls(k, m, n):
-    o, rep = optimize(_weight_grad(k, m, n))
-    assert rep.rules["split_k"] == 0 and not any(n.op == "sum_to" for n in o.nodes)
 
 
 def test_group_norm_silu_attribute():

@@ -212,6 +212,53 @@ def test_tiled_matmul_kernels(kernel, monkeypatch):
         assert fetch in fetches, (fetch, variants)
 
 
+@pytest.mark.parametrize("kernel,splits", [("64", 2), ("64", 3), ("128k8", 2), ("64", 40)])
+def test_split_k_matmuls_and_convolutions(kernel, splits, monkeypatch):
+    """Split-K: K slices written as partials, then one dispatch that adds them and applies
+    the epilogue (bias, activation, residual, a convolution's bias). K is not a multiple of
+    the slice, batches broadcast, and 40 splits leave slices with no K at all."""
+    monkeypatch.setenv("MEGANEURA_MATMUL", kernel)
+    monkeypatch.setenv("MEGANEURA_MATMUL_SPLITS", str(splits))
+    g = Graph("split-k")
+    for ta, tb in [(False, False), (True, True)]:
+        a = g.input(f"a{ta:d}", [100, 70] if ta else [70, 100])
+        b = g.input(f"b{ta:d}", [130, 100] if tb else [100, 130])
+        g.output(f"c{ta:d}{tb:d}", g.matmul(a, b, transpose_a=ta, transpose_b=tb))
+    x = g.input("x", [3, 68, 83])
+    w = g.input("w", [83, 36])
+    bias = g.parameter("bias", [36])
+    res = g.input("res", [3, 68, 36])
+    g.output("batched", g.matmul(x, g.input("y", [3, 83, 44])))
+    g.output("epilogue", g.apply("fused_matmul", x, w, bias, res, activation="gelu", has_add=True,
+                                 has_residual=True))
+    g.output("residual", g.apply("fused_matmul", x, w, res, activation="silu", has_residual=True))
+    cx = g.input("cx", [2, 20, 150])
+    cw = g.parameter("cw", [70, 20, 3])
+    conv = g.conv1d(cx, cw, g.parameter("cb", [70]), stride=2, padding=1)
+    d = g.input("d", g.shape(conv))
+    g.output("conv", conv)
+    g.output("dx", g.apply("conv_input_grad", d, cw, stride=(2,), padding=(1,), input_shape=(2, 20, 150)))
+    g.output("dw", g.apply("conv_weight_grad", cx, d, stride=(2,), padding=(1,), kernel=(3,)))
+    s = check(g)
+    firsts = [d for d in s.plan.dispatches if not d.kernel.endswith(":total")]
+    totals = [d for d in s.plan.dispatches if d.kernel.endswith(":total")]
+    assert len(firsts) == len(totals) == len(g.outputs)
+    assert all("K split" in d.variant for d in firsts), [d.variant for d in firsts]
+
+
+def test_split_k_choice(monkeypatch):
+    """K is split only where the tiles leave room on the GPU and each slice stays long."""
+    monkeypatch.delenv("MEGANEURA_MATMUL_SPLITS", raising=False)
+    assert codegen.matmul_splits(1024, 4096, 8) == 1                    # 4096^3: 32 x 32 tiles of 128
+    assert codegen.matmul_splits(144, 1536, 16) == 3                    # whisper's fc2: [1500, 384], K 1536
+    assert codegen.matmul_splits(144, 384, 16) == 1                     # K too short to cut
+    assert codegen.matmul_splits(576, 4096, 16) == 1                    # a full wave already
+    assert codegen.matmul_splits(1, 10**6, 16) == codegen.MATMUL_MAX_SPLITS
+    monkeypatch.setenv("MEGANEURA_MATMUL_SPLITS", "5")
+    assert codegen.matmul_splits(1024, 4096, 8) == 5
+    assert codegen.matmul_splits(1024, 20, 8) == 3                      # no more slices than K steps
+
+
 def test_matmul_operand_fetch_and_kernel_choice():
     # strides: batch..., outer, k
     assert codegen.operand_fetch([1, 384], 2048, 384) == "outer-vec4"     # A stored [k, m]
@@ -221,7 +268,8 @@ def test_matmul_operand_fetch_and_kernel_choice():
     assert codegen.operand_fetch([2, 1, 8], 8, 2) == "outer-scalar"       # odd batch stride
     assert codegen.matmul_variant(4096, 4096, 1) == "128k8"
     assert codegen.matmul_variant(2048, 1536, 1) == "64"
-    assert codegen.matmul_variant(32, 4096, 1) == "simple"
+    assert codegen.matmul_variant(32, 4096, 1, 4096) == "64"             # split over K
+    assert codegen.matmul_variant(32, 4096, 1, 256) == "simple"
 
 
 def test_norm_matmul():

@@ -13,7 +13,7 @@ from collections import defaultdict
 
 from ..errors import GraphError
 from ..graph import Graph
-from . import cost, egraph, pointwise, rules, split_k
+from . import cost, egraph, pointwise, rules
 from .report import OptimizeReport
 
 __all__ = ["optimize", "OptimizeReport"]
@@ -21,8 +21,7 @@ __all__ = ["optimize", "OptimizeReport"]
 
 def optimize(graph: Graph, *, max_iterations: int = 30, node_limit: int = 500_000,
              time_limit: float = 20.0, fuse_pointwise: bool = True) -> tuple[Graph, OptimizeReport]:
-    """The fused equivalent of ``graph`` (same inputs, parameters, outputs, constants),
-    with long-K weight-gradient matmuls split over K (``split_k``)."""
+    """The fused equivalent of ``graph`` (same inputs, parameters, outputs, constants)."""
     if not graph.outputs:
         raise GraphError(f"graph {graph.name!r} has no outputs: nothing to optimize")
     t0 = time.perf_counter()
@@ -55,11 +54,6 @@ def optimize(graph: Graph, *, max_iterations: int = 30, node_limit: int = 500_00
         saved["pointwise_dag"] = sum(sum(cost.graph_node_bytes(before, before[m]) for m in members)
                                      for _, members in groups) - sum(
             cost.graph_node_bytes(out, n) for n in out.nodes if n.op == "pointwise")
-    before, before_origins = out, origins
-    out, origins, sums = split_k.split_long_k(out, origins)
-    if sums:
-        produced = _renumber(produced, before, before_origins, out, origins)
-    applied["split_k"], produced["split_k"] = len(sums), sums
     phases["rebuild"] = time.perf_counter() - t
     bytes_before, disp_before = cost.graph_cost(graph)
     bytes_after, disp_after = cost.graph_cost(out)

@@ -389,9 +389,6 @@ RULES: dict[str, FusionRule] = {r.name: r for r in [
                "(counted by a Python pass over the input graph)", in_egglog=False),
     FusionRule("pointwise_dag", "chains and small DAGs of elementwise ops -> one pointwise node; a graph "
                "pass after extraction (engine.optimize.pointwise), not an egglog rewrite", in_egglog=False),
-    FusionRule("split_k", "a long-K matmul with few output tiles (a weight gradient) -> K-slices as one batched "
-               "matmul + sum_to, to fill the GPU; a graph pass after extraction (engine.optimize.split_k)",
-               in_egglog=False),
 ]}
 
 RULE_OF_DECL = {rr.decl: fr.name for fr in RULES.values() for rr in fr.rules}
