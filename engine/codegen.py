@@ -1217,6 +1217,18 @@ def _attention_backward(graph: Graph, node: Node, caps: Capabilities = PLAIN) ->
 # Same template as the row reductions (one workgroup per row, tree reductions in
 # workgroup memory); meta words from 3 on are the op's own.
 
+# A norm's backward kernels start from the row's statistics: its mean (0 for an RMS
+# norm) and r = 1 / sqrt(variance + eps).
+_NORM_STATS = """    var s = 0.0;
+    if ({{CENTER}}) {
+        for (var i = t; i < N; i = i + 256u) { s = s + x[base + i]; }
+        s = wg_sum(s, t);
+    }
+    let mu = s / f32(N);
+    var q = 0.0;
+    for (var i = t; i < N; i = i + 256u) { let c = x[base + i] - mu; q = q + c * c; }
+    let r = inverseSqrt(wg_sum(q, t) / f32(N) + eps);"""
+
 _ROW_KERNELS = {
     "group_norm": (["x", "w", "bias"], """    let S = m(3u);
     let cpg = m(4u);
@@ -1232,6 +1244,21 @@ _ROW_KERNELS = {
         let y = (x[base + i] - mu) * r * w[c] + bias[c];
         out[base + i] = {{GN_ACT}};
     }"""),
+    "norm_grad": (["dout", "x", "w"], _NORM_STATS + """
+    var sg = 0.0;
+    var sgx = 0.0;
+    for (var i = t; i < N; i = i + 256u) {
+        let g = dout[base + i] * w[i];
+        sg = sg + g;
+        sgx = sgx + g * (x[base + i] - mu) * r;
+    }
+    let mean_g = select(0.0, wg_sum(sg, t) / f32(N), {{CENTER}});
+    let mean_gx = wg_sum(sgx, t) / f32(N);
+    for (var i = t; i < N; i = i + 256u) {
+        out[base + i] = r * (dout[base + i] * w[i] - mean_g - (x[base + i] - mu) * r * mean_gx);
+    }"""),
+    "norm_grad_w": (["dout", "x"], _NORM_STATS + """
+    for (var i = t; i < N; i = i + 256u) { out[base + i] = dout[base + i] * (x[base + i] - mu) * r; }"""),
     "max_grad": (["dout", "x"], """    var mx = -3.4028235e38;
     for (var i = t; i < N; i = i + 256u) { mx = max(mx, x[base + i]); }
     mx = wg_max(mx, t);
@@ -1279,7 +1306,8 @@ def _row_kernel(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
             extra = [i32_bits(a.get("ignore_index", -100))]
     meta = [rows, n, f32_bits(a.get("eps", 0.0))] + extra
     return _finish(f"reduce:{node.op}", "reduction", "reduce_row.wgsl", names, types, "f32", meta,
-                   grid_1d(rows), caps, MODE=mode.replace("{{GN_ACT}}", act))
+                   grid_1d(rows), caps,
+                   MODE=mode.replace("{{GN_ACT}}", act).replace("{{CENTER}}", str(a.get("center", True)).lower()))
 
 
 def _embedding_grad(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:

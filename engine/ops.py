@@ -864,6 +864,43 @@ defop("gelu_grad", POINTWISE, _like_operand(1), gelu_grad_ref, elementwise=True,
       doc="dout * gelu'(x)", approximate="none")
 
 
+def _norm_grad_shape(ts, a):
+    _require_float(ts)
+    dout, x = ts[0], ts[1]
+    if dout.shape != x.shape or not x.shape:
+        _fail(f"dout {list(dout.shape)} and x {list(x.shape)} must share one shape of at least one axis")
+    if len(ts) > 2 and ts[2].shape != (x.shape[-1],):
+        _fail(f"w has shape {list(ts[2].shape)}, expected [{x.shape[-1]}]")
+    return TensorType(x.shape)
+
+
+def _standardized(x, eps, center):
+    """(x - mean) * r over the last axis (no centring: RMS norm) and r = 1 / sqrt(var + eps)."""
+    xc = x - x.mean(axis=-1, keepdims=True) if center else x
+    r = 1.0 / np.sqrt((xc * xc).mean(axis=-1, keepdims=True) + eps)
+    return xc * r, r
+
+
+def norm_grad_ref(dout, x, w, eps=1e-5, center=True):
+    """r * (g - mean(g) - x_hat * mean(g * x_hat)), g = dout * w (no mean(g): RMS norm)."""
+    xh, r = _standardized(x, eps, center)
+    g = dout * w
+    mean_g = g.mean(axis=-1, keepdims=True) if center else 0.0
+    return r * (g - mean_g - xh * (g * xh).mean(axis=-1, keepdims=True))
+
+
+def norm_grad_w_ref(dout, x, eps=1e-5, center=True):
+    return dout * _standardized(x, eps, center)[0]
+
+
+defop("norm_grad", REDUCTION, _norm_grad_shape, norm_grad_ref,
+      doc="d layer_norm / d x (center) or d rms_norm / d x, over the last axis: one pass per row", eps=1e-5,
+      center=True)
+defop("norm_grad_w", REDUCTION, _norm_grad_shape, norm_grad_w_ref,
+      doc="dout * standardized x: summed over the leading axes, the norm weight's gradient", eps=1e-5,
+      center=True)
+
+
 def _max_grad_shape(ts, a):
     _require_float(ts)
     if _reduce_shape(ts[1:], a).shape != ts[0].shape:
@@ -969,6 +1006,6 @@ defop("conv_weight_grad", CONV, _conv_weight_grad_shape, conv_weight_grad_ref,
       doc="d conv / d w: correlation of the padded input with dout", stride=(1,), padding=(0,), kernel=())
 
 # Ops above that exist only for gradients; autodiff does not differentiate them again.
-BACKWARD_OPS = ("relu_grad", "abs_grad", "gelu_grad", "max_grad", "cross_entropy_grad",
+BACKWARD_OPS = ("relu_grad", "abs_grad", "gelu_grad", "max_grad", "norm_grad", "norm_grad_w", "cross_entropy_grad",
                 "embedding_grad", "conv_input_grad", "conv_weight_grad",
                 "attention_lse", "attention_grad_q", "attention_grad_k", "attention_grad_v")

@@ -696,6 +696,29 @@ def max_grad_cases(rng):
 
 
 @case
+def norm_grad_cases(rng):
+    """The norms' backward kernels against torch.autograd through F.layer_norm and
+    F.rms_norm: dx, and dout * standardized x, which is the gradient of a weight W of
+    x's full shape at W = 1 (its row sums are the norm's dw)."""
+    out = []
+    for center, eps in ((True, 1e-5), (False, 1e-6), (True, 1e-2)):
+        shape = (2,) + dims(rng, 2, 2, 9)
+        n = shape[-1]
+        norm = ((lambda e: lambda x, w: F.layer_norm(x, x.shape[-1:], w, None, e)) if center
+                else (lambda e: lambda x, w: F.rms_norm(x, x.shape[-1:], w, e)))(eps)
+        attrs = dict(eps=eps, center=center)
+        x, dout = normal(rng, *shape, scale=2.0) + 1.0, normal(rng, *shape)
+        out.append(Case(f"dx center={center} eps={eps}", {"dout": dout, "x": x, "w": normal(rng, n)},
+                        (lambda a: lambda g, dout, x, w: g.apply("norm_grad", dout, x, w, **a))(attrs),
+                        torch_vjp(norm, "x")))
+        out.append(Case(f"dw terms center={center} eps={eps}", {"dout": dout, "x": x},
+                        (lambda a: lambda g, dout, x: g.apply("norm_grad_w", dout, x, **a))(attrs),
+                        (lambda f: lambda dout, x: torch_vjp(lambda x, W: f(x, None) * W, "W")(
+                            dout, x=x, W=torch.ones_like(x)))(norm)))
+    return out
+
+
+@case
 def cross_entropy_grad_cases(rng):
     out = []
     for label, batch, ignored in (("some ignored", (2, 5), 0.3), ("none ignored", (6,), 0.0), ("all but one", (4,), 1.0)):

@@ -74,6 +74,19 @@ def test_conv_gradients(dims, stride, padding, wide):
     assert all(d.variant.startswith("implicit GEMM") for d in s.plan.dispatches)
 
 
+@pytest.mark.parametrize("center", [True, False])
+def test_norm_gradient_kernels(center):
+    """dx and dout * standardized x of layer (center) and RMS norms, rows longer than a
+    workgroup (300) and shorter (7)."""
+    g = Graph("norm-grad")
+    for n in (300, 7):
+        x, d = g.input(f"x{n}", [3, 5, n]), g.input(f"d{n}", [3, 5, n])
+        w = g.parameter(f"w{n}", [n])
+        g.output(f"dx{n}", g.apply("norm_grad", d, x, w, eps=1e-5, center=center))
+        g.output(f"dw{n}", g.apply("norm_grad_w", d, x, eps=1e-5, center=center))
+    check(g)
+
+
 @pytest.mark.parametrize("activation", ["none", "silu"])
 def test_group_norm(activation):
     g = Graph("gn")

@@ -76,7 +76,7 @@ def test_training_graph_and_search(window):
     window.graph_view.kind_box.setCurrentIndex(2)           # Training (fwd + bwd)
     graph = window.state.graph("training")
     assert window.graph_view.graph is graph
-    assert len(node_items(window)) == len(graph.nodes) > 500
+    assert len(node_items(window)) == len(graph.nodes) > 300   # hundreds of nodes, every one drawn
     window.graph_view.search.setText("attention")
     hits = window.graph_view.highlighted()
     assert hits and all(graph[i].op.startswith("attention") or "attention" in (graph[i].name or "")
