@@ -464,12 +464,16 @@ def _schedule_graph(b: _PlanBuilder, pinned_roots: set[int]) -> int:
 
 
 def _pooled_buffer(b: _PlanBuilder, free: list[int], size: int) -> int:
-    """The smallest free pooled buffer of at least ``size`` bytes (taken from ``free``),
-    else a new one."""
-    fits = [buf for buf in free if b.buffers[buf].nbytes >= size]
-    if not fits:
+    """The smallest free pooled buffer of at least ``size`` bytes (taken from ``free``);
+    where none is that large, the largest free one grown to ``size`` (sizes are only
+    fixed when the plan is done, and the tensors it held before still fit), so a larger
+    tensor does not leave a smaller free buffer idle beside a new one; with none free, a
+    new buffer."""
+    if not free:
         return b.new_buffer(size, "intermediate")
-    best = min(fits, key=lambda buf: b.buffers[buf].nbytes)
+    fits = [buf for buf in free if b.buffers[buf].nbytes >= size]
+    best = min(fits, key=lambda buf: b.buffers[buf].nbytes) if fits else max(free, key=lambda buf: b.buffers[buf].nbytes)
+    b.buffers[best].nbytes = max(b.buffers[best].nbytes, _aligned(size))
     free.remove(best)
     return best
 
