@@ -51,6 +51,8 @@ MATMULS_FULL = [
     ("whisper qkv", 1500, 384, 384, False, False, ()),
     ("whisper fc2", 1500, 384, 1536, False, False, ()),
     ("whisper dX fc1", 1500, 384, 1536, False, True, ()),
+    ("whisper dW", 384, 384, 1500, True, False, ()),
+    ("whisper dW fc1", 384, 1536, 1500, True, False, ()),
     ("attn scores", 256, 256, 64, False, True, (48,)),
 ]
 MATMULS_QUICK = [
@@ -270,6 +272,28 @@ def attention_backward_rows(cases, steps, rng, timer, splits="auto"):
     return rows
 
 
+def independent_rows(counts, rng, quick):
+    """Whether dispatches with no dependence between them overlap on the GPU: n matmuls
+    of whisper's q/k/v shape ([1500, 384] x [384, 384]) reading one input, back to back,
+    against n times one of them. Every dispatch is followed by a barrier if the time
+    grows n-fold."""
+    m, k = (64, 32) if quick else (1500, 384)
+    rows, single = [], None
+    for n in counts:
+        g = Graph(f"independent-{n}")
+        x = g.input("x", (m, k))
+        for i in range(n):
+            g.output(f"y{i}", g.matmul(x, g.input(f"w{i}", (k, k))))
+        sess = Session(g)
+        sess.set_inputs({nm: rng.standard_normal(g[j].shape, dtype=np.float32) for nm, j in g.inputs.items()})
+        sess.run()
+        ms = back_to_back_ms(sess, 0.05 * n)
+        single = single or ms / n
+        rows.append([f"{n} matmuls {m}x{k}x{k}", str(len(sess.plan.dispatches)), fmt(ms, " ms"),
+                     fmt(ms / n * 1e3, " us"), fmt(ms / (n * single)) if single else "-"])
+    return rows
+
+
 def print_rows(title, cols, rows):
     print(f"\n{title}")
     print(markdown_table(cols, rows))
@@ -288,6 +312,8 @@ def main(argv=None):
     p.add_argument("--splits", default="auto", help="attention key splits to time, e.g. 1,2,4,auto "
                                                     "(MEGANEURA_ATTENTION_SPLITS)")
     p.add_argument("--no-matmul", action="store_true", help="skip the matmul rows")
+    p.add_argument("--independent", default="", help="time n independent matmuls in one step, e.g. 1,3,6: "
+                                                     "do dispatches without dependences overlap?")
     p.add_argument("--cases", default="", help="only the matmul cases whose label contains one of these "
                                                "comma-separated words")
     p.add_argument("--matmul-splits", default="auto", help="matmul K splits to time, e.g. 1,2,4,auto "
@@ -318,6 +344,10 @@ def main(argv=None):
         print_rows(f"matmul (shader checks: {shader_checks(True)} for matmuls)",
                    ["case", "shape", "variant", "ours", "ours TFLOP/s", "torch fp32 TFLOP/s", "ours/torch",
                     "torch tf32", "torch fp16", "note"], rows)
+    if args.independent:
+        rows = independent_rows([int(n) for n in args.independent.split(",")], rng, args.quick)
+        print_rows("independent dispatches back to back (time per matmul against one alone)",
+                   ["case", "dispatches", "ours", "per matmul", "vs one alone"], rows)
     attention_cases = ATTENTION_QUICK if args.quick else ATTENTION_FULL
     if args.attention:
         rows = attention_rows(attention_cases, steps, rng, timer, args.splits)

@@ -407,23 +407,29 @@ def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, s
 
 # Split-K, measured on the H100 (docs/benchmarks.md, run 15).
 MATMUL_RESIDENT = 4 * 132   # 64 x 64 workgroups an H100 keeps resident: four on each of 132 SMs
-MATMUL_MIN_SLICE = 512      # K a slice keeps at least: K = 384 lost at every split
+MATMUL_MIN_SLICE = 256      # K a slice keeps at least: K = 384 lost at every split
 MATMUL_MAX_SPLITS = 4
 
 
 def matmul_splits(tiles: int, k: int, bk: int) -> int:
     """How many K slices a tiled matmul (or convolution) with ``tiles`` workgroups and
-    reduction length ``k`` is cut into: as many as still fit the GPU's resident
-    workgroups in one wave, each slice at least ``MATMUL_MIN_SLICE`` long. On the H100
+    reduction length ``k`` is cut into: where at least 3 slices would fit the GPU's
+    resident workgroups in one wave, as many as fit, each at least ``MATMUL_MIN_SLICE``
+    long. On the H100
     whisper's fc2 ([1500, 384] out of K = 1536, 144 tiles) went from 0.127 to 0.100 ms
     in 3 slices, gpt-tiny's weight gradient (K = 2048) from 0.163 to 0.128 ms, and a
-    32 x 4096 x 4096 from 0.206 to 0.115 ms in 4; 2 slices gained nothing, and no split
-    of K = 384 did, the partials and the second dispatch (about 10 us with the barrier
-    before it) costing what the slices saved.
+    32 x 4096 x 4096 from 0.206 to 0.115 ms in 4; 2 slices gained nothing there, and no
+    split of K = 384 did, the partials and the second dispatch (about 10 us with the
+    barrier before it) costing what the slices saved. Whisper's weight gradients (36
+    tiles, K = 1500) take 4 slices of 375. Outputs of more tiles than a third of the
+    resident workgroups are left whole: 1024^3 (256 tiles) ran 0.086 ms whole and 0.105
+    ms in 2 slices.
     ``MEGANEURA_MATMUL_SPLITS=N`` forces N (benchmarks and tests)."""
     forced = os.environ.get("MEGANEURA_MATMUL_SPLITS")
     if forced:
         return max(1, min(int(forced), -(-k // bk)))
+    if tiles > MATMUL_RESIDENT // 3:
+        return 1
     return max(1, min(MATMUL_RESIDENT // max(tiles, 1), k // MATMUL_MIN_SLICE, MATMUL_MAX_SPLITS))
 
 

@@ -44,7 +44,7 @@ def test_bench_kernels_quick():
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_kernels.py"), "--quick", "--attention",
                            "--attention-backward", "--splits", "1,2", "--variants", "auto,64,128k8",
-                           "--matmul-splits", "auto,3"],
+                           "--matmul-splits", "auto,3", "--independent", "1,3"],
                           capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in proc.stdout.splitlines()
@@ -53,6 +53,8 @@ def test_bench_kernels_quick():
     attention = [r for r in rows if r[2] in ("tiled, splits 1", "tiled, splits 2", "per-query")]
     backward = [r for r in rows if r[2] in ("splits 1", "splits 2")]
     assert len(matmuls) == 24 and len(attention) == 6 and len(backward) == 4, proc.stdout
+    independent = [r for r in rows if r[0].endswith("matmuls 64x32x32")]
+    assert [r[1] for r in independent] == ["1", "3"], proc.stdout
     long_k = {r[2]: r[-1] for r in matmuls if r[0] == "long k"}
     auto = codegen.matmul_splits(1, 300, codegen.TILED["64"][2])    # one 64 x 64 tile, K = 300
     assert "K split 3 ways" in long_k["64, split 3"], long_k
