@@ -370,12 +370,12 @@ class GraphView(QWidget):
                         lines.append(f"  %{o} {on.op} {list(on.shape)}" + (f" '{on.name}'" if on.name else ""))
                     else:
                         lines.append(f"  %{o}")
-        d = self.state.dispatch_of(g, n.id)
-        if d is not None:
+        ds = self.state.dispatches_of(g, n.id)
+        if ds:
             p = self.state.profile.report
-            lines.append(f"dispatch: #{d['index']} {d['kernel']}")
-            lines.append(f"last GPU time: {d['gpu_ns'] / 1e3:,.1f} µs (step {p.steps - 1} of the last "
-                         f"{'training' if p.train else 'inference'} profile, {p.mode})")
+            lines += [f"dispatch: #{d['index']} {d['kernel']} ({d['gpu_ns'] / 1e3:,.1f} µs)" for d in ds]
+            lines.append(f"last GPU time: {sum(d['gpu_ns'] for d in ds) / 1e3:,.1f} µs (step {p.steps - 1} of "
+                         f"the last {'training' if p.train else 'inference'} profile, {p.mode})")
         elif self.state.profile is not None:
             lines.append("dispatch: none in the last profile (fused into another node's kernel, "
                          "a view, or another graph)")

@@ -38,12 +38,15 @@ class ProfileResult:
         self.dispatch_nodes: list[list[int]] = [
             list(plan.dispatches[i.plan_index].nodes) if i.plan_index is not None else [] for i in infos]
         last = report.steps - 1
-        self.node_dispatch: dict[int, dict] = {}
+        # node id -> its dispatches in the last step (two for a node with a finishing
+        # stage: a loss, a split attention or matmul)
+        self.node_dispatches: dict[int, list[dict]] = {}
         for d in report.dispatches:
             if d.step != last:
                 continue
             for nid in self.dispatch_nodes[d.index] if d.index < len(self.dispatch_nodes) else ():
-                self.node_dispatch[nid] = {"index": d.index, "kernel": d.kernel, "gpu_ns": d.gpu_ns}
+                self.node_dispatches.setdefault(nid, []).append(
+                    {"index": d.index, "kernel": d.kernel, "gpu_ns": d.gpu_ns})
 
 
 class StudioState(QObject):
@@ -142,10 +145,11 @@ class StudioState(QObject):
         self.profile = profile
         self.profileChanged.emit()
 
-    def dispatch_of(self, graph, node_id: int) -> dict | None:
-        """The last profile's dispatch running node ``node_id`` of ``graph``: {index,
-        kernel, gpu_ns (last step)}; None without a profile of that graph."""
+    def dispatches_of(self, graph, node_id: int) -> list[dict] | None:
+        """The last profile's dispatches running node ``node_id`` of ``graph``: {index,
+        kernel, gpu_ns (last step)} each, [] for a node that has none; None without a
+        profile of that graph."""
         p = self.profile
         if p is None or graph is None or p.graph is not graph:
             return None
-        return p.node_dispatch.get(node_id)
+        return p.node_dispatches.get(node_id, [])

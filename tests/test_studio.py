@@ -151,6 +151,12 @@ def test_profile_three_steps_fills_tables_and_graph(window, qtbot):
     assert window.graph_view.graph is opt and window.graph_view.selected() == nodes
     text = window.graph_view.props.toPlainText()
     assert f"dispatch: #{index} {plan.dispatches[index].kernel}" in text and "last GPU time" in text
+    # a node of two dispatches (a loss, a split matmul) lists both, and its time is their sum
+    nid, (first, total) = next((n, ds) for n, ds in p.node_dispatches.items() if len(ds) == 2)
+    window.graph_view.select([nid])
+    text = window.graph_view.props.toPlainText()
+    assert f"dispatch: #{first['index']} {first['kernel']} (" in text and total["kernel"].endswith(":total")
+    assert f"last GPU time: {(first['gpu_ns'] + total['gpu_ns']) / 1e3:,.1f} µs" in text, text
     assert not window.errors
 
 
