@@ -388,7 +388,8 @@ def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, s
     splits = matmul_splits(grid[0] * grid[1] * grid[2], k_, subs["BK"])
     if grid[2] * splits > MAX_WORKGROUPS:
         splits = 1
-    first = dict(common, EPILOGUE="", OPERANDS=_render("matmul_operands.wgsl", ACTIVATION="x")) if splits > 1 else common
+    first = common if splits == 1 else dict(common, EPILOGUE="",
+                                            OPERANDS=_render("matmul_operands.wgsl", ACTIVATION="x"))
     k = _finish(name, archetype, "matmul_tiled.wgsl", names, types, "f32", meta,
                 (grid[0], grid[1], grid[2] * splits), SPLITS=splits, **first, **subs)
     k.notes["variant"] = note
@@ -412,22 +413,26 @@ MATMUL_MAX_SPLITS = 4
 
 
 def matmul_splits(tiles: int, k: int, bk: int) -> int:
-    """How many K slices a tiled matmul (or convolution) with ``tiles`` workgroups and
-    reduction length ``k`` is cut into: where at least 3 slices would fit the GPU's
-    resident workgroups in one wave, as many as fit, each at least ``MATMUL_MIN_SLICE``
-    long. On the H100
-    whisper's fc2 ([1500, 384] out of K = 1536, 144 tiles) went from 0.127 to 0.100 ms
-    in 3 slices, gpt-tiny's weight gradient (K = 2048) from 0.163 to 0.128 ms, and a
-    32 x 4096 x 4096 from 0.206 to 0.115 ms in 4; 2 slices gained nothing there, and no
-    split of K = 384 did, the partials and the second dispatch (about 10 us with the
-    barrier before it) costing what the slices saved. Whisper's weight gradients (36
-    tiles, K = 1500) take 4 slices of 375. Outputs of more tiles than a third of the
-    resident workgroups are left whole: 1024^3 (256 tiles) ran 0.086 ms whole and 0.105
-    ms in 2 slices.
+    """How many K slices a tiled matmul (or convolution) with ``tiles`` workgroups,
+    reduction length ``k`` and K step ``bk`` is cut into (``split_rule``).
     ``MEGANEURA_MATMUL_SPLITS=N`` forces N (benchmarks and tests)."""
     forced = os.environ.get("MEGANEURA_MATMUL_SPLITS")
     if forced:
         return max(1, min(int(forced), -(-k // bk)))
+    return split_rule(tiles, k)
+
+
+def split_rule(tiles: int, k: int) -> int:
+    """Where at least 3 slices would fit the GPU's resident workgroups in one wave, as
+    many as fit, each at least ``MATMUL_MIN_SLICE`` long; else 1. On the H100 whisper's
+    fc2 ([1500, 384] out of K = 1536, 144 tiles) went from 0.127 to 0.100 ms in 3
+    slices, gpt-tiny's weight gradient (K = 2048) from 0.163 to 0.128 ms, and a 32 x 4096
+    x 4096 from 0.206 to 0.115 ms in 4; 2 slices gained nothing there, and no split of
+    K = 384 did, the partials and the second dispatch (about 10 us with the barrier
+    before it) costing what the slices saved. Whisper's weight gradients (36 tiles,
+    K = 1500) take 4 slices of 375. Outputs of more tiles than a third of the resident
+    workgroups are left whole: 1024^3 (256 tiles) ran 0.086 ms whole and 0.105 ms in 2
+    slices."""
     if tiles > MATMUL_RESIDENT // 3:
         return 1
     return max(1, min(MATMUL_RESIDENT // max(tiles, 1), k // MATMUL_MIN_SLICE, MATMUL_MAX_SPLITS))
@@ -456,7 +461,7 @@ def matmul_variant(m_: int, n_: int, nbatch: int, k_: int = 0) -> str:
     tiles = lambda t: -(-m_ // t) * -(-n_ // t) * nbatch
     if tiles(128) >= 264:
         return "128k8"
-    if (tiles(64) >= 64 and min(m_, n_) >= 64) or matmul_splits(tiles(64), k_, TILED["64"][2]) > 1:
+    if (tiles(64) >= 64 and min(m_, n_) >= 64) or split_rule(tiles(64), k_) > 1:
         return "64"
     return "simple"
 

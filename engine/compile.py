@@ -472,7 +472,8 @@ def _pooled_buffer(b: _PlanBuilder, free: list[int], size: int) -> int:
     if not free:
         return b.new_buffer(size, "intermediate")
     fits = [buf for buf in free if b.buffers[buf].nbytes >= size]
-    best = min(fits, key=lambda buf: b.buffers[buf].nbytes) if fits else max(free, key=lambda buf: b.buffers[buf].nbytes)
+    size_of = lambda buf: b.buffers[buf].nbytes  # noqa: E731
+    best = min(fits, key=size_of) if fits else max(free, key=size_of)
     b.buffers[best].nbytes = max(b.buffers[best].nbytes, _aligned(size))
     free.remove(best)
     return best
@@ -492,8 +493,8 @@ def _dispatch_node(b: _PlanBuilder, n, free: list[int]) -> None:
     scratch = (buffer, 0, 4 * kernel.partials)
     b.dispatch(kernel, name, inputs + [scratch], reads + [READ_WRITE], kernel.partials, nodes=[n.id])
     extra = [inputs[i] for i in kernel.finish_operands]
-    b.dispatch(kernel.finish, f"{name}:total", [scratch, *extra, b.slot_of(n.id)], [READ] * (1 + len(extra)) + [READ_WRITE],
-               n.size, nodes=[n.id])
+    b.dispatch(kernel.finish, f"{name}:total", [scratch, *extra, b.slot_of(n.id)],
+               [READ] * (1 + len(extra)) + [READ_WRITE], n.size, nodes=[n.id])
     free.append(buffer)
 
 
