@@ -26,10 +26,10 @@ from .graph import Graph, Node
 from .ops import OPS, tiled_attention_head_dim
 from .paths import shader_dir
 
-# Environment variables that force a kernel variant (benchmarks and tests; compile's plan
-# cache keys on them).
+# Environment variables that force a kernel variant or plan layout (benchmarks and tests;
+# compile's plan cache keys on them).
 KNOBS = ("MEGANEURA_MATMUL", "MEGANEURA_MATMUL_SPLITS", "MEGANEURA_ATTENTION", "MEGANEURA_ATTENTION_SPLITS",
-         "MEGANEURA_ATTENTION_BACKWARD_ROWS", "MEGANEURA_ATTENTION_PREFETCH")
+         "MEGANEURA_ATTENTION_BACKWARD_ROWS", "MEGANEURA_ATTENTION_PREFETCH", "MEGANEURA_POOL")
 
 MAX_WORKGROUPS = 65535
 WG = 256          # threads per workgroup of the 1-D archetypes

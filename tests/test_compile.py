@@ -87,6 +87,41 @@ def test_plan_reuses_memory_on_a_long_chain():
     assert plan.peak_bytes * 10 < plan.peak_bytes_without_reuse
 
 
+def _projections():
+    """x -> a few layers whose buffers are free again -> three projections of the last:
+    the second and third projection read nothing their predecessor wrote."""
+    g = Graph("projections")
+    h = g.input("x", [64, 32])
+    for _ in range(3):
+        h = g.add(g.tanh(h), g.sigmoid(h))
+    outs = [g.matmul(h, g.parameter(f"w{i}", [32, 32])) for i in range(3)]
+    total = g.add(g.add(g.tanh(outs[0]), g.tanh(outs[1])), g.tanh(outs[2]))
+    g.output("y", g.tanh(total))
+    g.output("loss", g.mean(total))
+    return g
+
+
+def test_inference_plans_give_independent_dispatches_buffers_untouched_in_the_step():
+    """A dispatch independent of its predecessor writes a buffer no earlier dispatch of
+    the step used (no barrier: the GPU may overlap them); a training plan pools them."""
+    g = _projections()
+    plan = compile_plan(g, loss=None)
+    matmuls = [d for d in plan.dispatches if d.kernel.startswith("matmul")]
+    assert len(matmuls) == 3
+    for d in matmuls[1:]:
+        earlier = {b.buffer for e in plan.dispatches[:d.index] for b in e.bindings}
+        assert d.writes[0] not in earlier, (d.index, d.writes)
+    inputs, params = random_feeds(g)
+    expected = reference.run(g, inputs, params, dtype=np.float64)
+    got = run_plan_in_numpy(g, plan, inputs, params)
+    np.testing.assert_allclose(got["y"], expected["y"], rtol=1e-12, atol=1e-12)
+    train, pairs = differentiate(g)
+    pooled = compile_plan(train, dict(pairs))
+    intermediates = [b for b in pooled.buffers if b.kind == "intermediate"]
+    assert len(intermediates) < sum(1 for d in pooled.dispatches if d.writes and d.writes[0] in
+                                    {b.id for b in intermediates})
+
+
 def test_pinned_buffers_are_never_reused():
     g = branchy_graph()
     plan = compile_plan(g)
