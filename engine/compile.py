@@ -442,7 +442,7 @@ def _schedule_graph(b: _PlanBuilder, pinned_roots: set[int], overlap: bool = Fal
 
     With ``overlap``, a dispatch that reads nothing its predecessor wrote gets buffers
     of its own instead: it could run beside its predecessor, but writing a buffer used
-    earlier in the step needs a barrier, which waits for all work before it (run 15:
+    earlier in the step needs a barrier, which waits for all work before it (run 16:
     whisper-tiny inference 2.81 -> 2.67 ms with no reuse at all and 2.68 ms with this
     rule, for 63 -> 74 MiB; training 2% faster for 27% more memory, so only inference
     plans take it)."""
@@ -460,7 +460,7 @@ def _schedule_graph(b: _PlanBuilder, pinned_roots: set[int], overlap: bool = Fal
         if n.id not in b.storage:
             size = _aligned(n.nbytes)
             without_reuse += size
-            b.place(n.id, b.new_buffer(size, "intermediate") if fresh else _pooled_buffer(b, free, size))
+            b.place(n.id, _pooled_buffer(b, free, size, fresh))
         _dispatch_node(b, n, free, fresh)
         for i in set(n.inputs):
             r = root[i]
@@ -471,14 +471,15 @@ def _schedule_graph(b: _PlanBuilder, pinned_roots: set[int], overlap: bool = Fal
     return without_reuse
 
 
-def _pooled_buffer(b: _PlanBuilder, free: list[int], size: int) -> int:
+def _pooled_buffer(b: _PlanBuilder, free: list[int], size: int, fresh: bool = False) -> int:
     """The smallest free pooled buffer of at least ``size`` bytes (taken from ``free``);
     where none is that large, the largest free one grown to ``size`` (sizes are only
     fixed when the plan is done, and the tensors it held before still fit), so a larger
-    tensor does not leave a smaller free buffer idle beside a new one; with none free, a
-    new buffer. ``MEGANEURA_POOL=0`` gives every tensor a buffer of its own (an
-    experiment: does reuse put barriers between dispatches that could overlap?)."""
-    if not free or os.environ.get("MEGANEURA_POOL") == "0":
+    tensor does not leave a smaller free buffer idle beside a new one; with none free,
+    or ``fresh`` (a buffer untouched so far in the step), a new buffer.
+    ``MEGANEURA_POOL=0`` gives every tensor a buffer of its own (an experiment: does
+    reuse put barriers between dispatches that could overlap?)."""
+    if fresh or not free or os.environ.get("MEGANEURA_POOL") == "0":
         return b.new_buffer(size, "intermediate")
     fits = [buf for buf in free if b.buffers[buf].nbytes >= size]
     size_of = lambda buf: b.buffers[buf].nbytes  # noqa: E731
@@ -499,8 +500,7 @@ def _dispatch_node(b: _PlanBuilder, n, free: list[int], fresh: bool = False) -> 
     if kernel.finish is None:
         b.dispatch(kernel, name, inputs + [b.slot_of(n.id)], reads + [READ_WRITE], n.size, nodes=[n.id])
         return
-    size = _aligned(4 * kernel.partials)
-    buffer = b.new_buffer(size, "intermediate") if fresh else _pooled_buffer(b, free, size)
+    buffer = _pooled_buffer(b, free, _aligned(4 * kernel.partials), fresh)
     scratch = (buffer, 0, 4 * kernel.partials)
     b.dispatch(kernel, name, inputs + [scratch], reads + [READ_WRITE], kernel.partials, nodes=[n.id])
     extra = [inputs[i] for i in kernel.finish_operands]
