@@ -78,7 +78,8 @@ def back_to_back_ms(sess, gpu_ms: float, trials: int = 3) -> float:
     divided by ``r`` (so submit and read cancel out). It includes the barriers between
     dispatches and leaves out the timestamps, which add about 8 us to every dispatch on
     the H100 (a split kernel's second dispatch would pay it); ``gpu_ms`` (the
-    timestamped time) sizes ``r`` to about 10 ms of work."""
+    timestamped time) sizes ``r`` to about 10 ms of work, and is the answer where the
+    difference is lost in the host's noise (tiny kernels on lavapipe)."""
     q = sess.device.queue
     sync = sess.buffers[sess.plan.outputs[next(iter(sess.graph.outputs))]]
     reps = int(min(400, max(10, 10.0 / max(gpu_ms, 1e-3))))
@@ -94,7 +95,7 @@ def back_to_back_ms(sess, gpu_ms: float, trials: int = 3) -> float:
 
     wall(reps)
     best = min(wall(2 * reps) - wall(reps) for _ in range(trials))
-    return max(best, 0.0) * 1e3 / reps
+    return best * 1e3 / reps if best > 0 else gpu_ms
 
 
 def time_ours(g, inputs, caps, steps):
@@ -287,10 +288,11 @@ def independent_rows(counts, rng, quick):
         sess = Session(g)
         sess.set_inputs({nm: rng.standard_normal(g[j].shape, dtype=np.float32) for nm, j in g.inputs.items()})
         sess.run()
-        ms = back_to_back_ms(sess, 0.05 * n)
+        rep = sess.profile(steps=3, measure_overhead=False, include_build_spans=False)
+        ms = back_to_back_ms(sess, statistics.median(rep.gpu_step_ns) / 1e6)
         single = single or ms / n
         rows.append([f"{n} matmuls {m}x{k}x{k}", str(len(sess.plan.dispatches)), fmt(ms, " ms"),
-                     fmt(ms / n * 1e3, " us"), fmt(ms / (n * single)) if single else "-"])
+                     fmt(ms / n * 1e3, " us"), fmt(ms / (n * single))])
     return rows
 
 
