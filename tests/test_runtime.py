@@ -212,11 +212,12 @@ def test_tiled_matmul_kernels(kernel, monkeypatch):
         assert fetch in fetches, (fetch, variants)
 
 
-@pytest.mark.parametrize("kernel,splits", [("64", 2), ("64", 3), ("128k8", 2), ("64", 40)])
+@pytest.mark.parametrize("kernel,splits", [("64", 2), ("64", 3), ("128k8", 2), ("64", 5), ("64", 40)])
 def test_split_k_matmuls_and_convolutions(kernel, splits, monkeypatch):
     """Split-K: K slices written as partials, then one dispatch that adds them and applies
     the epilogue (bias, activation, residual, a convolution's bias). K is not a multiple of
-    the slice, batches broadcast, and 40 splits leave slices with no K at all."""
+    the slice, batches broadcast, 5 splits of K = 100 (slices of 32) leave the last slice
+    with no K at all, and 40 are cut to one BK step a slice."""
     monkeypatch.setenv("MEGANEURA_MATMUL", kernel)
     monkeypatch.setenv("MEGANEURA_MATMUL_SPLITS", str(splits))
     g = Graph("split-k")
