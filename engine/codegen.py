@@ -29,7 +29,7 @@ from .paths import shader_dir
 # Environment variables that force a kernel variant or plan layout (benchmarks and tests;
 # compile's plan cache keys on them).
 KNOBS = ("MEGANEURA_MATMUL", "MEGANEURA_MATMUL_SPLITS", "MEGANEURA_ATTENTION", "MEGANEURA_ATTENTION_SPLITS",
-         "MEGANEURA_ATTENTION_BACKWARD_ROWS", "MEGANEURA_ATTENTION_PREFETCH", "MEGANEURA_POOL")
+         "MEGANEURA_ATTENTION_BACKWARD_ROWS", "MEGANEURA_ATTENTION_PREFETCH", "MEGANEURA_POOL", "MEGANEURA_THREAD_LAYOUT")
 
 MAX_WORKGROUPS = 65535
 WG = 256          # threads per workgroup of the 1-D archetypes
@@ -161,6 +161,25 @@ _SG_ARGS = (",\n        @builtin(subgroup_invocation_id) sg_lane: u32, @builtin(
 _SG_INIT = "    sg_lane_ = sg_lane; sg_id_ = sg_id; sg_count_ = sg_count; sg_size_ = sg_size;"
 
 
+THREAD_LAYOUTS = {
+    "rows": "    let tx = tid % 16u;\n    let ty = tid / 16u;",
+    "warp": "    let tx = tid / 32u % 2u * 8u + tid % 8u;\n    let ty = tid / 64u * 4u + tid % 32u / 8u;",
+}
+
+
+def _thread_xy(default: str) -> str:
+    """How a register-blocked kernel numbers its 16 x n thread grid (tx, ty): "rows" puts
+    a warp's 32 threads on 16 x 2 of it, "warp" on 8 x 4, so that a warp's vec4 reads of
+    its two workgroup-memory tiles touch 8 + 4 distinct vec4s instead of 16 + 2. The
+    attention kernels take "warp" (5-11% faster on the H100, run 17); the matmul keeps
+    "rows" (no difference beyond noise there). ``MEGANEURA_THREAD_LAYOUT`` forces one for
+    every kernel (benchmarks)."""
+    layout = os.environ.get("MEGANEURA_THREAD_LAYOUT") or default
+    if layout not in THREAD_LAYOUTS:
+        raise DeviceError(f"MEGANEURA_THREAD_LAYOUT={layout!r} is not one of {', '.join(THREAD_LAYOUTS)}")
+    return THREAD_LAYOUTS[layout]
+
+
 def _finish(name, archetype, template, operand_names, operand_types, out_type, meta, workgroups,
             caps: Capabilities = PLAIN, enables=(), **subs):
     meta = list(meta) or [0]
@@ -173,6 +192,8 @@ def _finish(name, archetype, template, operand_names, operand_types, out_type, m
     if caps.subgroups and "{{WG_REDUCE}}" in text:
         # naga takes subgroup built-ins without an `enable` (it rejects `enable subgroups;`)
         reduce, sg = "wg_reduce_subgroup.wgsl", {"SG_ARGS": _SG_ARGS, "SG_INIT": _SG_INIT}
+    if "{{THREAD_XY}}" in text:
+        subs.setdefault("THREAD_XY", _thread_xy("warp" if archetype == "attention" else "rows"))
     source = _render(template, PRELUDE=prelude, WG_REDUCE=_template(reduce),
                      BINDINGS=_bindings(operand_names, operand_types, out_type), **sg, **subs)
     if enables:
@@ -449,7 +470,8 @@ def _tile_of(variant: str) -> tuple[int, int]:
 def matmul_variant(m_: int, n_: int, nbatch: int, k_: int = 0) -> str:
     """Which matmul kernel a (batched) m x n output with reduction length ``k_`` gets.
     Measured on an H100 (docs/benchmarks.md, run 5): the 128 x 128 tile with BK 8 is
-    fastest once it makes at least two waves of workgroups (33 TFLOP/s at 4096^3); below
+    fastest once it makes at least two waves of workgroups (33 TFLOP/s at 4096^3; with
+    its k loop unrolled 34.0-36.9 in four calls where the loop gave 33.0-34.4, run 17); below
     that the 64 x 64 tile, which keeps more workgroups per SM, wins (23 TFLOP/s on
     gpt-tiny's 2048 x 1536 x 384, where the 128 tile gave 15-21). Small or thinner outputs
     keep the 16 x 16 kernel unless K is long enough to split (run 15: 32 x 4096 x 4096 in
@@ -460,7 +482,7 @@ def matmul_variant(m_: int, n_: int, nbatch: int, k_: int = 0) -> str:
         return forced
     tiles = lambda t: -(-m_ // t) * -(-n_ // t) * nbatch
     if tiles(128) >= 264:
-        return "128k8"
+        return "128k8u"
     if (tiles(64) >= 64 and min(m_, n_) >= 64) or split_rule(tiles(64), k_) > 1:
         return "64"
     return "simple"
@@ -470,7 +492,7 @@ def matmul_variant(m_: int, n_: int, nbatch: int, k_: int = 0) -> str:
 # unrolled). The tile is 16 x 16 threads times that.
 TILED = {"64": (4, 4, 16, False), "64u": (4, 4, 16, True), "128x64": (8, 4, 16, False),
          "128x64u": (8, 4, 16, True), "128": (8, 8, 16, False), "128u": (8, 8, 16, True),
-         "128k8": (8, 8, 8, False), "128k8u": (8, 8, 8, True)}
+         "128k8": (8, 8, 8, False), "128k8u": (8, 8, 8, True), "64k32u": (4, 4, 32, True)}
 MATMUL_KERNELS = ("simple", *TILED)
 
 # The two tiled operands as one description each: A's tile runs along m ("outer") and k,
@@ -1044,16 +1066,52 @@ def _p_row(j: int) -> int:
 
 def attention_workgroup_bytes(queries: int, head_dim: int) -> int:
     """Workgroup memory of attention_tiled.wgsl with blocks of ``queries`` queries: Qs, the
-    K/V block, Ps and the row partials (vec4s; Ps and red rows padded by one)."""
+    K/V block (K's d-rows, the larger, padded by one), Ps and the row partials (vec4s; Ps
+    and red rows padded by one)."""
     qv = queries // 4
-    return 16 * (head_dim * qv + head_dim * ATTENTION_KEYS // 4 + (ATTENTION_KEYS + 16) * (qv + 1))
+    return 16 * (head_dim * qv + head_dim * (ATTENTION_KEYS // 4 + 1) + (ATTENTION_KEYS + 16) * (qv + 1))
 
 
 def attention_queries(head_dim: int, caps: Capabilities) -> int:
     """Queries a workgroup of the tiled forward owns: 32 where the device's workgroup
-    memory holds that block (36 KiB at D = 64: NVIDIA's 48 KiB does, lavapipe's 32 KiB
+    memory holds that block (37 KiB at D = 64: NVIDIA's 48 KiB does, lavapipe's 32 KiB
     from D = 56 on does not), else 16."""
     return 32 if attention_workgroup_bytes(32, head_dim) <= caps.workgroup_storage else 16
+
+
+def attention_prefetch() -> int:
+    """How far ahead the attention kernels fetch their staged blocks:
+    ``MEGANEURA_ATTENTION_PREFETCH`` 0 (each block where it is stored), 1 (a block's
+    second operand at the block's start) or 2, the default (the forward also fetches the
+    next block's keys before P . V; the backward as 1)."""
+    level = os.environ.get("MEGANEURA_ATTENTION_PREFETCH") or "2"
+    if level not in ("0", "1", "2"):
+        raise DeviceError(f"MEGANEURA_ATTENTION_PREFETCH={level!r} is not 0, 1 or 2")
+    return int(level)
+
+
+def _forward_staging(threads: int, steps: int) -> dict:
+    """The staging lines of attention_tiled.wgsl's loop, element tid + n * threads each:
+    with prefetch, V's registers vpre<n> are fetched before the scores and stored after
+    them, and the next block's K (kpre<n>) before P . V, stored at the next block's
+    start."""
+    level = attention_prefetch()
+    elements = [f"tid + {n * threads}u" for n in range(steps)]
+
+    def lines(template: str, indent: int = 8) -> str:
+        return "\n".join(" " * indent + template.format(n=n, e=e) for n, e in enumerate(elements))
+
+    stage_k = lines("put_k_element({e}, fetch_k({e}, b, hk, k0));")
+    stage_v = lines("put_v_element({e}, fetch_v({e}, b, hk, k0));")
+    staging = dict(FIRST_K="", STAGE_K=stage_k, FETCH_V="", STAGE_V=stage_v, FETCH_K="")
+    if level >= 1:
+        staging.update(FETCH_V=lines("let vpre{n} = fetch_v({e}, b, hk, k0);"),
+                       STAGE_V=lines("put_v_element({e}, vpre{n});"))
+    if level >= 2:
+        staging.update(FIRST_K=lines("var kpre{n} = fetch_k({e}, b, hk, part * per_part * BKV);", 4),
+                       STAGE_K=lines("put_k_element({e}, kpre{n});"),
+                       FETCH_K=lines("kpre{n} = fetch_k({e}, b, hk, k0 + BKV);"))
+    return staging
 
 
 def _attention_tiled(graph, node, bsz, t, s, h, hkv, d, causal, scale, caps: Capabilities = PLAIN) -> Kernel:
@@ -1068,10 +1126,8 @@ def _attention_tiled(graph, node, bsz, t, s, h, hkv, d, causal, scale, caps: Cap
     kernel = _finish("attention", "attention", "attention_tiled.wgsl", ["q", "k", "v"], [vec4] * 3, vec4,
                      meta, grid, D=d, BQ=bq, THREADS=threads,
                      ROWS=_render("attention_rows.wgsl", PARTIALS="red", STRIDE="PS"),
-                     SPLIT="true" if splits > 1 else "false",
-                     STAGE_K="\n".join(f"        stage_k(tid + {n * threads}u, b, hk, k0);" for n in range(stage)),
-                     STAGE_V="\n".join(f"        stage_v(tid + {n * threads}u, b, hk, k0);" for n in range(stage)),
-                     SCORES="\n".join(f"        s = outer_step(s, Qs[{i}u * QV + ty], KVs[{i}u * KV4 + tx]);"
+                     SPLIT="true" if splits > 1 else "false", **_forward_staging(threads, stage),
+                     SCORES="\n".join(f"        s = outer_step(s, Qs[{i}u * QV + ty], KVs[{i}u * KR + tx]);"
                                        for i in range(d)),
                      ACCUMULATE="\n".join(f"            o = outer_step(o, KVs[{j}u * D4 + tx], "
                                            f"Ps[{_p_row(j)}u * PS + ty]);" for j in range(ATTENTION_KEYS)))
@@ -1171,9 +1227,9 @@ def _staging(mode: _BackwardMode, threads: int, steps: int) -> dict:
     """The staging lines of attention_backward.wgsl's loop: the second operand of a block
     (dq, dk: X; dv: Y) fetched into registers pre0.. at its start and put into Ss where it
     is needed; lse, with one operand, stages X directly. ``MEGANEURA_ATTENTION_PREFETCH=0``
-    stages both directly (benchmarks)."""
+    stages both directly (benchmarks; see attention_prefetch)."""
     direct = {role: f"        stage_stream({role}, tid, b, stream_head, c0);" for role in ("ROLE_X", "ROLE_Y")}
-    if mode.index == 0 or os.environ.get("MEGANEURA_ATTENTION_PREFETCH") == "0":
+    if mode.index == 0 or attention_prefetch() == 0:
         return dict(PREFETCH="", STAGE_X=direct["ROLE_X"], STAGE_Y=direct["ROLE_Y"])
     fetch = "\n".join(f"        let pre{n} = fetch_element(second, tid + {n * threads}u, b, stream_head, c0);"
                       for n in range(steps))

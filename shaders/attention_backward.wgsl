@@ -22,8 +22,9 @@
 // accumulate dS X with X still staged; dv stages X, computes P into Ps, then stages Y for P Y;
 // the second operand staged (dq, dk: X; dv: Y) is fetched into registers at the block's start;
 // lse keeps a running max and sum of exp2 per row and thread, combined across threads at the end.
-// Thread tid: ty = tid / 16 owns fixed rows 4ty..4ty+3; tx = tid % 16 scores streamed rows
-// 4tx..4tx+3 and accumulates output columns tx + 16 r, r < ceil(D / 16).
+// Thread (tx < 16, ty), a warp 8 x 4 of them (THREAD_XY: codegen's thread layouts): ty owns
+// fixed rows 4ty..4ty+3; tx scores streamed rows 4tx..4tx+3 and accumulates output columns
+// tx + 16 r, r < ceil(D / 16).
 // Causal (key j visible to query i iff j <= i): lse and dq stop after the block of their last
 // query, dk and dv start at their first key; scores past the diagonal, T or S count 0.
 // The loops over d, over a block's rows and the staging are unrolled by codegen: llvmpipe
@@ -122,12 +123,13 @@ fn stage_fixed(tid: u32, b: u32, head: u32, r0: u32) {
 }
 
 // Element e (a vec4 of a row) of streamed rows c0.. of X or Y, fetched, then put into Ss:
-// 8 neighbouring threads take 8 rows (their stores land in 8 neighbouring floats), and the
-// next 8 the next vec4 of those rows, so a warp reads 64 contiguous bytes of each of 8 rows
-// (rows one thread apart read half sectors; vec4s of one row one thread apart would store
-// with 16-way bank conflicts into the d-major Ss).
-fn element_row(e: u32) -> u32 { return e / (8u * D4) * 8u + e % 8u; }
-fn element_d4(e: u32) -> u32 { return e / 8u % D4; }
+// 16 neighbouring threads take 16 rows (their stores land in 16 neighbouring floats), and
+// the next 16 the next vec4 of those rows, so a warp reads 32 contiguous bytes (a sector)
+// of each of 16 rows and, Ss's d-rows padded by a vec4, its transposing stores hit 32
+// distinct banks (8 rows x 4 vec4s hit 16 banks twice; vec4s of one row one thread apart
+// would store with 16-way bank conflicts into the d-major Ss).
+fn element_row(e: u32) -> u32 { return e / (16u * D4) * 16u + e % 16u; }
+fn element_d4(e: u32) -> u32 { return e / 16u % D4; }
 
 fn fetch_element(role: u32, e: u32, b: u32, head: u32, c0: u32) -> vec4<f32> {
     if (e >= C * D4) { return vec4<f32>(0.0); }
@@ -211,8 +213,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let b = wg.z / splits;
     let part = wg.z % splits;
     let r0 = wg.x * R;
-    let tx = tid % 16u;
-    let ty = tid / 16u;
+{{THREAD_XY}}
     let rows = vec4<u32>(r0 + 4u * ty) + vec4<u32>(0u, 1u, 2u, 3u);
     var begin = 0u;         // streamed rows begin..end of each of `heads` streamed heads
     var end = S;

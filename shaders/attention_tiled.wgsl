@@ -7,7 +7,7 @@
 // rescaled when a row's max grows (online softmax).
 // Why 4 x 4 scores: the kernel is bound by workgroup-memory reads, not by FMAs; a 4 x 4
 // tile reads 0.5 floats a multiply-add (4 x 2: 0.75) and halves the reads of Q per key.
-// Why K and V share a buffer: it keeps BQ = 32 at D = 64 inside 36 KiB (NVIDIA offers 48).
+// Why K and V share a buffer: it keeps BQ = 32 at D = 64 inside 37 KiB (NVIDIA offers 48).
 // BQ is 32 where the device's workgroup memory holds it, else 16 (lavapipe's 32 KiB at D
 // above 52): workgroup_bytes() in codegen says how much each takes.
 // Layouts: Qs d-major (a vec4 = a thread's 4 queries), scaled by scale * log2(e) so the
@@ -16,6 +16,9 @@
 // are padded by one vec4 so the 16 threads of a row write to different banks.
 // Causal: key blocks above the diagonal are skipped; keys past a query (or past S) are
 // masked, and a row with no visible key comes out 0, not NaN.
+// Prefetch: V is fetched into registers before the scores and stored after them, and
+// the next block's K before P . V, stored at the next block's start, so that each load's
+// latency hides behind a phase of arithmetic (codegen's _forward_staging).
 // The loops over d, over a block's keys and the staging are unrolled by codegen: llvmpipe
 // (lavapipe) ends an invocation after ~65535 loop iterations in total and leaves the rest
 // undone; a few are left a key block.
@@ -25,8 +28,9 @@
 // q, out: [B, T, H*D]; k, v: [B, S, HKV*D], all read as vec4 (D % 4 == 0, D <= 64).
 // With SPLIT, out holds [splits, B, T, H*D] partial O, then per (part, b, h, 4 queries) a
 // vec4 of row maxima and one of row sums.
-// Thread tid: ty = tid / 16 owns queries 4ty..4ty+3, tx = tid % 16 keys 4tx..4tx+3 of each
-// block and output columns 4tx..4tx+3 (threads with tx >= D / 4 own no column).
+// Thread (tx < 16, ty), a warp 8 x 4 of them (THREAD_XY: codegen's thread layouts): ty owns
+// queries 4ty..4ty+3, tx keys 4tx..4tx+3 of each block and output columns 4tx..4tx+3
+// (threads with tx >= D / 4 own no column).
 // meta: [T, S, H, HKV, causal, scale * log2(e), splits, B]; grid: (ceil(T / BQ), H, B * splits)
 
 {{PRELUDE}}
@@ -40,12 +44,13 @@ const BKV: u32 = 64u;
 const THREADS: u32 = 4u * BQ;
 const QV: u32 = BQ / 4u;      // vec4s in a d-row of Qs
 const KV4: u32 = BKV / 4u;    // vec4s in a d-row of K
+const KR: u32 = KV4 + 1u;     // a d-row of K padded by a vec4 (staging stores hit 32 banks)
 const PS: u32 = QV + 1u;      // padded row of Ps and red
 const NEG: f32 = -1.0e30;     // finite "no score yet": exp2(NEG - NEG) stays a number
 const SPLIT: bool = {{SPLIT}};
 
 var<workgroup> Qs: array<vec4<f32>, D * QV>;
-var<workgroup> KVs: array<vec4<f32>, D * KV4>;   // K, then V, of the current key block
+var<workgroup> KVs: array<vec4<f32>, D * KR>;    // K, then V, of the current key block
 var<workgroup> Ps: array<vec4<f32>, BKV * PS>;
 var<workgroup> red: array<vec4<f32>, 16u * PS>;   // one partial per (thread column tx, query vec4)
 
@@ -67,9 +72,9 @@ fn put_q(d4: u32, i: u32, x: vec4<f32>) {
 }
 
 fn put_k(d4: u32, j: u32, x: vec4<f32>) {
-    let at = d4 * 4u * KV4 + j / 4u;
+    let at = d4 * 4u * KR + j / 4u;
     let c = j % 4u;
-    KVs[at][c] = x.x; KVs[at + KV4][c] = x.y; KVs[at + 2u * KV4][c] = x.z; KVs[at + 3u * KV4][c] = x.w;
+    KVs[at][c] = x.x; KVs[at + KR][c] = x.y; KVs[at + 2u * KR][c] = x.z; KVs[at + 3u * KR][c] = x.w;
 }
 
 // Queries q0.. of head h, times scale * log2(e); rows past T are zero.
@@ -86,25 +91,34 @@ fn stage_q(tid: u32, b: u32, h: u32, q0: u32) {
     }
 }
 
-// Element e of the key block k0.. of kv head hk: K (d-major; 8 neighbouring threads take 8
-// keys, the next 8 the next vec4 of those keys: 64 contiguous bytes of each of 8 rows a warp,
-// 2-way bank conflicts at most on the transposing stores) or V (key-major, row by row);
-// rows past S are zero (P is 0 there, 0 * garbage is not).
-fn stage_k(e: u32, b: u32, hk: u32, k0: u32) {
-    if (e >= BKV * D4) { return; }
-    let j = e / (8u * D4) * 8u + e % 8u;
-    let d4 = e / 8u % D4;
-    var x = vec4<f32>(0.0);
-    if (k0 + j < m(1u)) { x = k[((b * m(1u) + k0 + j) * m(3u) + hk) * D4 + d4]; }
-    put_k(d4, j, x);
+// Element e of the key block k0.. of kv head hk: K (d-major; 16 neighbouring threads take 16
+// keys, the next 16 the next vec4 of those keys: 32 contiguous bytes of each of 16 rows a
+// warp, and with K's d-rows padded by a vec4 the transposing stores of a warp hit 32
+// distinct banks; 8 keys x 4 vec4s hit 8 banks 4 times) or V (key-major, row by row);
+// rows past S are zero (P is 0 there, 0 * garbage is not). fetch_* reads it into a
+// register, put_* stores it: codegen issues the fetches a phase before the stores (see
+// the header) so that their latency hides behind arithmetic.
+fn key_of(e: u32) -> u32 { return e / (16u * D4) * 16u + e % 16u; }
+fn dim4_of(e: u32) -> u32 { return e / 16u % D4; }
+
+fn fetch_k(e: u32, b: u32, hk: u32, k0: u32) -> vec4<f32> {
+    let j = key_of(e);
+    if (e >= BKV * D4 || k0 + j >= m(1u)) { return vec4<f32>(0.0); }
+    return k[((b * m(1u) + k0 + j) * m(3u) + hk) * D4 + dim4_of(e)];
 }
 
-fn stage_v(e: u32, b: u32, hk: u32, k0: u32) {
-    if (e >= BKV * D4) { return; }
+fn put_k_element(e: u32, x: vec4<f32>) {
+    if (e < BKV * D4) { put_k(dim4_of(e), key_of(e), x); }
+}
+
+fn fetch_v(e: u32, b: u32, hk: u32, k0: u32) -> vec4<f32> {
     let j = e / D4;
-    var y = vec4<f32>(0.0);
-    if (k0 + j < m(1u)) { y = v[((b * m(1u) + k0 + j) * m(3u) + hk) * D4 + e % D4]; }
-    KVs[e] = y;
+    if (e >= BKV * D4 || k0 + j >= m(1u)) { return vec4<f32>(0.0); }
+    return v[((b * m(1u) + k0 + j) * m(3u) + hk) * D4 + e % D4];
+}
+
+fn put_v_element(e: u32, x: vec4<f32>) {
+    if (e < BKV * D4) { KVs[e] = x; }
 }
 
 {{ROWS}}
@@ -142,8 +156,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let part = wg.z % splits;
     let hk = h / (H / m(3u));
     let q0 = wg.x * BQ;
-    let tx = tid % 16u;
-    let ty = tid / 16u;
+{{THREAD_XY}}
     let rows = vec4<u32>(q0 + 4u * ty) + vec4<u32>(0u, 1u, 2u, 3u);
     var key_end = vec4<u32>(S);     // row i sees keys < key_end[i]
     var kv_end = S;                 // the workgroup's rows see keys < kv_end
@@ -158,11 +171,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let blocks = (kv_end + BKV - 1u) / BKV;
     let per_part = (blocks + splits - 1u) / splits;
     let last = min(blocks, (part + 1u) * per_part);
+{{FIRST_K}}
     for (var kb = part * per_part; kb < last; kb = kb + 1u) {
         let k0 = kb * BKV;
         workgroupBarrier();         // the previous block's Ps and V are read
 {{STAGE_K}}
         workgroupBarrier();
+{{FETCH_V}}
         var s = mat4x4<f32>();
 {{SCORES}}
         let key = k0 + 4u * tx;
@@ -188,6 +203,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         o = scale_columns(o, corr);
         mx = mx_new;
         workgroupBarrier();
+{{FETCH_K}}
         if (tx < D4) {
 {{ACCUMULATE}}
         }

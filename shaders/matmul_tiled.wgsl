@@ -5,7 +5,8 @@
 // global memory into registers and go into the other afterwards, so one barrier per step
 // suffices and the global loads overlap the arithmetic. Tiles are stored k-major (a
 // thread reads 4 rows of A and 4 columns of B as one vec4 each) with one vec4 of padding
-// per k row against bank conflicts. A thread's rows are g * 64 + ty * 4 + 0..3
+// per k row against bank conflicts. Thread (tx, ty) of 16 x 16 (THREAD_XY: codegen's
+// thread layouts; a warp is 16 x 2 of them). A thread's rows are g * 64 + ty * 4 + 0..3
 // (g < TM / 4), its columns h * 64 + tx * 4 + 0..3 (h < TN / 4).
 // How each operand is fetched (vec4 loads along whichever axis is contiguous, or scalar
 // loads through the strides) is generated per operand layout by codegen.
@@ -54,8 +55,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let kslice = (K + SPLITS * BK - 1u) / (SPLITS * BK) * BK;
     let kbeg = part * kslice;
     let kend = min(K, kbeg + kslice);
-    let tx = tid % 16u;
-    let ty = tid / 16u;
+{{THREAD_XY}}
     let row0 = wg.y * BM;
     let col0 = wg.x * BN;
     let a0 = boff(b, 0u);

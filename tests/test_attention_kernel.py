@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from engine import Graph, codegen, reference
+from engine.errors import DeviceError
 from engine.runtime import build_inference_session
 from test_runtime import TOL, rel_err
 
@@ -64,6 +65,47 @@ def test_tiled_attention_matches_reference(case, splits, monkeypatch):
     batch, t, s, heads, kv_heads, d, causal, scale = CASES[case]
     g = attention_graph(batch, t, s, heads, kv_heads, d, causal, scale)
     assert run_against_reference(g, random_inputs(g)) < TOL
+
+
+@pytest.mark.parametrize("level", ["0", "1"])
+@pytest.mark.parametrize("case", ["gqa-3-groups-causal", "cross-more-keys", "head-dim-36-causal"])
+def test_prefetch_levels_give_the_same_attention(case, level, monkeypatch):
+    """The forward fetches V before the scores and the next block's K before P . V (the
+    default, MEGANEURA_ATTENTION_PREFETCH=2); levels 0 (each block where it is stored) and
+    1 (V only) are kept for benchmarks and must compute the same, split or not."""
+    batch, t, s, heads, kv_heads, d, causal, scale = CASES[case]
+    g = attention_graph(batch, t, s, heads, kv_heads, d, causal, scale)
+    (node,) = [n for n in g.nodes if n.op == "attention"]
+    default = codegen.kernel_for(g, node).source
+    monkeypatch.setenv("MEGANEURA_ATTENTION_PREFETCH", level)
+    source = codegen.kernel_for(g, node).source
+    assert "kpre0 = fetch_k" in default and "let vpre0 = fetch_v" in default
+    assert "kpre0" not in source and ("let vpre0 = fetch_v" in source) == (level == "1")
+    for splits in ("1", "3"):
+        monkeypatch.setenv("MEGANEURA_ATTENTION_SPLITS", splits)
+        assert run_against_reference(g, random_inputs(g, seed=4)) < TOL
+
+
+@pytest.mark.parametrize("case", ["gqa-3-groups-causal", "head-dim-8"])
+def test_row_thread_layout_gives_the_same_attention(case, monkeypatch):
+    """Attention numbers its threads so that a warp is 8 x 4 of them; the 16 x 2 layout
+    the matmul keeps (MEGANEURA_THREAD_LAYOUT=rows, for benchmarks) computes the same."""
+    batch, t, s, heads, kv_heads, d, causal, scale = CASES[case]
+    g = attention_graph(batch, t, s, heads, kv_heads, d, causal, scale)
+    (node,) = [n for n in g.nodes if n.op == "attention"]
+    assert codegen.THREAD_LAYOUTS["warp"] in codegen.kernel_for(g, node).source
+    monkeypatch.setenv("MEGANEURA_THREAD_LAYOUT", "rows")
+    assert codegen.THREAD_LAYOUTS["rows"] in codegen.kernel_for(g, node).source
+    assert run_against_reference(g, random_inputs(g, seed=5)) < TOL
+
+
+@pytest.mark.parametrize("knob,value", [("MEGANEURA_ATTENTION_PREFETCH", "3"), ("MEGANEURA_THREAD_LAYOUT", "cols")])
+def test_unknown_knob_values_are_refused(knob, value, monkeypatch):
+    monkeypatch.setenv(knob, value)
+    g = attention_graph(1, 70, 70, 2, 2, 64)
+    (node,) = [n for n in g.nodes if n.op == "attention"]
+    with pytest.raises(DeviceError, match=f"{knob}='{value}'"):
+        codegen.kernel_for(g, node)
 
 
 def test_tiled_attention_rescales_when_a_later_block_has_the_max():

@@ -181,12 +181,14 @@ def test_fused_matmul_epilogue(activation):
     check(g)
 
 
-@pytest.mark.parametrize("kernel", list(codegen.TILED))
-def test_tiled_matmul_kernels(kernel, monkeypatch):
+@pytest.mark.parametrize("kernel,layout", [*[(k, "rows") for k in codegen.TILED], ("64", "warp"), ("128k8", "warp")])
+def test_tiled_matmul_kernels(kernel, layout, monkeypatch):
     """Each register-blocked kernel on every operand layout: transposed or not, vec4
     loads (extents multiples of 4) and scalar ones (ragged), batches that broadcast, and
-    the fused epilogue; shapes cross tile edges."""
+    the fused epilogue; shapes cross tile edges. Also with the warp-shaped thread layout
+    that attention uses (MEGANEURA_THREAD_LAYOUT)."""
     monkeypatch.setenv("MEGANEURA_MATMUL", kernel)
+    monkeypatch.setenv("MEGANEURA_THREAD_LAYOUT", layout)
     g = Graph("tiled")
     outs = {}
     for ta, tb in [(False, False), (True, False), (False, True), (True, True)]:
@@ -269,7 +271,7 @@ def test_matmul_operand_fetch_and_kernel_choice():
     assert codegen.operand_fetch([257, 1], 100, 257) == "k-scalar"        # row stride not aligned
     assert codegen.operand_fetch([6, 1, 70], 70, 6) == "outer-scalar"
     assert codegen.operand_fetch([2, 1, 8], 8, 2) == "outer-scalar"       # odd batch stride
-    assert codegen.matmul_variant(4096, 4096, 1) == "128k8"
+    assert codegen.matmul_variant(4096, 4096, 1) == "128k8u"
     assert codegen.matmul_variant(2048, 1536, 1) == "64"
     assert codegen.matmul_variant(32, 4096, 1, 4096) == "64"             # split over K
     assert codegen.matmul_variant(32, 4096, 1, 256) == "simple"
