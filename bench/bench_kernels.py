@@ -53,6 +53,8 @@ MATMULS_FULL = [
     ("whisper dX fc1", 1500, 384, 1536, False, True, ()),
     ("whisper dW", 384, 384, 1500, True, False, ()),
     ("whisper dW fc1", 384, 1536, 1500, True, False, ()),
+    ("whisper b8 dW", 384, 384, 12000, True, False, ()),
+    ("whisper b8 dW fc1", 384, 1536, 12000, True, False, ()),
     ("attn scores", 256, 256, 64, False, True, (48,)),
 ]
 MATMULS_QUICK = [

@@ -197,6 +197,11 @@ def ours_record_us(session, reps=20):
     return statistics.median(per), len(session._steps)
 
 
+def _span_s(session, prefix: str) -> float:
+    """Seconds of the session's build span whose name starts with ``prefix``."""
+    return sum(end - start for name, start, end in session.build_spans if name.startswith(prefix)) / 1e9
+
+
 def audio_align_smoke(overrides, steps, timer) -> dict:
     """audio-align's training smoke (the recipe of ``meganeura train audio-align``):
     ``steps`` steps end to end, wall time from nothing built to the last loss, ours on
@@ -219,7 +224,8 @@ def audio_align_smoke(overrides, steps, timer) -> dict:
     timer.sync()
     torch_s = time.perf_counter() - t
     return {"name": f"audio-align smoke {steps} steps", "ours": ours_s, "torch": torch_s, "unit": "s",
-            "note": f"{' '.join(overrides)}; wall time incl. build (ours: build {build_s:.2f} s, steps "
+            "note": f"{' '.join(overrides)}; wall time incl. build (ours: build {build_s:.2f} s, of which "
+                    f"pipelines {_span_s(trainer.session, 'create pipelines'):.2f} s; steps "
                     f"{ours_s - build_s:.2f} s); loss {ours[0]:.3f} -> {ours[-1]:.3f} vs {theirs[0]:.3f} -> {theirs[-1]:.3f}"}
 
 

@@ -430,7 +430,7 @@ def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, s
 # Split-K, measured on the H100 (docs/benchmarks.md, run 15).
 MATMUL_RESIDENT = 4 * 132   # 64 x 64 workgroups an H100 keeps resident: four on each of 132 SMs
 MATMUL_MIN_SLICE = 256      # K a slice keeps at least: K = 384 lost at every split
-MATMUL_MAX_SPLITS = 4
+MATMUL_MAX_SPLITS = 16
 
 
 def matmul_splits(tiles: int, k: int, bk: int) -> int:
@@ -451,7 +451,8 @@ def split_rule(tiles: int, k: int) -> int:
     x 4096 from 0.206 to 0.115 ms in 4; 2 slices gained nothing there, and no split of
     K = 384 did, the partials and the second dispatch (about 10 us with the barrier
     before it) costing what the slices saved. Whisper's weight gradients (36 tiles,
-    K = 1500) take 4 slices of 375. Outputs of more tiles than a third of the resident
+    K = 1500) take 5 slices of 300; at batch 8 (K = 12000) 14, which took them from
+    0.27 ms (4 slices, the cap until run 17) to 0.14-0.18 ms. Outputs of more tiles than a third of the resident
     workgroups are left whole: 1024^3 (256 tiles) ran 0.086 ms whole and 0.105 ms in 2
     slices."""
     if tiles > MATMUL_RESIDENT // 3:
@@ -767,14 +768,28 @@ def _sum_to(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     xs = contiguous_strides(x.shape)
     kept = [xs[d] if out_p[d] == x.shape[d] else 0 for d in range(r)]
     red = [x.shape[d] if out_p[d] != x.shape[d] else 1 for d in range(r)]
-    meta = [node.size, math.prod(red)] + list(out_p) + kept + red + xs
+    meta = [node.size, math.prod(red)] + list(out_p) + kept
     # Long reductions get more lanes per output, 64 when 16 would leave the GPU mostly
     # idle (a bias gradient: 384 outputs made 24 workgroups); a short one keeps one lane
     # per output.
     count = math.prod(red)
     outs = 256 if count <= 4 else 64 if count <= 64 else 16 if node.size >= 16 * SUM_TO_WORKGROUPS else 4
     return _finish("sum_to", "reduction", "sum_to.wgsl", ["x"], ["f32"], "f32", meta,
-                   grid_1d(-(-node.size // outs)), RANK=r, OUTS=outs)
+                   grid_1d(-(-node.size // outs)), RANK=r, OUTS=outs, REDUCED_OFFSET=_reduced_offset(red, xs))
+
+
+def _reduced_offset(extents, strides) -> str:
+    """WGSL adding to ``off`` the input offset of reduced element ``r`` (row-major over the
+    reduced axes' ``extents``), with every extent and stride a constant."""
+    axes = [d for d in range(len(extents)) if extents[d] > 1]
+    lines = []
+    for i, d in enumerate(reversed(axes)):
+        last = i == len(axes) - 1
+        index = "r" if last else f"r % {extents[d]}u"
+        lines.append(f"            off = off + ({index}) * {strides[d]}u;")
+        if not last:
+            lines.append(f"            r = r / {extents[d]}u;")
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- copies
@@ -848,7 +863,9 @@ def _rope(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
 #   conv_weight_grad:  dw     (O x C*KH*KW) = dout as (O x N*OH*OW)   @ im2col(x) over the batch
 # (1-d convolutions are 2-d ones of height 1). The direct kernels (one thread per output,
 # summing its window) ran at 0.2-1.9 TFLOP/s on the H100: whisper-tiny's conv2 input
-# gradient alone took 6.9 ms of a 25 ms training step.
+# gradient alone took 6.9 ms of a 25 ms training step. The geometry (_CONV_WORDS) is
+# written into each kernel as constants, not meta words: every gathered element divides
+# by it, and a division by a constant compiles to a multiply and a shift.
 
 _CONV_WORDS = ("C", "O", "H", "W", "KH", "KW", "OH", "OW", "SH", "SW", "PH", "PW")
 
@@ -941,8 +958,7 @@ def _conv(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     has_bias = node.op in ("conv1d", "conv2d") and len(node.inputs) == 3
     epilogue = ["    v = v + add_in[row];"] if has_bias else []
     meta = [m_, n_, k_, nbatch, 0, nbatch] + ops
-    lets = [f"    let cv_{w} = m({len(meta) + i}u);" for i, w in enumerate(_CONV_WORDS)]
-    meta += [g[w] for w in _CONV_WORDS]
+    lets = [f"    const cv_{w} = {g[w]}u;" for w in _CONV_WORDS]
     # bindings follow the node's inputs: B (x or dout) comes first in all three ops
     names = ["b_in", "a_in"] + (["add_in"] if has_bias else [])
     types = ["f32", "vec4<f32>" if fetch_a.endswith("vec4") else "f32"] + (["f32"] if has_bias else [])

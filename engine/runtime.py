@@ -194,9 +194,11 @@ class Session:
         """Every kernel of the plan not built on this device yet, built on several threads:
         the driver's shader compiler is most of a session's build time (tens of kernels,
         each tens of ms on NVIDIA), and wgpu-native compiles pipelines concurrently
-        (wgpu-py releases the GIL in its calls and keeps its error capture per thread)."""
-        missing = [(key, k) for key, k in self.plan.kernels.items()
-                   if (id(self.device), key) not in _PIPELINES]
+        (wgpu-py releases the GIL in its calls and keeps its error capture per thread).
+        The longest sources (the unrolled attention and matmul kernels, the slowest to
+        compile) start first, so that they do not come last to a pool with idle threads."""
+        missing = sorted(((key, k) for key, k in self.plan.kernels.items()
+                          if (id(self.device), key) not in _PIPELINES), key=lambda item: -len(item[1].source))
         workers = min(len(missing), os.cpu_count() or 1, 8)
         if workers > 1:
             with concurrent.futures.ThreadPoolExecutor(workers) as pool:

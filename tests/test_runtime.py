@@ -255,7 +255,8 @@ def test_split_k_choice(monkeypatch):
     assert codegen.matmul_splits(1024, 4096, 8) == 1                    # 4096^3: 32 x 32 tiles of 128
     assert codegen.matmul_splits(144, 1536, 16) == 3                    # whisper's fc2: [1500, 384], K 1536
     assert codegen.matmul_splits(144, 384, 16) == 1                     # K too short to cut
-    assert codegen.matmul_splits(36, 1500, 16) == 4                     # whisper's dW: [384, 384], K 1500
+    assert codegen.matmul_splits(36, 1500, 16) == 5                     # whisper's dW: [384, 384], K 1500
+    assert codegen.matmul_splits(36, 12000, 16) == 14                   # the same at batch 8: a wave of 504
     assert codegen.matmul_splits(576, 4096, 16) == 1                    # a full wave already
     assert codegen.matmul_splits(256, 1024, 16) == 1                    # 1024^3: two slices lost
     assert codegen.matmul_splits(1, 10**6, 16) == codegen.MATMUL_MAX_SPLITS
