@@ -412,7 +412,7 @@ def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, s
     first = common if splits == 1 else dict(common, EPILOGUE="",
                                             OPERANDS=_render("matmul_operands.wgsl", ACTIVATION="x"))
     k = _finish(name, archetype, "matmul_tiled.wgsl", names, types, "f32", meta,
-                (grid[0], grid[1], grid[2] * splits), SPLITS=splits, **first, **subs)
+                (grid[0], grid[1], grid[2] * splits), **first, **subs)
     k.notes["variant"] = note
     k.guarded = True
     if splits > 1:
@@ -420,7 +420,8 @@ def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, s
         k.partials = splits * total
         operands = len(names) - extras
         k.finish = _finish(f"{name}:splits", archetype, "matmul_splits.wgsl", ["partials", *names[operands:]],
-                           ["f32"] * (1 + extras), "f32", meta, grid_1d(-(-total // WG)), SPLITS=splits, **common)
+                           ["f32"] * (1 + extras), "f32", [*meta, splits], grid_1d(-(-total // WG)),
+                           SPLITS_WORD=len(meta), **common)
         k.finish.guarded = True
         k.finish_operands = tuple(range(operands, len(names)))
         k.notes["variant"] += f", K split {splits} ways"

@@ -1,16 +1,18 @@
 // Matmul archetype, second stage of a split-K kernel. When a matmul's output has too few
-// tiles to fill the GPU, codegen cuts K into SPLITS slices, each a workgroup of its own
+// tiles to fill the GPU, codegen cuts K into slices, each a workgroup of its own
 // (matmul_tiled.wgsl writes each slice's raw sums into `partials`, slice after slice);
 // this kernel adds the slices and applies the node's epilogue (bias, activation,
 // residual), one thread per output element.
-// meta: the first stage's (matmul_tiled.wgsl); grid: ceil(nbatch * M * N / 256), folded.
+// meta: the first stage's (matmul_tiled.wgsl), then the slice count (a word, not a
+// constant, so that nodes cut into different counts share a pipeline); grid:
+// ceil(nbatch * M * N / 256), folded.
 
 {{PRELUDE}}
 
 {{BINDINGS}}
 
 const BR: u32 = {{BR}}u;
-const SPLITS: u32 = {{SPLITS}}u;
+const SPLITS_WORD: u32 = {{SPLITS_WORD}}u;   // the meta word after the first stage's: the slice count
 
 {{OPERANDS}}
 
@@ -23,7 +25,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let i = flat_index(wg, nwg, lid, 256u);
     if (i >= total) { return; }
     var v = partials[i];
-    for (var p = 1u; p < SPLITS; p = p + 1u) { v = v + partials[p * total + i]; }
+    let splits = m(SPLITS_WORD);
+    for (var p = 1u; p < splits; p = p + 1u) { v = v + partials[p * total + i]; }
     let col = i % N;
     let row = (i / N) % M;
     let b = i / (M * N);

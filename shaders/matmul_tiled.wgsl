@@ -10,7 +10,8 @@
 // (g < TM / 4), its columns h * 64 + tx * 4 + 0..3 (h < TN / 4).
 // How each operand is fetched (vec4 loads along whichever axis is contiguous, or scalar
 // loads through the strides) is generated per operand layout by codegen.
-// Split-K (SPLITS > 1, for outputs of too few tiles to fill the GPU): workgroup z covers
+// Split-K (for outputs of too few tiles to fill the GPU; the grid's z is nbatch x the
+// slices, so kernels of any slice count share a pipeline): workgroup z covers
 // batch z % nbatch and the K slice z / nbatch, a whole number of BK steps, and writes its
 // raw sums to slice z of `out` (partials); matmul_splits.wgsl adds the slices and applies
 // the epilogue, which is then empty here.
@@ -25,7 +26,6 @@ const BR: u32 = {{BR}}u;
 const BM: u32 = {{BM}}u;
 const BN: u32 = {{BN}}u;
 const BK: u32 = {{BK}}u;
-const SPLITS: u32 = {{SPLITS}}u;
 const AS: u32 = {{AS}}u;   // vec4 slots per k row of As: BM / 4 + 1
 const BS: u32 = {{BS}}u;
 const ABUF: u32 = BK * AS; // one of the two buffers
@@ -46,13 +46,15 @@ fn store(b: u32, z: u32, row: u32, col: u32, acc: f32) {
 }
 
 @compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) tid: u32) {
     let M = m(0u);
     let N = m(1u);
     let K = m(2u);
     let part = wg.z / m(3u);
     let b = wg.z - part * m(3u);
-    let kslice = (K + SPLITS * BK - 1u) / (SPLITS * BK) * BK;
+    let splits = nwg.z / m(3u);
+    let kslice = (K + splits * BK - 1u) / (splits * BK) * BK;
     let kbeg = part * kslice;
     let kend = min(K, kbeg + kslice);
 {{THREAD_XY}}

@@ -249,6 +249,19 @@ def test_split_k_matmuls_and_convolutions(kernel, splits, monkeypatch):
     assert all("K split" in d.variant for d in firsts), [d.variant for d in firsts]
 
 
+def test_matmuls_cut_into_different_slice_counts_share_pipelines(monkeypatch):
+    """The slice count is read from the grid and a meta word, not baked into the WGSL, so
+    64 x 64 outputs of K = 1024 (4 slices) and K = 2048 (8) build two pipelines, not four."""
+    monkeypatch.delenv("MEGANEURA_MATMUL_SPLITS", raising=False)
+    g = Graph("splits")
+    for k in (1024, 2048):
+        g.output(f"c{k}", g.matmul(g.input(f"a{k}", [64, k]), g.input(f"b{k}", [k, 64])))
+    s = check(g)
+    variants = sorted(d.variant.split(", ")[-1] for d in s.plan.dispatches if "split" in d.variant)
+    assert variants == ["K split 4 ways", "K split 8 ways"], variants
+    assert len({d.key for d in s.plan.dispatches}) == 2 == s.pipeline_count
+
+
 def test_split_k_choice(monkeypatch):
     """K is split only where the tiles leave room on the GPU and each slice stays long."""
     monkeypatch.delenv("MEGANEURA_MATMUL_SPLITS", raising=False)
