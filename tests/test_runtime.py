@@ -249,6 +249,38 @@ def test_split_k_matmuls_and_convolutions(kernel, splits, monkeypatch):
     assert all("K split" in d.variant for d in firsts), [d.variant for d in firsts]
 
 
+@pytest.mark.parametrize("kernel", ["simple", "64"])
+def test_batches_of_a_shared_weight_fold_into_rows(kernel, monkeypatch):
+    """[5, 66, k] @ [k, n] runs as one [330, k] @ [k, n] (no half-empty tile a batch),
+    with a bias and a residual of the output's shape folded along; a residual broadcast
+    over the batch, a batched B or a transposed A keep the batch in the grid."""
+    monkeypatch.setenv("MEGANEURA_MATMUL", kernel)
+    g = Graph("fold")
+    x = g.input("x", [5, 66, 20])
+    w = g.input("w", [20, 36])
+    bias = g.input("bias", [36])
+    res = g.input("res", [5, 66, 36])
+    shared_res = g.input("shared_res", [66, 36])
+    folded = {
+        "plain": g.matmul(x, w),
+        "weight_1xkxn": g.matmul(x, g.input("w3", [1, 20, 36])),
+        "bias_residual": g.apply("fused_matmul", x, w, bias, res, activation="gelu", has_add=True,
+                                 has_residual=True),
+    }
+    kept = {
+        "batched_b": g.matmul(x, g.input("wb", [5, 20, 36])),
+        "shared_residual": g.apply("fused_matmul", x, w, shared_res, activation="none", has_residual=True),
+        "transposed_a": g.matmul(g.input("xt", [5, 20, 66]), w, transpose_a=True),
+    }
+    for name, node in {**folded, **kept}.items():
+        g.output(name, node)
+    s = check(g)
+    z = {g.outputs[name]: d.workgroups[2] for d in s.plan.dispatches for name in {**folded, **kept}
+         if d.nodes[-1] == g.outputs[name]}
+    assert all(z[g.outputs[name]] == 1 for name in folded), z
+    assert all(z[g.outputs[name]] == 5 for name in kept), z
+
+
 def test_matmuls_cut_into_different_slice_counts_share_pipelines(monkeypatch):
     """The slice count is read from the grid and a meta word, not baked into the WGSL, so
     64 x 64 outputs of K = 1024 (4 slices) and K = 2048 (8) build two pipelines, not four."""
