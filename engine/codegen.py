@@ -484,9 +484,9 @@ def split_rule(tiles: int, k: int) -> int:
     K = 384 did, the partials and the second dispatch (about 10 us with the barrier
     before it) costing what the slices saved. Whisper's weight gradients (36 tiles,
     K = 1500) take 5 slices of 300; at batch 8 (K = 12000) 14, which took them from
-    0.27 ms (4 slices, the cap until run 17) to 0.14-0.18 ms. Outputs of more tiles than a third of the resident
-    workgroups are left whole: 1024^3 (256 tiles) ran 0.086 ms whole and 0.105 ms in 2
-    slices."""
+    0.27 ms (4 slices, the cap until run 17) to 0.14-0.18 ms. Outputs of more tiles
+    than a third of the resident workgroups are left whole: 1024^3 (256 tiles) ran
+    0.086 ms whole and 0.105 ms in 2 slices."""
     if tiles > MATMUL_RESIDENT // 3:
         return 1
     return max(1, min(MATMUL_RESIDENT // max(tiles, 1), k // MATMUL_MIN_SLICE, MATMUL_MAX_SPLITS))
@@ -504,8 +504,8 @@ def matmul_variant(m_: int, n_: int, nbatch: int, k_: int = 0) -> str:
     """Which matmul kernel a (batched) m x n output with reduction length ``k_`` gets.
     Measured on an H100 (docs/benchmarks.md, run 5): the 128 x 128 tile with BK 8 is
     fastest once it makes at least two waves of workgroups (33 TFLOP/s at 4096^3; with
-    its k loop unrolled 34.0-36.9 in four calls where the loop gave 33.0-34.4, run 17); below
-    that the 64 x 64 tile, which keeps more workgroups per SM, wins (23 TFLOP/s on
+    its k loop unrolled 34.0-36.9 in four calls where the loop gave 33.0-34.4, run 17);
+    below that the 64 x 64 tile, which keeps more workgroups per SM, wins (23 TFLOP/s on
     gpt-tiny's 2048 x 1536 x 384, where the 128 tile gave 15-21). Small or thinner outputs
     keep the 16 x 16 kernel unless K is long enough to split (run 15: 32 x 4096 x 4096 in
     0.206 ms on it, 0.115 ms on the 64 tile with K in 4 slices).
@@ -525,7 +525,7 @@ def matmul_variant(m_: int, n_: int, nbatch: int, k_: int = 0) -> str:
 # unrolled). The tile is 16 x 16 threads times that.
 TILED = {"64": (4, 4, 16, False), "64u": (4, 4, 16, True), "128x64": (8, 4, 16, False),
          "128x64u": (8, 4, 16, True), "128": (8, 8, 16, False), "128u": (8, 8, 16, True),
-         "128k8": (8, 8, 8, False), "128k8u": (8, 8, 8, True), "64k32u": (4, 4, 32, True)}
+         "128k8": (8, 8, 8, False), "128k8u": (8, 8, 8, True)}
 MATMUL_KERNELS = ("simple", *TILED)
 
 # The two tiled operands as one description each: A's tile runs along m ("outer") and k,
