@@ -18,6 +18,7 @@ import math
 import os
 import struct
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -407,7 +408,7 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
             j += 1
         if not epi:
             epi.append("    v = act(v);")
-    variant = "simple" if norm else matmul_variant(m_, n_, max(nbatch, 1), k_)
+    variant = "simple" if norm else matmul_variant(m_, n_, max(nbatch, 1), k_, ta)
     tile_m, tile_n = _tile_of(variant)
     gx, gy = -(-n_ // tile_n), -(-m_ // tile_m)
     if max(gx, gy, nbatch) > MAX_WORKGROUPS:
@@ -424,9 +425,9 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     fetch_b = operand_fetch(words_b[:-2] + [words_b[-1], words_b[-2]], n_, k_)
     types[0] = "vec4<f32>" if fetch_a.endswith("vec4") else "f32"
     types[1] = "vec4<f32>" if fetch_b.endswith("vec4") else "f32"
-    tm, tn, bk, unroll = TILED[variant]
-    note = (f"{tile_m}x{tile_n} tile, {tm}x{tn}/thread, BK {bk}{', unrolled' if unroll else ''}, "
-            f"A {fetch_a}, B {fetch_b}")
+    tm, tn, bk, unroll, ty = TILED[variant]
+    note = (f"{tile_m}x{tile_n} tile, {tm}x{tn}/thread{'' if ty == 16 else f', {16 * ty} threads'}, BK {bk}"
+            f"{', unrolled' if unroll else ''}, A {fetch_a}, B {fetch_b}")
     return _tiled_kernel(f"matmul:{node.op}", "matmul", names, types, meta, (gx, gy, max(nbatch, 1)), k_, note,
                          common, _tiled_subs(variant, fetch_a, fetch_b), extras=len(extras))
 
@@ -460,7 +461,8 @@ def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, s
 
 
 # Split-K, measured on the H100 (docs/benchmarks.md, run 15).
-MATMUL_RESIDENT = 4 * 132   # 64 x 64 workgroups an H100 keeps resident: four on each of 132 SMs
+MATMUL_RESIDENT = 4 * 132   # a wave: four 64 x 64 workgroups of 256 threads on each of 132 SMs
+                            # (run 15; not re-tuned for run 17's 128-thread workgroups)
 MATMUL_MIN_SLICE = 256      # K a slice keeps at least: K = 384 lost at every split
 MATMUL_MAX_SPLITS = 16
 
@@ -496,19 +498,22 @@ def _tile_of(variant: str) -> tuple[int, int]:
     """(rows, columns) of the output tile of a matmul kernel variant."""
     if variant == "simple":
         return TILE, TILE
-    tm, tn, _, _ = TILED[variant]
-    return 16 * tm, 16 * tn
+    preset = TILED[variant]
+    return preset.ty * preset.tm, 16 * preset.tn
 
 
-def matmul_variant(m_: int, n_: int, nbatch: int, k_: int = 0) -> str:
+def matmul_variant(m_: int, n_: int, nbatch: int, k_: int = 0, transpose_a: bool = False) -> str:
     """Which matmul kernel a (batched) m x n output with reduction length ``k_`` gets.
     Measured on an H100 (docs/benchmarks.md, run 5): the 128 x 128 tile with BK 8 is
     fastest once it makes at least two waves of workgroups (33 TFLOP/s at 4096^3; with
     its k loop unrolled 34.0-36.9 in four calls where the loop gave 33.0-34.4, run 17);
     below that the 64 x 64 tile, which keeps more workgroups per SM, wins (23 TFLOP/s on
-    gpt-tiny's 2048 x 1536 x 384, where the 128 tile gave 15-21). Small or thinner outputs
-    keep the 16 x 16 kernel unless K is long enough to split (run 15: 32 x 4096 x 4096 in
-    0.206 ms on it, 0.115 ms on the 64 tile with K in 4 slices).
+    gpt-tiny's 2048 x 1536 x 384, where the 128 tile gave 15-21). For a transposed A
+    (weight gradients) that tile runs on 128 threads of 8 x 4 outputs (run 17: 10% faster
+    on gpt-tiny's, 15-20% on whisper's at batch 8); elsewhere the 128-thread kernel (its
+    k loop unrolled) won 3-8% on single matmuls but made whisper-tiny's inference 3-4%
+    slower in the same call, so 256 threads of 4 x 4 stay. Small or thinner outputs keep the 16 x 16 kernel unless K is long enough to split (run 15:
+    32 x 4096 x 4096 in 0.206 ms on it, 0.115 ms on the 64 tile with K in 4 slices).
     ``MEGANEURA_MATMUL`` forces one of ``MATMUL_KERNELS`` (benchmarks and tests)."""
     forced = os.environ.get("MEGANEURA_MATMUL", "auto")
     if forced in MATMUL_KERNELS:
@@ -517,15 +522,31 @@ def matmul_variant(m_: int, n_: int, nbatch: int, k_: int = 0) -> str:
     if tiles(128) >= 264:
         return "128k8u"
     if (tiles(64) >= 64 and min(m_, n_) >= 64) or split_rule(tiles(64), k_) > 1:
-        return "64"
+        return "64t128" if transpose_a else "64"
     return "simple"
 
 
-# Register-blocked f32 kernels: name -> (rows per thread, columns per thread, BK, k loop
-# unrolled). The tile is 16 x 16 threads times that.
-TILED = {"64": (4, 4, 16, False), "64u": (4, 4, 16, True), "128x64": (8, 4, 16, False),
-         "128x64u": (8, 4, 16, True), "128": (8, 8, 16, False), "128u": (8, 8, 16, True),
-         "128k8": (8, 8, 8, False), "128k8u": (8, 8, 8, True)}
+class TilePreset(NamedTuple):
+    """A register-blocked f32 kernel: rows and columns of outputs per thread, the K step,
+    whether the k loop is unrolled, and the thread grid's rows (16 columns of threads x
+    ``ty`` rows). The tile is (ty x tm) x (16 x tn)."""
+
+    tm: int
+    tn: int
+    bk: int
+    unroll: bool
+    ty: int = 16
+
+    @property
+    def threads(self) -> int:
+        return 16 * self.ty
+
+
+TILED = {"64": TilePreset(4, 4, 16, False), "64u": TilePreset(4, 4, 16, True),
+         "128x64": TilePreset(8, 4, 16, False), "128x64u": TilePreset(8, 4, 16, True),
+         "128": TilePreset(8, 8, 16, False), "128u": TilePreset(8, 8, 16, True),
+         "128k8": TilePreset(8, 8, 8, False), "128k8u": TilePreset(8, 8, 8, True),
+         "64t128": TilePreset(8, 4, 16, False, ty=8), "64t128u": TilePreset(8, 4, 16, True, ty=8)}
 MATMUL_KERNELS = ("simple", *TILED)
 
 # The two tiled operands as one description each: A's tile runs along m ("outer") and k,
@@ -552,8 +573,8 @@ def operand_fetch(strides, outer_extent: int, k_extent: int) -> str:
     return "outer-scalar" if s_outer <= s_k else "k-scalar"
 
 
-def _fetch_operand(name: str, fetch: str, tile: int, bk: int, gather=None):
-    """WGSL that fetches one operand's tile of ``tile`` x ``bk`` elements (256 threads):
+def _fetch_operand(name: str, fetch: str, tile: int, bk: int, gather=None, threads: int = 256):
+    """WGSL that fetches one operand's tile of ``tile`` x ``bk`` elements (``threads`` threads):
     (per-thread index constants, register declarations, loads of step ``kb`` into the
     registers, the registers as (name, outer index, k index)). A vec4 register holds 4
     elements consecutive along the axis ``fetch`` names. ``gather(go, gk)`` (scalar
@@ -563,11 +584,11 @@ def _fetch_operand(name: str, fetch: str, tile: int, bk: int, gather=None):
     p = _TILE_OPERANDS[name]
     vec = fetch.endswith("vec4")
     along_outer = fetch.startswith("outer")
-    count = tile * bk // 256 // (4 if vec else 1)
+    count = tile * bk // threads // (4 if vec else 1)
     width = (tile if along_outer else bk) // (4 if vec else 1)  # threads along the fast axis
     consts, decl, load, regs = [], [], [], []
     for i in range(count):
-        e, r = f"(tid + {256 * i}u)", f"{name}r{i}"
+        e, r = f"(tid + {threads * i}u)", f"{name}r{i}"
         fast, slow = f"{e} % {width}u", f"{e} / {width}u"
         o, kk = (fast, slow) if along_outer else (slow, fast)
         if vec and along_outer:
@@ -613,8 +634,8 @@ def _tiled_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b
     """The generated parts of matmul_tiled.wgsl for a ``TILED`` preset and the given
     operand fetches (see ``operand_fetch`` and ``_fetch_operand``); ``lets`` are extra
     lines at the top of the kernel (values the gathers read)."""
-    tm, tn, bk, unroll = TILED[preset]
-    bm, bn = 16 * tm, 16 * tn
+    tm, tn, bk, unroll, ty = TILED[preset]
+    bm, bn = ty * tm, 16 * tn
     gs, hs = range(tm // 4), range(tn // 4)
     acc = [f"c{g}{i}_{h}" for g in gs for i in range(4) for h in hs]
     decl = "\n".join(f"    var {c} = vec4<f32>(0.0);" for c in acc)
@@ -622,7 +643,7 @@ def _tiled_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b
     for kk in (range(bk) if unroll else ["kk"]):
         k = f"{kk}u" if unroll else kk
         for g in gs:
-            comp.append(f"            let a{g}_{kk} = As[ab + {k} * AS + {16 * g}u + ty];")
+            comp.append(f"            let a{g}_{kk} = As[ab + {k} * AS + {ty * g}u + ty];")
         for h in hs:
             comp.append(f"            let b{h}_{kk} = Bs[bb + {k} * BS + {16 * h}u + tx];")
         for g in gs:
@@ -634,14 +655,15 @@ def _tiled_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b
     store = []
     for g in gs:
         for i in range(4):
-            store.append(f"    let r{g}{i} = row0 + {64 * g + i}u + ty * 4u;")
+            store.append(f"    let r{g}{i} = row0 + {4 * ty * g + i}u + ty * 4u;")
             for h in hs:
                 for j, x in enumerate("xyzw"):
                     store.append(f"    store(b, wg.z, r{g}{i}, col0 + {64 * h + j}u + tx * 4u, c{g}{i}_{h}.{x});")
-    ca, da, la, ra = _fetch_operand("a", fetch_a, bm, bk, gather_a)
-    cb, db, lb, rb = _fetch_operand("b", fetch_b, bn, bk, gather_b)
+    threads = TILED[preset].threads
+    ca, da, la, ra = _fetch_operand("a", fetch_a, bm, bk, gather_a, threads)
+    cb, db, lb, rb = _fetch_operand("b", fetch_b, bn, bk, gather_b, threads)
     sa, sb = _store_tiled("a", fetch_a, ra), _store_tiled("b", fetch_b, rb)
-    return dict(BM=bm, BN=bn, BK=bk, TM=tm, TN=tn, AS=bm // 4 + 1, BS=bn // 4 + 1,
+    return dict(BM=bm, BN=bn, BK=bk, TM=tm, TN=tn, AS=bm // 4 + 1, BS=bn // 4 + 1, THREADS=threads,
                 A_SLOTS=2 * bk * (bm // 4 + 1), B_SLOTS=2 * bk * (bn // 4 + 1),
                 ACC_DECL=decl, COMPUTE="\n".join(comp), STORE_OUT="\n".join(store),
                 LOAD_DECL="\n".join([*lets, *ca, *cb, *da, *db]), LOAD="\n".join(la + lb),
@@ -1001,7 +1023,7 @@ def _conv(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     if max(grid) > MAX_WORKGROUPS:
         raise DeviceError(f"{graph.format_node(node)}: convolution grid {grid} exceeds {MAX_WORKGROUPS} "
                           f"workgroups per dimension")
-    tm, tn, _, _ = TILED[preset]
+    tm, tn = TILED[preset].tm, TILED[preset].tn
     common = dict(BR=1, OPERANDS=_render("matmul_operands.wgsl", ACTIVATION="x"), EPILOGUE="\n".join(epilogue))
     return _tiled_kernel(f"conv:{node.op}", "conv", names, types, meta, grid, k_,
                          f"implicit GEMM {m_}x{n_}x{k_}, {tile_m}x{tile_n} tile, {tm}x{tn}/thread", common,

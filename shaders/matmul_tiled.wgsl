@@ -1,13 +1,13 @@
-// Register-blocked matmul archetype: C[b] = epilogue(A[b] @ B[b]). 256 threads (16 x 16)
-// per workgroup, a {{BM}} x {{BN}} output tile, {{TM}} x {{TN}} outputs per thread held in
+// Register-blocked matmul archetype: C[b] = epilogue(A[b] @ B[b]). {{THREADS}} threads (16 x
+// {{THREADS}} / 16) per workgroup, a {{BM}} x {{BN}} output tile, {{TM}} x {{TN}} outputs per thread held in
 // named vec4 registers. K advances in steps of BK ({{BK}}) through two workgroup buffers: while
 // the threads multiply out of one, the next step's operands are already loaded from
 // global memory into registers and go into the other afterwards, so one barrier per step
 // suffices and the global loads overlap the arithmetic. Tiles are stored k-major (a
 // thread reads 4 rows of A and 4 columns of B as one vec4 each) with one vec4 of padding
-// per k row against bank conflicts. Thread (tx, ty) of 16 x 16 (THREAD_XY: codegen's
-// thread layouts; a warp is 16 x 2 of them). A thread's rows are g * 64 + ty * 4 + 0..3
-// (g < TM / 4), its columns h * 64 + tx * 4 + 0..3 (h < TN / 4).
+// per k row against bank conflicts. Thread (tx, ty) of 16 x TY, TY = THREADS / 16
+// (THREAD_XY: codegen's thread layouts; a warp is 16 x 2 of them). A thread's rows are
+// g * 4 TY + ty * 4 + 0..3 (g < TM / 4), its columns h * 64 + tx * 4 + 0..3 (h < TN / 4).
 // How each operand is fetched (vec4 loads along whichever axis is contiguous, or scalar
 // loads through the strides) is generated per operand layout by codegen.
 // Split-K (for outputs of too few tiles to fill the GPU; the grid's z is nbatch x the
@@ -45,7 +45,7 @@ fn store(b: u32, z: u32, row: u32, col: u32, acc: f32) {
     out[(z * M + row) * N + col] = v;
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size({{THREADS}})
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) tid: u32) {
     let M = m(0u);

@@ -208,7 +208,7 @@ def test_tiled_matmul_kernels(kernel, layout, monkeypatch):
         g.output(name, node)
     s = check(g)
     variants = {d.variant for d in s.plan.dispatches}
-    assert all(v.startswith(f"{16 * codegen.TILED[kernel][0]}x") for v in variants), variants
+    assert all(v.startswith(f"{codegen._tile_of(kernel)[0]}x") for v in variants), variants
     fetches = " ".join(variants)
     for fetch in ("outer-vec4", "k-vec4", "outer-scalar", "k-scalar"):
         assert fetch in fetches, (fetch, variants)
@@ -319,6 +319,7 @@ def test_matmul_operand_fetch_and_kernel_choice():
     assert codegen.operand_fetch([2, 1, 8], 8, 2) == "outer-scalar"       # odd batch stride
     assert codegen.matmul_variant(4096, 4096, 1) == "128k8u"
     assert codegen.matmul_variant(2048, 1536, 1) == "64"
+    assert codegen.matmul_variant(384, 1536, 1, 2048, transpose_a=True) == "64t128"   # a weight gradient
     assert codegen.matmul_variant(32, 4096, 1, 4096) == "64"             # split over K
     assert codegen.matmul_variant(32, 4096, 1, 256) == "simple"
 
