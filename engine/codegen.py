@@ -512,8 +512,9 @@ def matmul_variant(m_: int, n_: int, nbatch: int, k_: int = 0, transpose_a: bool
     (weight gradients) that tile runs on 128 threads of 8 x 4 outputs (run 17: 10% faster
     on gpt-tiny's, 15-20% on whisper's at batch 8); elsewhere the 128-thread kernel (its
     k loop unrolled) won 3-8% on single matmuls but made whisper-tiny's inference 3-4%
-    slower in the same call, so 256 threads of 4 x 4 stay. Small or thinner outputs keep the 16 x 16 kernel unless K is long enough to split (run 15:
-    32 x 4096 x 4096 in 0.206 ms on it, 0.115 ms on the 64 tile with K in 4 slices).
+    slower in the same call, so 256 threads of 4 x 4 stay. Small or thinner outputs keep
+    the 16 x 16 kernel unless K is long enough to split (run 15: 32 x 4096 x 4096 in
+    0.206 ms on it, 0.115 ms on the 64 tile with K in 4 slices).
     ``MEGANEURA_MATMUL`` forces one of ``MATMUL_KERNELS`` (benchmarks and tests)."""
     forced = os.environ.get("MEGANEURA_MATMUL", "auto")
     if forced in MATMUL_KERNELS:
