@@ -1161,16 +1161,19 @@ def attention_prefetch() -> int:
     return int(level)
 
 
+def _per_element(template: str, threads: int, steps: int, indent: int = 8) -> str:
+    """The attention kernels' unrolled staging: ``template`` once per element a thread
+    stages, ``{e}`` the element (tid + n * threads) and ``{n}`` its step."""
+    return "\n".join(" " * indent + template.format(n=n, e=f"tid + {n * threads}u") for n in range(steps))
+
+
 def _forward_staging(threads: int, steps: int) -> dict:
     """The staging lines of attention_tiled.wgsl's loop, element tid + n * threads each:
     with prefetch, V's registers vpre<n> are fetched before the scores and stored after
     them, and the next block's K (kpre<n>) before P . V, stored at the next block's
     start."""
     level = attention_prefetch()
-    elements = [f"tid + {n * threads}u" for n in range(steps)]
-
-    def lines(template: str, indent: int = 8) -> str:
-        return "\n".join(" " * indent + template.format(n=n, e=e) for n, e in enumerate(elements))
+    lines = lambda template, indent=8: _per_element(template, threads, steps, indent)  # noqa: E731
 
     stage_k = lines("put_k_element({e}, fetch_k({e}, b, hk, k0));")
     stage_v = lines("put_v_element({e}, fetch_v({e}, b, hk, k0));")
@@ -1302,9 +1305,8 @@ def _staging(mode: _BackwardMode, threads: int, steps: int) -> dict:
     direct = {role: f"        stage_stream({role}, tid, b, stream_head, c0);" for role in ("ROLE_X", "ROLE_Y")}
     if mode.index == 0 or attention_prefetch() == 0:
         return dict(PREFETCH="", STAGE_X=direct["ROLE_X"], STAGE_Y=direct["ROLE_Y"])
-    fetch = "\n".join(f"        let pre{n} = fetch_element(second, tid + {n * threads}u, b, stream_head, c0);"
-                      for n in range(steps))
-    put = "\n".join(f"        put_element(tid + {n * threads}u, pre{n});" for n in range(steps))
+    fetch = _per_element("let pre{n} = fetch_element(second, {e}, b, stream_head, c0);", threads, steps)
+    put = _per_element("put_element({e}, pre{n});", threads, steps)
     dv = mode.index == 3
     return dict(PREFETCH=fetch, STAGE_X=direct["ROLE_X"] if dv else put, STAGE_Y=put if dv else direct["ROLE_Y"])
 
@@ -1335,8 +1337,7 @@ def _attention_backward(graph: Graph, node: Node, caps: Capabilities = PLAIN) ->
                      DELTA_AT="delta[i]" if "delta" in mode.operands else "0.0",
                      BS_LEN="D * RV" if mode.has_dp else "1u", SS_ROWS=16 * groups,
                      PS_ROWS="C" if mode.accumulates else "16u",
-                     STAGE="\n".join(f"    stage_element(role, tid + {n * threads}u, b, head, c0);"
-                                      for n in range(stage_steps)),
+                     STAGE=_per_element("stage_element(role, {e}, b, head, c0);", threads, stage_steps, 4),
                      **_staging(mode, threads, stage_steps),
                      SCORES=_score_lines("As", "s", d, 8),
                      DP=_score_lines("Bs", "dp", d, 12) if mode.has_dp else "",
