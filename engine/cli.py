@@ -61,24 +61,36 @@ def human_size(n: int | None) -> str:
 
 def _has_feature(wanted: str, present: list[str]) -> bool:
     """Loose match: wgpu-native has spelled subgroups and cooperative matrices
-    several ways (subgroup, subgroups, cooperative-matrix, ...)."""
+    several ways (subgroup, subgroups, cooperative-matrix, ...), and Dawn calls the
+    latter chromium-experimental-subgroup-matrix."""
     names = [f.replace("_", "-").lower() for f in present]
+    if wanted == "cooperative-matrix" and any("subgroup-matrix" in n for n in names):
+        return True
     if wanted in ("subgroup", "cooperative-matrix"):
         return any(n.startswith(wanted[:-1]) for n in names)
+    if wanted == "timestamp-query-inside-passes":
+        return any(n.endswith(wanted) for n in names)
     return wanted in names
 
 
 def kernel_paths() -> dict:
     """Which path each archetype's kernels take on this device: the capabilities of the
-    features the device enabled (what sessions compile their plans for), and why the
-    tensor cores stay unused where the adapter offers cooperative matrices."""
-    from . import device
+    features the device enabled (what sessions compile their plans for), and where the
+    adapter offers cooperative matrices, whether and how the tensor cores are used."""
+    from . import codegen, device
     from .runtime import device_capabilities
 
-    paths = device_capabilities().describe()
+    caps = device_capabilities()
+    paths = caps.describe()
     if _has_feature("cooperative-matrix", [str(f) for f in device.get_adapter().features]):
-        paths["cooperative_matrix"] = ("offered, not used: wgpu-native 29 cannot enable wgpu's experimental "
-                                       "features")
+        if device.backend() != "dawn":
+            paths["cooperative_matrix"] = ("offered, not used: wgpu-native 29 cannot enable wgpu's experimental "
+                                           "features (MEGANEURA_WGPU=dawn can)")
+        elif caps.matmul_f16:
+            paths["cooperative_matrix"] = "used: matmuls take f16 operands and accumulate in f32"
+        else:
+            paths["cooperative_matrix"] = (f"offered, not used at precision {codegen.precision()}: "
+                                           "--precision f16 (MEGANEURA_PRECISION=f16) uses them")
     return paths
 
 
@@ -90,6 +102,7 @@ def doctor_report() -> dict:
         "adapter": {
             "name": info["name"],
             "backend": info["backend"],
+            "wgpu": info["wgpu"],
             "software": info["software"],
             "adapter_type": info["adapter_type"],
             "description": info["description"],
@@ -107,7 +120,7 @@ def format_doctor(report: dict) -> str:
     kind = "software renderer: correct but slow" if a["software"] else "hardware"
     lines = [
         f"Adapter   {a['name']}",
-        f"Backend   {a['backend']}",
+        f"Backend   {a['backend']} (through {'Dawn' if a.get('wgpu') == 'dawn' else 'wgpu-native'})",
         f"Type      {a['adapter_type']} ({kind})",
     ]
     if a.get("description"):

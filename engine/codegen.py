@@ -17,7 +17,7 @@ import functools
 import math
 import os
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -43,33 +43,66 @@ class UnsupportedOpError(DeviceError):
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What generated kernels may use beyond core WGSL.
+    """What generated kernels may use beyond core WGSL, and which compiler reads them.
 
-    Kernels take a faster path where the device offers a feature (subgroup reductions)
-    and the plain path otherwise; the choice is made here, from plain data, so a plan can
-    be compiled without a GPU and says which path each dispatch took. Cooperative
-    matrices are not among them: the adapter may offer them, but wgpu-native 29 keeps
-    wgpu's experimental features switched off and its C API has no way to switch them on
-    (``meganeura doctor`` says so).
+    Kernels take a faster path where the device offers a feature (subgroup reductions,
+    cooperative matrices) and the plain path otherwise; the choice is made here, from
+    plain data, so a plan can be compiled without a GPU and says which path each
+    dispatch took. ``dialect`` is the WGSL compiler's: naga (wgpu-native) takes subgroup
+    built-ins without an ``enable`` and rejects ``enable subgroups;``, Tint (Dawn)
+    requires it. ``matmul_f16``: matmuls and convolutions multiply f16 copies of their
+    operands on the cooperative-matrix units, accumulating in f32 (Dawn's subgroup
+    matrices; wgpu-native cannot enable them); asked for with ``MEGANEURA_PRECISION=f16``
+    where the device offers them (``engine.runtime.device_capabilities``).
     """
 
     subgroups: bool = False
     workgroup_storage: int = 32768   # bytes of workgroup memory a kernel may use (lavapipe: 32 KiB)
+    dialect: str = field(default_factory=lambda: default_dialect())   # "naga" or "tint"
+    matmul_f16: bool = False
 
     @classmethod
-    def from_features(cls, features, workgroup_storage: int | None = None) -> "Capabilities":
+    def from_features(cls, features, workgroup_storage: int | None = None, dialect: str | None = None,
+                      precision: str = "f32") -> "Capabilities":
         """The capabilities a device with these wgpu feature names (and this much
-        workgroup memory, default 32 KiB) gives."""
-        return cls(subgroups="subgroup" in {str(f) for f in features},
-                   workgroup_storage=int(workgroup_storage or cls.workgroup_storage))
+        workgroup memory, default 32 KiB) gives, for kernels compiled by ``dialect``'s
+        compiler; ``precision`` "f16" takes the cooperative-matrix matmul where offered."""
+        names = {str(f) for f in features}
+        dialect = dialect or default_dialect()
+        coop = SUBGROUP_MATRIX_FEATURE in names and "shader-f16" in names and dialect == "tint"
+        return cls(subgroups=bool(names & {"subgroup", "subgroups"}),
+                   workgroup_storage=int(workgroup_storage or cls.workgroup_storage),
+                   dialect=dialect, matmul_f16=coop and precision == "f16")
 
     def describe(self) -> dict:
         """Which path each archetype takes (``meganeura doctor`` and the plan show it)."""
         q = attention_queries(64, self)
         return {"reductions": "subgroup" if self.subgroups else "workgroup memory",
-                "matmul": "register-blocked f32 (vec4 loads where the layout allows)",
+                "matmul": ("cooperative matrices: f16 operands, f32 accumulation (the forward's products "
+                           "of at least 16 x 16 x 16; gradients and the rest register-blocked f32)"
+                           if self.matmul_f16 else
+                           "register-blocked f32 (vec4 loads where the layout allows)"),
                 "attention": f"flash, {q} queries x {ATTENTION_KEYS} keys a workgroup at head dim 64 "
                              f"({self.workgroup_storage // 1024} KiB of workgroup memory)"}
+
+
+SUBGROUP_MATRIX_FEATURE = "chromium-experimental-subgroup-matrix"
+PRECISIONS = ("f32", "f16")
+
+
+def default_dialect() -> str:
+    """The WGSL dialect of the process's wgpu backend (``MEGANEURA_WGPU``): Tint's for
+    Dawn, naga's otherwise; what capabilities written without one compile for."""
+    return "tint" if os.environ.get("MEGANEURA_WGPU") == "dawn" else "naga"
+
+
+def precision() -> str:
+    """The matmul precision asked for: ``MEGANEURA_PRECISION`` ("f32", the default, or
+    "f16": f16 operands on the cooperative-matrix units where the device has them)."""
+    value = os.environ.get("MEGANEURA_PRECISION") or "f32"
+    if value not in PRECISIONS:
+        raise DeviceError(f"MEGANEURA_PRECISION={value!r} is not one of {', '.join(PRECISIONS)}")
+    return value
 
 
 PLAIN = Capabilities()
@@ -190,9 +223,11 @@ def _finish(name, archetype, template, operand_names, operand_types, out_type, m
     prelude = _render("common.wgsl", META_N=n4)
     text = _template(template)
     reduce, sg = "wg_reduce.wgsl", {"SG_ARGS": "", "SG_INIT": ""}
+    enables = list(enables)
     if caps.subgroups and "{{WG_REDUCE}}" in text:
-        # naga takes subgroup built-ins without an `enable` (it rejects `enable subgroups;`)
         reduce, sg = "wg_reduce_subgroup.wgsl", {"SG_ARGS": _SG_ARGS, "SG_INIT": _SG_INIT}
+        if caps.dialect == "tint":
+            enables.append("subgroups")
     if "{{THREAD_XY}}" in text:
         subs.setdefault("THREAD_XY", _thread_xy("warp" if archetype == "attention" else "rows"))
     source = _render(template, PRELUDE=prelude, WG_REDUCE=_template(reduce),
@@ -213,7 +248,7 @@ POINTWISE_EXPR = {
     "rsqrt": "(1.0 / sqrt({0}))",
     "reciprocal": "(1.0 / {0})",
     "abs": "abs({0})",
-    "relu": "select({0}, 0.0, {0} < 0.0)",  # keeps NaN, as numpy and torch do
+    "relu": "relu_({0})",  # keeps NaN, as numpy and torch do
     "sigmoid": "sigmoid_({0})",
     "tanh": "tanh_({0})",
     "silu": "({0} * sigmoid_({0}))",
@@ -228,7 +263,7 @@ POINTWISE_EXPR = {
     "abs_grad": "({0} * sign({1}))",
 }
 
-ACTIVATION_EXPR = {"none": "x", "relu": "select(x, 0.0, x < 0.0)", "silu": "x * sigmoid_(x)",
+ACTIVATION_EXPR = {"none": "x", "relu": "relu_(x)", "silu": "x * sigmoid_(x)",
                    "gelu": "gelu_(x)", "gelu_tanh": "gelu_tanh_(x)"}
 
 
@@ -408,7 +443,7 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
             j += 1
         if not epi:
             epi.append("    v = act(v);")
-    variant = "simple" if norm else matmul_variant(m_, n_, max(nbatch, 1), k_, ta)
+    variant = "simple" if norm else matmul_variant(m_, n_, max(nbatch, 1), k_, ta, caps)
     tile_m, tile_n = _tile_of(variant)
     gx, gy = -(-n_ // tile_n), -(-m_ // tile_m)
     if max(gx, gy, nbatch) > MAX_WORKGROUPS:
@@ -425,11 +460,21 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     fetch_b = operand_fetch(words_b[:-2] + [words_b[-1], words_b[-2]], n_, k_)
     types[0] = "vec4<f32>" if fetch_a.endswith("vec4") else "f32"
     types[1] = "vec4<f32>" if fetch_b.endswith("vec4") else "f32"
-    tm, tn, bk, unroll, ty = TILED[variant]
-    note = (f"{tile_m}x{tile_n} tile, {tm}x{tn}/thread{'' if ty == 16 else f', {16 * ty} threads'}, BK {bk}"
-            f"{', unrolled' if unroll else ''}, A {fetch_a}, B {fetch_b}")
+    note = f"{_tile_note(variant)}, A {fetch_a}, B {fetch_b}"
     return _tiled_kernel(f"matmul:{node.op}", "matmul", names, types, meta, (gx, gy, max(nbatch, 1)), k_, note,
-                         common, _tiled_subs(variant, fetch_a, fetch_b), extras=len(extras))
+                         common, _tile_subs(variant, fetch_a, fetch_b, mnk=(m_, n_, k_)), extras=len(extras))
+
+
+def _tile_note(variant: str) -> str:
+    """How a tiled variant multiplies, for the plan's notes and the profiler."""
+    tile_m, tile_n = _tile_of(variant)
+    if variant in COOP:
+        c = COOP[variant]
+        return (f"{tile_m}x{tile_n} tile, cooperative f16 {COOP_FRAGMENT}x{COOP_FRAGMENT}x{COOP_FRAGMENT} -> f32, "
+                f"{c.wm * c.wn} subgroups, BK {c.bk}")
+    tm, tn, bk, unroll, ty = TILED[variant]
+    return (f"{tile_m}x{tile_n} tile, {tm}x{tn}/thread{'' if ty == 16 else f', {16 * ty} threads'}, BK {bk}"
+            f"{', unrolled' if unroll else ''}")
 
 
 def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, subs, extras=0) -> Kernel:
@@ -438,13 +483,15 @@ def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, s
     node: its K slices write raw sums to partials (the epilogue left out) and a second
     dispatch (matmul_splits.wgsl; bindings: the partials, the last ``extras`` operands,
     the output) adds them and applies the epilogue."""
+    subs = dict(subs)
+    enables = subs.pop("ENABLES", ())
     splits = matmul_splits(grid[0] * grid[1] * grid[2], k_, subs["BK"])
     if grid[2] * splits > MAX_WORKGROUPS:
         splits = 1
     first = common if splits == 1 else dict(common, EPILOGUE="",
                                             OPERANDS=_render("matmul_operands.wgsl", ACTIVATION="x"))
     k = _finish(name, archetype, "matmul_tiled.wgsl", names, types, "f32", meta,
-                (grid[0], grid[1], grid[2] * splits), **first, **subs)
+                (grid[0], grid[1], grid[2] * splits), enables=enables, **first, **subs)
     k.notes["variant"] = note
     k.guarded = True
     if splits > 1:
@@ -498,11 +545,14 @@ def _tile_of(variant: str) -> tuple[int, int]:
     """(rows, columns) of the output tile of a matmul kernel variant."""
     if variant == "simple":
         return TILE, TILE
+    if variant in COOP:
+        return COOP[variant].bm, COOP[variant].bn
     preset = TILED[variant]
     return preset.ty * preset.tm, 16 * preset.tn
 
 
-def matmul_variant(m_: int, n_: int, nbatch: int, k_: int = 0, transpose_a: bool = False) -> str:
+def matmul_variant(m_: int, n_: int, nbatch: int, k_: int = 0, transpose_a: bool = False,
+                   caps: "Capabilities" = None) -> str:
     """Which matmul kernel a (batched) m x n output with reduction length ``k_`` gets.
     Measured on an H100 (docs/benchmarks.md, run 5): the 128 x 128 tile with BK 8 is
     fastest once it makes at least two waves of workgroups (33 TFLOP/s at 4096^3; with
@@ -515,16 +565,36 @@ def matmul_variant(m_: int, n_: int, nbatch: int, k_: int = 0, transpose_a: bool
     slower in the same call, so 256 threads of 4 x 4 stay. Small or thinner outputs keep
     the 16 x 16 kernel unless K is long enough to split (run 15: 32 x 4096 x 4096 in
     0.206 ms on it, 0.115 ms on the 64 tile with K in 4 slices).
-    ``MEGANEURA_MATMUL`` forces one of ``MATMUL_KERNELS`` (benchmarks and tests)."""
+    With ``caps.matmul_f16`` every product of at least 16 x 16 x 16 takes a
+    cooperative-matrix kernel (``coop_variant``).
+    ``MEGANEURA_MATMUL`` forces one of ``MATMUL_KERNELS`` (benchmarks and tests; a
+    cooperative one only where ``caps`` allow it)."""
+    caps = caps or PLAIN
     forced = os.environ.get("MEGANEURA_MATMUL", "auto")
-    if forced in MATMUL_KERNELS:
+    if forced in MATMUL_KERNELS and (forced not in COOP or caps.matmul_f16):
         return forced
+    if caps.matmul_f16 and min(m_, n_, k_) >= COOP_FRAGMENT:
+        for variant in (coop_variant(m_, n_, nbatch), "c64"):
+            if coop_workgroup_bytes(variant) <= caps.workgroup_storage:
+                return variant
     tiles = lambda t: -(-m_ // t) * -(-n_ // t) * nbatch
     if tiles(128) >= 264:
         return "128k8u"
     if (tiles(64) >= 64 and min(m_, n_) >= 64) or split_rule(tiles(64), k_) > 1:
         return "64t128" if transpose_a else "64"
     return "simple"
+
+
+def coop_variant(m_: int, n_: int, nbatch: int) -> str:
+    """The cooperative-matrix tile for an m x n output: 128 x 128 where that still makes a
+    wave of workgroups on the H100's 132 SMs, else 128 x 64, else 64 x 64 (split-K then
+    fills the GPU where K is long)."""
+    tiles = lambda bm, bn: -(-m_ // bm) * -(-n_ // bn) * nbatch
+    if tiles(128, 128) >= 132:
+        return "c128"
+    if tiles(128, 64) >= 132:
+        return "c128x64"
+    return "c64"
 
 
 class TilePreset(NamedTuple):
@@ -543,12 +613,37 @@ class TilePreset(NamedTuple):
         return 16 * self.ty
 
 
+class CoopPreset(NamedTuple):
+    """A cooperative-matrix kernel: a ``bm`` x ``bn`` output tile, K steps of ``bk``, and
+    ``wm`` x ``wn`` subgroups of 32 threads, each owning a (bm / wm) x (bn / wn) block of
+    16 x 16 f32 accumulator fragments."""
+
+    bm: int
+    bn: int
+    bk: int
+    wm: int
+    wn: int
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.wm * self.wn
+
+
+# Measured on the H100 through Dawn at 4096^3 (docs/benchmarks.md, run 18): the 128 x 128
+# tile on 8 subgroups of 64 x 32 ran 111 TFLOP/s, on 4 of 64 x 64 91 (more registers a
+# thread), with BK 16 67; the 128 x 64 tile 61, the 64 x 64 one 73 (it fills the GPU on
+# outputs of fewer tiles), on 2 subgroups 59.
+COOP = {"c128": CoopPreset(128, 128, 32, 2, 4), "c128x64": CoopPreset(128, 64, 32, 2, 2),
+        "c64": CoopPreset(64, 64, 32, 2, 2)}
+COOP_FRAGMENT = 16   # the subgroup-matrix shape used: f16 16 x 16 x 16 -> f32
+COOP_ENABLES = ("f16", "chromium_experimental_subgroup_matrix")
+
 TILED = {"64": TilePreset(4, 4, 16, False), "64u": TilePreset(4, 4, 16, True),
          "128x64": TilePreset(8, 4, 16, False), "128x64u": TilePreset(8, 4, 16, True),
          "128": TilePreset(8, 8, 16, False), "128u": TilePreset(8, 8, 16, True),
          "128k8": TilePreset(8, 8, 8, False), "128k8u": TilePreset(8, 8, 8, True),
          "64t128": TilePreset(8, 4, 16, False, ty=8), "64t128u": TilePreset(8, 4, 16, True, ty=8)}
-MATMUL_KERNELS = ("simple", *TILED)
+MATMUL_KERNELS = ("simple", *TILED, *COOP)
 
 # The two tiled operands as one description each: A's tile runs along m ("outer") and k,
 # B's along n and k; both are stored k-major in workgroup memory.
@@ -574,20 +669,31 @@ def operand_fetch(strides, outer_extent: int, k_extent: int) -> str:
     return "outer-scalar" if s_outer <= s_k else "k-scalar"
 
 
-def _fetch_operand(name: str, fetch: str, tile: int, bk: int, gather=None, threads: int = 256):
+def _fetch_operand(name: str, fetch: str, tile: int, bk: int, gather=None, threads: int = 256,
+                   edges: str = "checked"):
     """WGSL that fetches one operand's tile of ``tile`` x ``bk`` elements (``threads`` threads):
     (per-thread index constants, register declarations, loads of step ``kb`` into the
     registers, the registers as (name, outer index, k index)). A vec4 register holds 4
     elements consecutive along the axis ``fetch`` names. ``gather(go, gk)`` (scalar
     fetches only) replaces the strided address by (setup lines, validity, address) of
     the element at outer index ``go``, k index ``gk``: an implicit-GEMM convolution
-    reads its im2col matrix this way, straight from the tensor."""
+    reads its im2col matrix this way, straight from the tensor.
+
+    ``edges`` says how a thread's fetches are checked against the operand's bounds:
+    "checked", each element (the only way with a gather); "none", the operand's extent
+    and K are multiples of the tile, so no fetch is ever outside; "tiles", a tile that
+    lies wholly inside the operand (a workgroup-uniform test, so no divergence) loads
+    unchecked and only edge tiles check each element. Unchecked fetches address each
+    register at a fixed distance from the first (``_strided_loads``). On the H100 the
+    cooperative kernel ran 82 TFLOP/s at 4096^3 checked, 111 with "tiles" and 151 with
+    "none": an edge path costs registers even where it never runs (run 18)."""
     p = _TILE_OPERANDS[name]
     vec = fetch.endswith("vec4")
     along_outer = fetch.startswith("outer")
     count = tile * bk // threads // (4 if vec else 1)
     width = (tile if along_outer else bk) // (4 if vec else 1)  # threads along the fast axis
-    consts, decl, load, regs = [], [], [], []
+    consts, decl, edge, regs = [], [], [], []
+    zero = "vec4<f32>(0.0)" if vec else "0.0"
     for i in range(count):
         e, r = f"(tid + {threads * i}u)", f"{name}r{i}"
         fast, slow = f"{e} % {width}u", f"{e} / {width}u"
@@ -599,20 +705,53 @@ def _fetch_operand(name: str, fetch: str, tile: int, bk: int, gather=None, threa
         consts.append(f"    let {name}o{i} = {o};")
         consts.append(f"    let {name}k{i} = {kk};")
         go, gk = f"{p['origin']} + {name}o{i}", f"kb + {name}k{i}"
-        zero = "vec4<f32>(0.0)" if vec else "0.0"
         addr = f"{p['base']} + ({go}) * {p['s_outer']} + ({gk}) * {p['s_k']}"
         decl.append(f"    var {r} = {zero};")
-        load.append(f"        {r} = {zero};")
+        edge.append(f"        {r} = {zero};")
         if gather is not None:
             setup, valid, where = gather("go", "gk")
-            load.append(f"        {{ let go = {go}; let gk = kb + {name}k{i};")
-            load += [f"          {line}" for line in setup]
-            load.append(f"          if ({valid}) {{ {r} = {p['src']}[{where}]; }} }}")
+            edge.append(f"        {{ let go = {go}; let gk = kb + {name}k{i};")
+            edge += [f"          {line}" for line in setup]
+            edge.append(f"          if ({valid}) {{ {r} = {p['src']}[{where}]; }} }}")
         else:
-            load.append(f"        if ({go} < {p['extent']} && {gk} < K) "
+            edge.append(f"        if ({go} < {p['extent']} && {gk} < K) "
                         f"{{ {r} = {p['src']}[{'(' + addr + ') >> 2u' if vec else addr}]; }}")
         regs.append((r, f"{name}o{i}", f"{name}k{i}"))
+    if gather is not None or threads % width or edges == "checked":
+        return consts, decl, edge, regs
+    first, inner = _strided_loads(name, fetch, threads // width)
+    consts += first
+    loads = [f"{r} = {p['src']}[{inner} + {i}u * {name}q];" for i, (r, _, _) in enumerate(regs)]
+    if edges == "none":
+        return consts, decl, [f"        {line}" for line in loads], regs
+    inside = f"{p['origin']} + {tile}u <= {p['extent']} && kb + {bk}u <= K"
+    load = [f"        if ({inside}) {{", *(f"            {line}" for line in loads),
+            "        } else {", *(f"    {line}" for line in edge), "        }"]
     return consts, decl, load, regs
+
+
+def _strided_loads(name: str, fetch: str, rows: int) -> tuple[list[str], str]:
+    """The addresses of a thread's fetches of one operand: register i sits ``rows`` rows
+    of the slow axis after register i - 1, so one base (``{name}p``, at k = 0) and one
+    step (``{name}q``) address them all. A vec4 fetch is addressed in vec4s: its
+    strides other than the unit one, its batch offset and its coordinates along the unit
+    axis are multiples of 4 (``operand_fetch``). Returns (lines before the loop, the
+    address of register 0 at step ``kb``)."""
+    p = _TILE_OPERANDS[name]
+    base, origin, s_o, s_k = p["base"], p["origin"], p["s_outer"], p["s_k"]
+    o0, k0 = f"{name}o0", f"{name}k0"
+    if fetch == "k-vec4":       # s_k == 1: k runs along the vec4
+        first = [f"    let {name}p = ({base} >> 2u) + ({origin} + {o0}) * ({s_o} >> 2u) + ({k0} >> 2u);",
+                 f"    let {name}q = {rows}u * ({s_o} >> 2u);"]
+        return first, f"{name}p + (kb >> 2u)"
+    if fetch == "outer-vec4":   # s_outer == 1
+        first = [f"    let {name}p = ({base} >> 2u) + (({origin} + {o0}) >> 2u) + {k0} * ({s_k} >> 2u);",
+                 f"    let {name}q = {rows}u * ({s_k} >> 2u);"]
+        return first, f"{name}p + kb * ({s_k} >> 2u)"
+    slow = s_k if fetch == "outer-scalar" else s_o
+    first = [f"    let {name}p = {base} + ({origin} + {o0}) * {s_o} + {k0} * {s_k};",
+             f"    let {name}q = {rows}u * {slow};"]
+    return first, f"{name}p + kb * {s_k}"
 
 
 def _store_tiled(name: str, fetch: str, regs) -> list[str]:
@@ -631,10 +770,128 @@ def _store_tiled(name: str, fetch: str, regs) -> list[str]:
     return out
 
 
-def _tiled_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=None, lets=()) -> dict:
+def _coop_layout(fetch: str) -> str:
+    """How the cooperative kernel lays an operand's f16 tile out: along the axis it is
+    fetched along, so that a thread's 4 fetched elements land side by side ("k-major":
+    element (o, k) at k * slots + o; "outer-major": at o * slots + k)."""
+    return "k-major" if fetch.startswith("outer") else "outer-major"
+
+
+def _store_coop(name: str, fetch: str, regs) -> list[str]:
+    """Stores of the fetched registers, rounded to f16, into buffer ``buf`` of the
+    cooperative kernel's f16 tile (``_coop_layout``)."""
+    p = _TILE_OPERANDS[name]
+    tile, slots = f"{p['smem'][0]}h", p["slots"]
+    one = "ABUF" if name == "a" else "BBUF"
+    if _coop_layout(fetch) == "k-major":
+        at = lambda k, o: f"{tile}[buf * {one} + ({k}) * {slots} + {o}]"
+    else:
+        at = lambda k, o: f"{tile}[buf * {one} + ({o}) * {slots} + {k}]"
+    out = []
+    for r, o, k in regs:
+        if fetch.endswith("vec4"):
+            place = (lambda j: (k, f"{o} + {j}u")) if fetch.startswith("outer") else (lambda j: (f"{k} + {j}u", o))
+            out.append(f"        {{ let h = vec4<f16>({r}); " +
+                       " ".join(f"{at(*place(j))} = h.{c};" for j, c in enumerate("xyzw")) + " }")
+        else:
+            out.append(f"        {at(k, o)} = f16({r});")
+    return out
+
+
+def _coop_fragment(name: str, fetch: str, outer: str, kk: int) -> str:
+    """subgroupMatrixLoad of one 16 x 16 f16 fragment: A's (left, rows m) or B's
+    (right, columns n) at outer offset ``outer`` and k step ``kk`` of the current buffer."""
+    f = COOP_FRAGMENT
+    kind, tile, base, slots = (("left", "Ah", "ab", "AS") if name == "a" else ("right", "Bh", "bb", "BS"))
+    if _coop_layout(fetch) == "k-major":
+        offset, along_k = f"{base} + {kk * f}u * {slots} + {outer}", name == "a"
+    else:
+        offset, along_k = f"{base} + ({outer}) * {slots} + {kk * f}u", name == "b"
+    return (f"subgroupMatrixLoad<subgroup_matrix_{kind}<f16, {f}, {f}>>(&{tile}, {offset}, "
+            f"{'true' if along_k else 'false'}, {slots})")
+
+
+def _coop_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=None, lets=(),
+               aligned=(False, False)) -> dict:
+    """matmul_tiled.wgsl's generated parts for a ``COOP`` preset: the operands are fetched
+    as for the f32 kernel (``_fetch_operand``), rounded to f16 into tiles laid out along
+    their fetch (``_coop_layout``), and each subgroup multiplies its fragments with
+    subgroupMatrixMultiplyAccumulate (each fragment loaded column- or row-major to
+    match its tile). The accumulators leave one fragment at a time through the
+    subgroup's 16 x 16 f32 scratch, each lane passing its share to store() (epilogue,
+    bounds). ``aligned``: whether A's and B's tiles always lie inside them (no edge path
+    for that operand); otherwise only their edge tiles check each element."""
+    c = COOP[preset]
+    f = COOP_FRAGMENT
+    fm, fn = c.bm // c.wm // f, c.bn // c.wn // f
+    frags = [(i, j) for i in range(fm) for j in range(fn)]
+    decl = [f"    var acc{i}_{j} = subgroup_matrix_result<f32, {f}, {f}>();" for i, j in frags]
+    decl += [f"    let wrow = sg / {c.wn}u * {c.bm // c.wm}u;", f"    let wcol = sg % {c.wn}u * {c.bn // c.wn}u;"]
+    comp = []
+    for kk in range(c.bk // f):
+        comp += [f"        let l{kk}_{i} = {_coop_fragment('a', fetch_a, f'wrow + {i * f}u', kk)};" for i in range(fm)]
+        comp += [f"        let r{kk}_{j} = {_coop_fragment('b', fetch_b, f'wcol + {j * f}u', kk)};" for j in range(fn)]
+        comp += [f"        acc{i}_{j} = subgroupMatrixMultiplyAccumulate(l{kk}_{i}, r{kk}_{j}, acc{i}_{j});"
+                 for i, j in frags]
+    store = []
+    for i, j in frags:
+        store += [f"    subgroupMatrixStore(&Cs, sg * {f * f}u, acc{i}_{j}, false, {f}u);",
+                  "    workgroupBarrier();",
+                  f"    for (var q = lane; q < {f * f}u; q = q + sg_size) {{",
+                  f"        store(b, wg.z, row0 + wrow + {i * f}u + q / {f}u, col0 + wcol + {j * f}u + q % {f}u,"
+                  f" Cs[sg * {f * f}u + q]);",
+                  "    }",
+                  "    workgroupBarrier();"]
+    edges = ["none" if ok else "tiles" for ok in aligned]
+    ca, da, la, ra = _fetch_operand("a", fetch_a, c.bm, c.bk, gather_a, c.threads, edges[0])
+    cb, db, lb, rb = _fetch_operand("b", fetch_b, c.bn, c.bk, gather_b, c.threads, edges[1])
+    # f16 slots per row of each tile, padded by 8 against bank conflicts (rows stay 16-byte aligned)
+    (a_slots, a_buf), (b_slots, b_buf) = (_coop_tile(fetch, tile, c.bk) for fetch, tile in ((fetch_a, c.bm),
+                                                                                           (fetch_b, c.bn)))
+    smem = (f"var<workgroup> Ah: array<f16, {2 * a_buf}>;\n"
+            f"var<workgroup> Bh: array<f16, {2 * b_buf}>;\n"
+            f"var<workgroup> Cs: array<f32, {c.threads // 32 * f * f}>;")
+    args = (",\n        @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32,"
+            " @builtin(subgroup_size) sg_size: u32")
+    return dict(BM=c.bm, BN=c.bn, BK=c.bk, TM=f, TN=f, AS=a_slots, BS=b_slots, ABUF=a_buf, BBUF=b_buf,
+                THREADS=c.threads, SMEM=smem, ARGS=args, ENABLES=COOP_ENABLES, THREAD_XY="",
+                ACC_DECL="\n".join(decl), COMPUTE="\n".join(comp), STORE_OUT="\n".join(store),
+                LOAD_DECL="\n".join([*lets, *ca, *cb, *da, *db]), LOAD="\n".join(la + lb),
+                STORE="\n".join(_store_coop("a", fetch_a, ra) + _store_coop("b", fetch_b, rb)))
+
+
+def _coop_tile(fetch: str, tile: int, bk: int) -> tuple[int, int]:
+    """(f16 slots a row, f16 elements a buffer) of one operand's tile."""
+    slots = (tile if _coop_layout(fetch) == "k-major" else bk) + 8
+    return slots, slots * (bk if _coop_layout(fetch) == "k-major" else tile)
+
+
+def coop_workgroup_bytes(preset: str) -> int:
+    """Workgroup memory of a cooperative kernel at most (the larger tile layout): two f16
+    buffers of each operand tile and the subgroups' f32 scratch."""
+    c = COOP[preset]
+    buf = lambda tile: max(_coop_tile(fetch, tile, c.bk)[1] for fetch in ("outer-vec4", "k-vec4"))
+    return 2 * 2 * (buf(c.bm) + buf(c.bn)) + 4 * c.threads // 32 * COOP_FRAGMENT ** 2
+
+
+def _tile_subs(variant: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=None, lets=(),
+               mnk=(0, 0, 0)) -> dict:
+    """matmul_tiled.wgsl's generated parts for any tiled variant, f32 or cooperative, for
+    an m x n x k product (which operand tiles always lie inside their operand)."""
+    make = _coop_subs if variant in COOP else _tiled_subs
+    (bm, bn), bk = _tile_of(variant), (COOP[variant].bk if variant in COOP else TILED[variant].bk)
+    m_, n_, k_ = mnk
+    aligned = (m_ % bm == 0 and k_ % bk == 0 and m_ > 0, n_ % bn == 0 and k_ % bk == 0 and n_ > 0)
+    return make(variant, fetch_a, fetch_b, gather_a, gather_b, lets, aligned)
+
+
+def _tiled_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=None, lets=(),
+                aligned=(False, False)) -> dict:
     """The generated parts of matmul_tiled.wgsl for a ``TILED`` preset and the given
     operand fetches (see ``operand_fetch`` and ``_fetch_operand``); ``lets`` are extra
-    lines at the top of the kernel (values the gathers read)."""
+    lines at the top of the kernel (values the gathers read). An operand whose tiles
+    always lie inside it (``aligned``) is fetched unchecked; the others check each
+    element, as before run 18 (the f32 kernels were not measured with edge tiles apart)."""
     tm, tn, bk, unroll, ty = TILED[preset]
     bm, bn = ty * tm, 16 * tn
     gs, hs = range(tm // 4), range(tn // 4)
@@ -661,11 +918,14 @@ def _tiled_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b
                 for j, x in enumerate("xyzw"):
                     store.append(f"    store(b, wg.z, r{g}{i}, col0 + {64 * h + j}u + tx * 4u, c{g}{i}_{h}.{x});")
     threads = TILED[preset].threads
-    ca, da, la, ra = _fetch_operand("a", fetch_a, bm, bk, gather_a, threads)
-    cb, db, lb, rb = _fetch_operand("b", fetch_b, bn, bk, gather_b, threads)
+    edges = ["none" if ok else "checked" for ok in aligned]
+    ca, da, la, ra = _fetch_operand("a", fetch_a, bm, bk, gather_a, threads, edges[0])
+    cb, db, lb, rb = _fetch_operand("b", fetch_b, bn, bk, gather_b, threads, edges[1])
     sa, sb = _store_tiled("a", fetch_a, ra), _store_tiled("b", fetch_b, rb)
+    smem = (f"var<workgroup> As: array<vec4<f32>, {2 * bk * (bm // 4 + 1)}>;\n"
+            f"var<workgroup> Bs: array<vec4<f32>, {2 * bk * (bn // 4 + 1)}>;")
     return dict(BM=bm, BN=bn, BK=bk, TM=tm, TN=tn, AS=bm // 4 + 1, BS=bn // 4 + 1, THREADS=threads,
-                A_SLOTS=2 * bk * (bm // 4 + 1), B_SLOTS=2 * bk * (bn // 4 + 1),
+                ABUF=bk * (bm // 4 + 1), BBUF=bk * (bn // 4 + 1), SMEM=smem, ARGS="",
                 ACC_DECL=decl, COMPUTE="\n".join(comp), STORE_OUT="\n".join(store),
                 LOAD_DECL="\n".join([*lets, *ca, *cb, *da, *db]), LOAD="\n".join(la + lb),
                 STORE="\n".join(sa + sb))
@@ -682,11 +942,11 @@ _ROW_MODES = {
     for (var i = t; i < N; i = i + 256u) { s = s + x[base + i]; }
     s = wg_sum(s, t);
     if (t == 0u) { out[row] = s / f32(N); }""",
-    "max": """    var s = -3.4028235e38;
+    "max": """    var s = -3.4028234e38;
     for (var i = t; i < N; i = i + 256u) { s = max(s, x[base + i]); }
     s = wg_max(s, t);
     if (t == 0u) { out[row] = s; }""",
-    "softmax": """    var mx = -3.4028235e38;
+    "softmax": """    var mx = -3.4028234e38;
     for (var i = t; i < N; i = i + 256u) { mx = max(mx, x[base + i]); }
     mx = wg_max(mx, t);
     var s = 0.0;
@@ -694,7 +954,7 @@ _ROW_MODES = {
     s = wg_sum(s, t);
     let inv = 1.0 / s;
     for (var i = t; i < N; i = i + 256u) { out[base + i] = exp(x[base + i] - mx) * inv; }""",
-    "log_softmax": """    var mx = -3.4028235e38;
+    "log_softmax": """    var mx = -3.4028234e38;
     for (var i = t; i < N; i = i + 256u) { mx = max(mx, x[base + i]); }
     mx = wg_max(mx, t);
     var s = 0.0;
@@ -741,7 +1001,7 @@ LOSS_CHUNK = 4096  # elements per workgroup of the elementwise losses
 
 _LOSS_ROWS = {
     "cross_entropy": """    let label = labels[row];
-    var mx = -3.4028235e38;
+    var mx = -3.4028234e38;
     for (var i = t; i < N; i = i + 256u) { mx = max(mx, logits[base + i]); }
     mx = wg_max(mx, t);
     var s = 0.0;
@@ -753,7 +1013,7 @@ _LOSS_ROWS = {
         out[2u * row] = select(0.0, mx + log(s) - logits[base + li], kept);
         out[2u * row + 1u] = select(0.0, 1.0, kept);
     }""",
-    "soft_cross_entropy": """    var mx = -3.4028235e38;
+    "soft_cross_entropy": """    var mx = -3.4028234e38;
     for (var i = t; i < N; i = i + 256u) { mx = max(mx, logits[base + i]); }
     mx = wg_max(mx, t);
     var s = 0.0;
@@ -1017,18 +1277,18 @@ def _conv(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     # bindings follow the node's inputs: B (x or dout) comes first in all three ops
     names = ["b_in", "a_in"] + (["add_in"] if has_bias else [])
     types = ["f32", "vec4<f32>" if fetch_a.endswith("vec4") else "f32"] + (["f32"] if has_bias else [])
-    preset = matmul_variant(m_, n_, nbatch, k_)
+    preset = matmul_variant(m_, n_, nbatch, k_, caps=caps)
     preset = "64" if preset == "simple" else preset
     tile_m, tile_n = _tile_of(preset)
     grid = (-(-n_ // tile_n), -(-m_ // tile_m), nbatch)
     if max(grid) > MAX_WORKGROUPS:
         raise DeviceError(f"{graph.format_node(node)}: convolution grid {grid} exceeds {MAX_WORKGROUPS} "
                           f"workgroups per dimension")
-    tm, tn = TILED[preset].tm, TILED[preset].tn
     common = dict(BR=1, OPERANDS=_render("matmul_operands.wgsl", ACTIVATION="x"), EPILOGUE="\n".join(epilogue))
     return _tiled_kernel(f"conv:{node.op}", "conv", names, types, meta, grid, k_,
-                         f"implicit GEMM {m_}x{n_}x{k_}, {tile_m}x{tile_n} tile, {tm}x{tn}/thread", common,
-                         _tiled_subs(preset, fetch_a, fetch_b, gather_a, gather_b, lets), extras=int(has_bias))
+                         f"implicit GEMM {m_}x{n_}x{k_}, {_tile_note(preset)}", common,
+                         _tile_subs(preset, fetch_a, fetch_b, gather_a, gather_b, lets, (m_, n_, k_)),
+                         extras=int(has_bias))
 
 
 def attention_variant(head_dim: int) -> str:
@@ -1398,7 +1658,7 @@ _ROW_KERNELS = {
     }"""),
     "norm_grad_w": (["dout", "x"], _NORM_STATS + """
     for (var i = t; i < N; i = i + 256u) { out[base + i] = dout[base + i] * (x[base + i] - mu) * r; }"""),
-    "max_grad": (["dout", "x"], """    var mx = -3.4028235e38;
+    "max_grad": (["dout", "x"], """    var mx = -3.4028234e38;
     for (var i = t; i < N; i = i + 256u) { mx = max(mx, x[base + i]); }
     mx = wg_max(mx, t);
     var ties = 0.0;
@@ -1410,7 +1670,7 @@ _ROW_KERNELS = {
     for (var r = t; r < rows; r = r + 256u) { kept = kept + select(1.0, 0.0, labels[r] == ignore); }
     kept = wg_sum(kept, t);
     let label = labels[row];
-    var mx = -3.4028235e38;
+    var mx = -3.4028234e38;
     for (var i = t; i < N; i = i + 256u) { mx = max(mx, logits[base + i]); }
     mx = wg_max(mx, t);
     var s = 0.0;
@@ -1491,8 +1751,40 @@ def unsupported_ops() -> list[str]:
     return sorted(n for n, d in OPS.items() if n not in _BUILDERS and d.archetype not in ("source", "view"))
 
 
+_FORWARD: dict[int, tuple[Graph, int, frozenset]] = {}
+
+
+def forward_nodes(graph: Graph) -> frozenset:
+    """The nodes of ``graph`` that compute forward values: in a training graph (one with
+    ``grad:`` outputs) the ancestors of its ``loss``, elsewhere every node. Gradients
+    leave f16's range where activations do not: audio-align's first gradient norm is
+    7.8e21, and its training on f16 weight and input gradients stopped at step 0 with
+    an infinite norm (run 18), so backward matmuls stay f32 (loss scaling, as torch's
+    AMP does, would let them use f16 too)."""
+    hit = _FORWARD.get(id(graph))
+    if hit is not None and hit[0] is graph and hit[1] == len(graph.nodes):
+        return hit[2]
+    if "loss" in graph.outputs and any(name.startswith("grad:") for name in graph.outputs):
+        found, stack = set(), [graph.outputs["loss"]]
+        while stack:
+            i = stack.pop()
+            if i not in found:
+                found.add(i)
+                stack += graph[i].inputs
+        nodes = frozenset(found)
+    else:
+        nodes = frozenset(n.id for n in graph.nodes)
+    if len(_FORWARD) > 64:
+        _FORWARD.clear()
+    _FORWARD[id(graph)] = (graph, len(graph.nodes), nodes)
+    return nodes
+
+
 def kernel_for(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
-    """The kernel that runs ``node`` (one dispatch) on a device with ``caps``."""
+    """The kernel that runs ``node`` (one dispatch) on a device with ``caps``. Only the
+    forward computes in f16 (``forward_nodes``): the backward keeps f32."""
+    if caps.matmul_f16 and node.id not in forward_nodes(graph):
+        caps = replace(caps, matmul_f16=False)
     builder = _BUILDERS.get(node.op)
     if builder is None:
         raise UnsupportedOpError(

@@ -28,10 +28,16 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights", metavar="FILE", help="weights (.safetensors) to load")
     parser.add_argument("--seed", type=int, default=0, help="seed of the initial weights and data")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    parser.add_argument("--precision", choices=("f32", "f16"),
+                        help="matmul operands: f32 (default) or f16 on the GPU's cooperative-matrix units, "
+                             "accumulating in f32 (needs MEGANEURA_WGPU=dawn and a GPU that has them; "
+                             "elsewhere f32); sets MEGANEURA_PRECISION")
 
 
 def load_model(args) -> tuple[models.BuiltinModel, dict[str, np.ndarray]]:
     """The configured model and its parameters (from --weights, else freshly initialised)."""
+    if getattr(args, "precision", None):
+        os.environ["MEGANEURA_PRECISION"] = args.precision
     model = models.create(args.model, args.settings)
     params = model.load_weights(args.weights) if args.weights else model.init_params(args.seed)
     return model, params
@@ -213,8 +219,15 @@ def adapter_summary(backend: str) -> dict | None:
     if backend != "gpu":
         return None
     from .device import adapter_info
-    info = adapter_info()
-    return {k: info[k] for k in ("name", "backend", "software")}
+    return adapter_fields(adapter_info())
+
+
+def adapter_fields(info: dict) -> dict:
+    """The adapter as the JSON outputs give it: name, backend, software, the wgpu
+    implementation (native or dawn) and the precision matmuls run in on it."""
+    from .runtime import device_capabilities
+    return {**{k: info[k] for k in ("name", "backend", "software", "wgpu")},
+            "matmul_precision": "f16" if device_capabilities().matmul_f16 else "f32"}
 
 
 def _train(args):

@@ -540,13 +540,14 @@ def _gradient_norm(b: _PlanBuilder, groups: list[ParameterGroup]) -> tuple[int, 
 
 
 def _updates(b: _PlanBuilder, spec: OptimizerSpec, groups: list[ParameterGroup], stats: int) -> int:
-    """One in-place update per group (a rule with fewer than two states binds an unused
-    buffer in their place); returns the step buffer they read the step's values from."""
+    """One in-place update per group (a rule with fewer than two states binds unused
+    buffers in their place, one each: WebGPU forbids two writable bindings of one range,
+    and Dawn checks it); returns the step buffer they read the step's values from."""
     step = b.new_buffer(16, "step", ["lr, bias corrections"])
-    unused = b.new_buffer(16, "unused", ["optimizer state of a rule without one"]) \
-        if any(len(grp.state_buffers) < 2 for grp in groups) else None
+    missing = 2 - min((len(grp.state_buffers) for grp in groups), default=2)
+    unused = [b.new_buffer(16, "unused", ["optimizer state of a rule without one"]) for _ in range(missing)]
     for gi, grp in enumerate(groups):
-        states = grp.state_buffers + [unused] * (2 - len(grp.state_buffers))
+        states = grp.state_buffers + unused[:2 - len(grp.state_buffers)]
         kernel = codegen.optimizer_kernel(grp.elements, spec.kind, grp.lr_multiplier, grp.weight_decay,
                                           spec.momentum, spec.betas, spec.eps, spec.clip_norm)
         reads = [grp.gradient_buffer, stats, step]

@@ -1,4 +1,13 @@
-"""The GPU adapter and device (wgpu-py), and the versions of what we run on.
+"""The GPU adapter and device, and the versions of what we run on.
+
+Two implementations of one API (wgpu-py's) can run the engine: wgpu-py on wgpu-native
+(naga compiles the WGSL; the default, and the only one that runs on Debian 12's
+lavapipe) and wgpudawn on Google's Dawn (Tint compiles it; it alone lets a kernel use
+the GPU's cooperative matrices, wgpu-native 29 refusing every experimental feature).
+``MEGANEURA_WGPU=native|dawn`` picks one per process (``backend()``); ``wgpu_module()``
+is the module of the one picked, and the few calls outside wgpu-py's API (shader
+modules without runtime checks, recording dispatches through the C functions,
+timestamps inside passes) ask ``backend()`` which native layer they talk to.
 
 One device per process: ``get_device()`` creates it on first use and returns the
 same object afterwards. ``adapter_info()`` describes the adapter wgpu chose
@@ -9,18 +18,31 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+import os
 import platform
+import re
 import threading
 from importlib import metadata
 
 from .errors import DeviceError
 
-# Features the engine can use when the adapter offers them. wgpu spells them in
-# kebab-case; subgroups and cooperative matrices have had several names across
+# Features the engine can use when the adapter offers them, by each backend's names
+# (kebab-case). Subgroups and cooperative matrices have had several names across
 # wgpu-native releases, hence the loose matching in _interesting_features().
-WANTED_FEATURES = ("timestamp-query", "timestamp-query-inside-passes", "shader-f16", "subgroup")
-_INTERESTING_EXACT = ("timestamp-query", "timestamp-query-inside-passes", "shader-f16")
-_INTERESTING_PREFIXES = ("subgroup", "cooperative-matri", "cooperative_matri", "coop-matri")
+WANTED_FEATURES = {
+    "native": ("timestamp-query", "timestamp-query-inside-passes", "shader-f16", "subgroup"),
+    "dawn": ("timestamp-query", "chromium-experimental-timestamp-query-inside-passes", "shader-f16",
+             "subgroups", "chromium-experimental-subgroup-matrix"),
+}
+INSIDE_PASSES = ("timestamp-query-inside-passes", "chromium-experimental-timestamp-query-inside-passes")
+SUBGROUP_MATRIX = "chromium-experimental-subgroup-matrix"
+_INTERESTING_EXACT = ("timestamp-query", "shader-f16", *INSIDE_PASSES)
+_INTERESTING_PREFIXES = ("subgroup", "cooperative-matri", "cooperative_matri", "coop-matri", SUBGROUP_MATRIX)
+
+BACKENDS = ("native", "dawn")
+# Dawn's toggles: its experimental features (subgroup matrices, timestamps inside
+# passes) need allow_unsafe_apis, and it keeps f16 off on NVIDIA's Vulkan driver unless asked.
+DAWN_INSTANCE_TOGGLES = ("allow_unsafe_apis", "vulkan_enable_f16_on_nvidia")
 
 LIMIT_NAMES = (
     "max_storage_buffer_binding_size",
@@ -43,15 +65,73 @@ _adapter = None
 _device = None
 
 
-def _wgpu():
+def backend() -> str:
+    """The wgpu implementation this process runs on: ``MEGANEURA_WGPU`` ("native", the
+    default: wgpu-py on wgpu-native; or "dawn": wgpudawn)."""
+    name = os.environ.get("MEGANEURA_WGPU") or "native"
+    if name not in BACKENDS:
+        raise DeviceError(f"MEGANEURA_WGPU={name!r} is not one of {', '.join(BACKENDS)}")
+    return name
+
+
+def wgpu_module():
+    """The wgpu-py API module of ``backend()``: ``wgpu`` or ``wgpudawn`` (same API)."""
+    name = backend()
     try:
-        import wgpu
+        if name == "dawn":
+            import wgpudawn as module
+        else:
+            import wgpu as module
     except Exception as exc:  # ImportError, or the native library failing to load
+        package = "wgpudawn" if name == "dawn" else "wgpu"
         raise DeviceError(
-            f"cannot load wgpu ({exc}); install the project with: pip install -e . "
+            f"cannot load {package} ({exc}); install the project with: pip install -e . "
             "(or run scripts/setup.sh)"
         ) from exc
+    return module
+
+
+def native_api():
+    """The cffi layer under ``wgpu_module()`` (``ffi``, ``lib``, the GPU object classes):
+    the C functions we call where wgpu-py's wrappers cost too much or do not reach."""
+    wgpu_module()
+    if backend() == "dawn":
+        from wgpudawn.backends.dawn import _api
+    else:
+        from wgpu.backends.wgpu_native import _api
+    return _api
+
+
+def native_extras():
+    """The backend's extras module (``write_timestamp``, ``set_instance_extras``, ...)."""
+    wgpu_module()
+    if backend() == "dawn":
+        from wgpudawn.backends.dawn import extras
+    else:
+        from wgpu.backends.wgpu_native import extras
+    return extras
+
+
+def _wgpu():
+    wgpu = wgpu_module()
+    if backend() == "dawn":
+        from wgpudawn.backends.dawn import _helpers
+        if _helpers._the_instance is None:
+            native_extras().set_instance_extras(enable_toggles=list(DAWN_INSTANCE_TOGGLES))
     return wgpu
+
+
+def request_adapter():
+    """A new adapter of the backend (a discrete GPU when there is one): on Dawn each
+    adapter makes one device, so a device of one's own needs an adapter of its own."""
+    wgpu = _wgpu()
+    try:
+        adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+    except Exception as exc:
+        raise DeviceError(f"{NO_ADAPTER_HELP} [wgpu said: {exc}]") from exc
+    if adapter is None:
+        raise DeviceError(NO_ADAPTER_HELP)
+    return adapter
 
 
 def get_adapter():
@@ -59,14 +139,7 @@ def get_adapter():
     global _adapter
     with _lock:
         if _adapter is None:
-            wgpu = _wgpu()
-            try:
-                adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
-            except Exception as exc:
-                raise DeviceError(f"{NO_ADAPTER_HELP} [wgpu said: {exc}]") from exc
-            if adapter is None:
-                raise DeviceError(NO_ADAPTER_HELP)
-            _adapter = adapter
+            _adapter = request_adapter()
         return _adapter
 
 
@@ -105,6 +178,7 @@ def adapter_info(adapter=None) -> dict:
     return {
         "name": str(name),
         "backend": str(info.get("backend_type", "unknown")),
+        "wgpu": backend(),
         "adapter_type": adapter_type,
         "vendor": str(info.get("vendor", "")),
         "description": str(info.get("description", "")),
@@ -120,27 +194,40 @@ def get_device():
     """The process-wide wgpu device, created on first call.
 
     Requests timestamp-query, shader-f16 and subgroup features where the adapter
-    offers them, and the adapter's maximum buffer and workgroup-memory sizes (wgpu's
-    defaults are much smaller: 128 MiB bindings, 256 MiB buffers, 16 KiB of workgroup
-    memory). Not cooperative-matrix: wgpu-native 29 refuses every experimental feature
-    ("experimental features are not enabled") and its C API has no switch for them.
+    offers them (on Dawn also subgroup matrices), and the adapter's maximum buffer and
+    workgroup-memory sizes (wgpu's defaults are much smaller: 128 MiB bindings, 256 MiB
+    buffers, 16 KiB of workgroup memory). wgpu-native offers no cooperative matrices: it
+    refuses every experimental feature and its C API has no switch for them. Dawn
+    decides robustness (a clamp on every index of every kernel) per device, not per
+    kernel: off, as for wgpu-native's kernels that guard their own accesses, unless
+    ``MEGANEURA_SHADER_CHECKS`` is "checked" or "no-loop-bounding" (with it on, the
+    cooperative matmul at 4096^3 ran 26 TFLOP/s instead of 70 on the H100). Dawn
+    quantizes timestamps to 100 us unless told not to, which would zero every
+    dispatch's time: the profiler needs them exact.
     """
     global _device
     adapter = get_adapter()
     with _lock:
         if _device is None:
             offered = {str(f) for f in adapter.features}
-            features = [f for f in WANTED_FEATURES if f in offered]
+            features = [f for f in WANTED_FEATURES[backend()] if f in offered]
             limits = {}
             for name in ("max_storage_buffer_binding_size", "max_buffer_size",
-                         "max_compute_workgroup_storage_size"):
+                         "max_compute_workgroup_storage_size", "max_compute_invocations_per_workgroup"):
                 value = _limit(adapter.limits, name)
                 if value is not None:
                     limits[name.replace("_", "-")] = value
             try:
-                _device = adapter.request_device_sync(
-                    label="meganeura", required_features=features, required_limits=limits
-                )
+                if backend() == "dawn":
+                    robust = os.environ.get("MEGANEURA_SHADER_CHECKS") in ("checked", "no-loop-bounding")
+                    _device = native_extras().request_device_sync(
+                        adapter, label="meganeura", required_features=features, required_limits=limits,
+                        enable_toggles=[] if robust else ["disable_robustness"],
+                        disable_toggles=["timestamp_quantization"])
+                else:
+                    _device = adapter.request_device_sync(
+                        label="meganeura", required_features=features, required_limits=limits
+                    )
             except Exception as exc:
                 raise DeviceError(
                     f"could not create a device on {adapter.summary}: {exc}"
@@ -151,10 +238,12 @@ def get_device():
 def forget_device(device) -> None:
     """Drop the process-wide device if it is ``device`` (it was lost): the next
     ``get_device()`` creates a new one."""
-    global _device
+    global _adapter, _device
     with _lock:
         if _device is device:
             _device = None
+            if backend() == "dawn":   # Dawn makes one device an adapter; the next one needs a new adapter
+                _adapter = None
 
 
 @contextmanager
@@ -164,7 +253,7 @@ def device_guard(what: str, device):
     try:
         yield
     except Exception as exc:
-        if "device is lost" not in str(exc) and "device was lost" not in str(exc).lower():
+        if not re.search(r"device\]? (is|was) lost", str(exc).lower()):   # wgpu-native's and Dawn's words
             raise
         forget_device(device)
         raise DeviceError(
@@ -193,11 +282,12 @@ def shader_checks(guarded: bool = False) -> str:
 def shader_module(device, label: str, code: str, checks: str | None = None):
     """A WGSL shader module; ``checks`` (default ``shader_checks()``) says which of
     naga's runtime checks it keeps. Creating a module with fewer checks goes through
-    wgpu-native's ``wgpuDeviceCreateShaderModuleTrusted``, which wgpu-py does not wrap."""
+    wgpu-native's ``wgpuDeviceCreateShaderModuleTrusted``, which wgpu-py does not wrap.
+    Dawn sets its checks for the whole device (``get_device``)."""
     flags = SHADER_CHECKS[checks or shader_checks()]
-    if flags is None:
+    if flags is None or backend() == "dawn":
         return device.create_shader_module(label=label, code=code)
-    from wgpu.backends.wgpu_native import _api
+    _api = native_api()
     source = _api.new_struct_p("WGPUShaderSourceWGSL *", code=_api.to_c_string_view(code))
     source[0].chain.next = _api.ffi.NULL
     source[0].chain.sType = _api.lib.WGPUSType_ShaderSourceWGSL
@@ -240,7 +330,7 @@ def versions() -> dict:
         pass
     out = {"python": platform.python_version()}
     for dist in (
-        "meganeura-studio", "numpy", "wgpu", "wgpu-native", "egglog", "PySide6",
+        "meganeura-studio", "numpy", "wgpu", "wgpu-native", "wgpudawn", "egglog", "PySide6",
         "pyqtgraph", "perfetto", "safetensors", "torch",
     ):
         out[dist] = native if dist == "wgpu-native" else _version(dist)

@@ -259,13 +259,13 @@ def _step_dispatch(plan, d) -> DispatchInfo:
 def timestamp_support(device) -> str | None:
     """The best timing mode the device allows: ``inside-passes``, ``per-pass`` or
     None (no timestamp-query). Tests monkeypatch this to simulate an adapter without it."""
+    from .device import INSIDE_PASSES, native_extras
     feats = {str(f) for f in device.features}
     if "timestamp-query" not in feats:
         return None
-    if "timestamp-query-inside-passes" in feats:
+    if feats & set(INSIDE_PASSES):
         try:
-            from wgpu.backends.wgpu_native import extras  # noqa: F401
-            if hasattr(extras, "write_timestamp"):
+            if hasattr(native_extras(), "write_timestamp"):
                 return MODE_INSIDE
         except Exception:
             pass
@@ -274,9 +274,13 @@ def timestamp_support(device) -> str | None:
 
 def timestamp_period(device) -> float:
     """Nanoseconds per timestamp tick (wgpu-native's ``wgpuQueueGetTimestampPeriod``;
-    wgpu-py 0.32 does not wrap it). 1.0 where it cannot be asked."""
+    wgpu-py 0.32 does not wrap it). 1.0 where it cannot be asked, and on Dawn, which
+    resolves timestamps in nanoseconds itself."""
+    from .device import backend, native_api
+    if backend() == "dawn":
+        return 1.0
     try:
-        from wgpu.backends.wgpu_native._ffi import lib
+        lib = native_api().lib
         period = float(lib.wgpuQueueGetTimestampPeriod(device.queue._internal))
         return period if period > 0 and math.isfinite(period) else 1.0
     except Exception:
@@ -288,7 +292,8 @@ class DispatchTimestamps:
     Passed to ``Session.record(encoder, timestamps=...)``."""
 
     def __init__(self, device, n: int, inside_passes: bool):
-        import wgpu
+        from .device import native_extras, wgpu_module
+        wgpu = wgpu_module()
 
         self.device = device
         self.n = n
@@ -302,8 +307,7 @@ class DispatchTimestamps:
                                        usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
             self.sets.append((qs, buf, count))
         if inside_passes:
-            from wgpu.backends.wgpu_native import extras
-            self._write = extras.write_timestamp
+            self._write = native_extras().write_timestamp
         self.nbytes = sum(8 * c for _, _, c in self.sets)
 
     def _slot(self, i: int, which: int):
@@ -582,9 +586,9 @@ def _memory(session, stamps: DispatchTimestamps | None, infos: list[DispatchInfo
 
 def _adapter() -> dict:
     try:
+        from .commands import adapter_fields
         from .device import adapter_info
-        info = adapter_info()
-        return {"name": info["name"], "backend": info["backend"], "software": info["software"]}
+        return adapter_fields(adapter_info())
     except Exception as e:  # the session exists, so this should not happen
         return {"name": f"unknown ({e})", "backend": "unknown", "software": None}
 

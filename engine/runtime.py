@@ -21,7 +21,7 @@ import numpy as np
 
 from . import codegen
 from .compile import ALIGN, ExecutionPlan, KernelSource, Transfer, cached_plan, compile_plan
-from .device import _limit, device_guard, get_device, shader_checks, shader_module
+from .device import _limit, device_guard, get_device, native_api, shader_checks, shader_module, wgpu_module
 from .errors import DeviceError, MeganeuraError, ShapeError
 from .graph import Graph
 
@@ -40,9 +40,12 @@ def _fmt_bytes(n: int) -> str:
 def device_capabilities(device=None) -> codegen.Capabilities:
     """The capabilities plans for ``device`` (default: the process's) are compiled with:
     every feature of it that a kernel path uses, and its workgroup memory."""
+    from .device import backend
     device = device if device is not None else get_device()
     return codegen.Capabilities.from_features(device.features,
-                                              _limit(device.limits, "max_compute_workgroup_storage_size"))
+                                              _limit(device.limits, "max_compute_workgroup_storage_size"),
+                                              dialect="tint" if backend() == "dawn" else "naga",
+                                              precision=codegen.precision())
 
 
 def _as_view(view) -> tuple[object, int, int]:
@@ -61,7 +64,7 @@ class Session:
         new ones: sessions that share them see each other's updates with no copy.
         Without a plan, ``graph`` is compiled for ``capabilities`` (default: what the
         device offers)."""
-        import wgpu
+        wgpu = wgpu_module()
 
         t_start = time.perf_counter_ns()
         self.graph = graph
@@ -376,11 +379,13 @@ class Session:
 
 
 def _dispatch_raw(compute_pass, steps, positions) -> None:
-    """``steps[i]`` for each ``i`` in ``positions``, recorded through wgpu-native's C
-    functions directly: wgpu-py's wrappers cost ~2 us a call here (and a dispatch takes
-    three), the driver's part is the rest. Nothing is lost: a pass's validation errors
-    are deferred to its end(), which still goes through wgpu-py."""
-    from wgpu.backends.wgpu_native._api import ffi, lib
+    """``steps[i]`` for each ``i`` in ``positions``, recorded through the backend's C
+    functions (webgpu.h's, the same in wgpu-native and Dawn) directly: wgpu-py's
+    wrappers cost ~2 us a call here (and a dispatch takes three), the driver's part is
+    the rest. Nothing is lost: a pass's validation errors are deferred to its end(),
+    which still goes through wgpu-py."""
+    api = native_api()
+    ffi, lib = api.ffi, api.lib
     handle, null = compute_pass._internal, ffi.NULL
     set_pipeline = lib.wgpuComputePassEncoderSetPipeline
     set_bind_group = lib.wgpuComputePassEncoderSetBindGroup

@@ -29,7 +29,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     var qv: array<f32, D>;
     var acc: array<f32, D>;
     for (var i = 0u; i < D; i = i + 1u) { qv[i] = q[qb + i] * scale; acc[i] = 0.0; }
-    var mx = -3.4028235e38;
+    var mx = -3.4028234e38;
     var l = 0.0;
     var end = S;
     if (causal) { end = min(S, t + 1u); }

@@ -69,3 +69,14 @@ fn gelu_tanh_grad_(d: f32, x: f32) -> f32 {
 
 // By the bits: compilers may fold x != x away under fast-math assumptions.
 fn is_finite_(x: f32) -> bool { return (bitcast<u32>(x) & 0x7f800000u) != 0x7f800000u; }
+
+// max(x, 0) that keeps NaN, as numpy and torch do, decided on the bits: NVIDIA's Vulkan
+// driver turns select(x, 0.0, x < 0.0) into a max that drops NaN (seen through Dawn).
+fn relu_(x: f32) -> f32 {
+    let bits = bitcast<u32>(x);
+    return select(x, 0.0, bits > 0x80000000u && bits <= 0xff800000u);
+}
+
+// +inf: Tint refuses a constant inf (bitcast<f32>(0x7f800000u) is folded and rejected).
+var<private> inf_bits_: u32 = 0x7f800000u;
+fn inf_() -> f32 { return bitcast<f32>(inf_bits_); }

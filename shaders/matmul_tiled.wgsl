@@ -1,6 +1,9 @@
-// Register-blocked matmul archetype: C[b] = epilogue(A[b] @ B[b]). {{THREADS}} threads (16 x
-// {{THREADS}} / 16) per workgroup, a {{BM}} x {{BN}} output tile, {{TM}} x {{TN}} outputs per thread held in
-// named vec4 registers. K advances in steps of BK ({{BK}}) through two workgroup buffers: while
+// Tiled matmul archetype: C[b] = epilogue(A[b] @ B[b]), {{THREADS}} threads a workgroup, a {{BM}} x {{BN}}
+// output tile. Two ways to multiply a tile (codegen fills COMPUTE, the tiles and STORE_OUT):
+// f32 registers ({{TM}} x {{TN}} outputs per thread in named vec4s, described here) or
+// cooperative matrices (each subgroup owns 16 x 16 f16 x f16 -> f32 fragments; the operand
+// tiles are f16, and results leave through a 16 x 16 f32 scratch of the subgroup's so that
+// store() applies the epilogue and bounds). K advances in steps of BK ({{BK}}) through two workgroup buffers: while
 // the threads multiply out of one, the next step's operands are already loaded from
 // global memory into registers and go into the other afterwards, so one barrier per step
 // suffices and the global loads overlap the arithmetic. Tiles are stored k-major (a
@@ -26,13 +29,12 @@ const BR: u32 = {{BR}}u;
 const BM: u32 = {{BM}}u;
 const BN: u32 = {{BN}}u;
 const BK: u32 = {{BK}}u;
-const AS: u32 = {{AS}}u;   // vec4 slots per k row of As: BM / 4 + 1
+const AS: u32 = {{AS}}u;   // slots a row of the A tile (f32: vec4s a k row, BM / 4 + 1)
 const BS: u32 = {{BS}}u;
-const ABUF: u32 = BK * AS; // one of the two buffers
-const BBUF: u32 = BK * BS;
+const ABUF: u32 = {{ABUF}}u; // slots of one of the two buffers (f32: BK * AS)
+const BBUF: u32 = {{BBUF}}u;
 
-var<workgroup> As: array<vec4<f32>, {{A_SLOTS}}>;
-var<workgroup> Bs: array<vec4<f32>, {{B_SLOTS}}>;
+{{SMEM}}
 
 {{OPERANDS}}
 
@@ -47,7 +49,7 @@ fn store(b: u32, z: u32, row: u32, col: u32, acc: f32) {
 
 @compute @workgroup_size({{THREADS}})
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) tid: u32) {
+        @builtin(local_invocation_index) tid: u32{{ARGS}}) {
     let M = m(0u);
     let N = m(1u);
     let K = m(2u);

@@ -37,7 +37,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     }
     s = wg_sum(s, t);
     if (t == 0u && start < m(0u)) {
-        stats[m(1u) + 2u * w] = select(mx, bitcast<f32>(0x7f800000u), bad > 0.0);
+        stats[m(1u) + 2u * w] = select(mx, inf_(), bad > 0.0);
         stats[m(1u) + 2u * w + 1u] = s;
     }
 }

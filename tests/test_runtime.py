@@ -214,6 +214,30 @@ def test_tiled_matmul_kernels(kernel, layout, monkeypatch):
         assert fetch in fetches, (fetch, variants)
 
 
+@pytest.mark.parametrize("kernel", list(codegen.TILED))
+def test_tile_aligned_matmuls_fetch_without_bounds_checks(kernel, monkeypatch):
+    """Products whose m, n and K are multiples of the tile fetch their operands with no
+    bounds checks (run 18: the checks, even never taken, cost registers), on every
+    operand layout, batched, broadcast, with the epilogue and cut into K slices."""
+    monkeypatch.setenv("MEGANEURA_MATMUL", kernel)
+    tm, tn = codegen._tile_of(kernel)
+    m, n, k = 2 * tm, tn, 64
+    g = Graph("aligned")
+    for ta, tb in [(False, False), (True, False), (False, True), (True, True)]:
+        a = g.input(f"a{ta:d}{tb:d}", [k, m] if ta else [m, k])
+        b = g.input(f"b{ta:d}{tb:d}", [n, k] if tb else [k, n])
+        g.output(f"c{ta:d}{tb:d}", g.matmul(a, b, transpose_a=ta, transpose_b=tb))
+    x = g.input("x", [2, m, k])
+    w = g.input("w", [k, n])
+    g.output("batched", g.matmul(x, g.input("y", [2, k, n])))
+    g.output("epilogue", g.apply("fused_matmul", x, w, g.parameter("bias", [n]), g.input("res", [2, m, n]),
+                                 activation="gelu", has_add=True, has_residual=True))
+    s = check(g)
+    assert all(" < K)" not in s.plan.kernels[d.key].source for d in s.plan.dispatches), "bounds checks left in"
+    monkeypatch.setenv("MEGANEURA_MATMUL_SPLITS", "2")
+    check(g)
+
+
 @pytest.mark.parametrize("kernel,splits", [("64", 2), ("64", 3), ("128k8", 2), ("64", 5), ("64", 40)])
 def test_split_k_matmuls_and_convolutions(kernel, splits, monkeypatch):
     """Split-K: K slices written as partials, then one dispatch that adds them and applies
@@ -654,8 +678,7 @@ def test_a_lost_device_gives_a_clear_error():
     from engine.train import TrainConfig
     from engine.training_session import TrainingSession
 
-    adapter = device_mod.get_adapter()
-    own = adapter.request_device_sync()
+    own = device_mod.request_adapter().request_device_sync()   # Dawn: one device an adapter
     g = Graph("lost")
     x = g.input("x", [4])
     g.output("y", g.exp(x))
@@ -671,7 +694,7 @@ def test_a_lost_device_gives_a_clear_error():
     xi = t.input("x", [2, 3])
     w = t.parameter("w", [3, 1])
     t.output("loss", t.mean(t.matmul(xi, w)))
-    own = adapter.request_device_sync()
+    own = device_mod.request_adapter().request_device_sync()
     session = TrainingSession(t, TrainConfig(optimizer="sgd", lr=0.1), device=own)
     session.set_inputs({"x": np.ones((2, 3), np.float32)})
     session.set_parameters({"w": np.ones((3, 1), np.float32)})

@@ -1,0 +1,199 @@
+"""The cooperative-matrix matmul (f16 operands, f32 accumulation) and the Dawn backend.
+
+CI's lavapipe runs on wgpu-native, which cannot enable cooperative matrices: there
+``MEGANEURA_PRECISION=f16`` must fall back to the f32 kernels with unchanged results,
+and every generated kernel, the cooperative ones included, must still pass Tint's
+front end (Dawn's Null backend, no GPU needed). On a device that has them (the H100
+through ``MEGANEURA_WGPU=dawn``) the same tests run the cooperative kernels and check
+them against a float64 reference of the f16-rounded operands.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from engine import Graph, codegen, reference
+from engine.runtime import build_inference_session, device_capabilities
+
+from test_runtime import feeds, rel_err
+
+COOP_CAPS = codegen.Capabilities(subgroups=True, workgroup_storage=49152, dialect="tint", matmul_f16=True)
+
+
+def _f16(x):
+    return np.asarray(x, np.float32).astype(np.float16).astype(np.float64)
+
+
+def _matmul_graph():
+    """Products that cross tile edges on every operand layout (vec4 and scalar fetches,
+    transposes), a batch, a broadcast weight with the fused epilogue, a long K that
+    split-K cuts, and a convolution (implicit GEMM)."""
+    g = Graph("coop")
+    for ta, tb in [(False, False), (True, False), (False, True), (True, True)]:
+        for m, k, n in [(132, 40, 72), (70, 33, 130)]:
+            a = g.input(f"a{ta:d}{tb:d}{m}", [k, m] if ta else [m, k])
+            b = g.input(f"b{ta:d}{tb:d}{m}", [n, k] if tb else [k, n])
+            g.output(f"c{ta:d}{tb:d}{m}", g.matmul(a, b, transpose_a=ta, transpose_b=tb))
+    x = g.input("x", [3, 68, 20])
+    w = g.input("w", [20, 36])
+    g.output("batched", g.matmul(x, g.input("y", [3, 20, 44])))
+    g.output("epilogue", g.apply("fused_matmul", x, w, g.parameter("bias", [36]), g.input("res", [3, 68, 36]),
+                                 activation="gelu", has_add=True, has_residual=True))
+    g.output("long_k", g.matmul(g.input("p", [48, 3000]), g.input("q", [3000, 40])))
+    g.output("aligned", g.matmul(g.input("r", [128, 96]), g.input("t", [96, 64])))      # no edge tiles
+    cx = g.input("cx", [2, 20, 150])
+    g.output("conv", g.conv1d(cx, g.input("cw", [70, 20, 3]), g.parameter("cb", [70]), stride=2, padding=1))
+    return g
+
+
+def _rounded_reference(g, inputs, params):
+    """float64 reference with every matmul and convolution operand rounded to f16 first
+    (what the cooperative kernel multiplies); biases and residuals stay f32."""
+    f16_names = {n for n in inputs if not n.startswith("res")} | {"cw"}
+    inputs = {k: _f16(v) if k in f16_names else v for k, v in inputs.items()}
+    return reference.run(g, inputs, params, np.float64)
+
+
+def test_f16_precision_runs_cooperative_kernels_where_offered_and_f32_elsewhere(monkeypatch):
+    """MEGANEURA_PRECISION=f16: on a device with subgroup matrices every product takes a
+    cooperative kernel and matches the f16-rounded reference to f32 accuracy (and the
+    exact one to f16's); without them (lavapipe) the plan keeps the f32 kernels and the
+    f32 tolerance."""
+    monkeypatch.setenv("MEGANEURA_PRECISION", "f16")
+    caps = device_capabilities()
+    g = _matmul_graph()
+    inputs, params = feeds(g)
+    s = build_inference_session(g, optimize=False, capabilities=caps)
+    s.set_inputs(inputs)
+    s.set_parameters(params)
+    s.run()
+    exact = reference.run(g, inputs, params, np.float64)
+    variants = [d.variant for d in s.plan.dispatches if not d.kernel.endswith(":total")]
+    if caps.matmul_f16:
+        assert all("cooperative" in v for v in variants), variants
+        rounded = _rounded_reference(g, inputs, params)
+        for name in g.outputs:
+            got = s.read_output(name)
+            assert rel_err(got, rounded[name]) < 2e-5, (name, rel_err(got, rounded[name]))
+            assert rel_err(got, exact[name]) < 5e-3, name
+    else:
+        assert not any("cooperative" in v for v in variants), variants
+        for name in g.outputs:
+            assert rel_err(s.read_output(name), exact[name]) < 1e-4, name
+
+
+def test_cooperative_kernels_are_chosen_by_output_size_and_workgroup_memory():
+    small = codegen.Capabilities(subgroups=True, workgroup_storage=16384, dialect="tint", matmul_f16=True)
+    assert codegen.matmul_variant(4096, 4096, 1, 4096, caps=COOP_CAPS) == "c128"
+    assert codegen.matmul_variant(2048, 768, 1, 384, caps=COOP_CAPS) == "c128x64"     # 96 tiles of 128 x 128
+    assert codegen.matmul_variant(1500, 384, 1, 1536, caps=COOP_CAPS) == "c64"        # whisper's fc2
+    assert codegen.matmul_variant(8, 4096, 1, 4096, caps=COOP_CAPS) not in codegen.COOP   # thinner than a fragment
+    assert codegen.matmul_variant(4096, 4096, 1, 4096, caps=small) == "128k8u"        # tiles over 16 KiB
+    assert codegen.matmul_variant(4096, 4096, 1, 4096) == "128k8u"                    # f32 precision
+    assert all(codegen.coop_workgroup_bytes(v) <= 49152 for v in codegen.COOP)
+    plain = codegen.Capabilities.from_features(["subgroup", "shader-f16", codegen.SUBGROUP_MATRIX_FEATURE],
+                                               dialect="naga", precision="f16")
+    assert not plain.matmul_f16                                   # naga (wgpu-native) cannot enable them
+    dawn = codegen.Capabilities.from_features(["subgroups", "shader-f16", codegen.SUBGROUP_MATRIX_FEATURE],
+                                              dialect="tint", precision="f16")
+    assert dawn.matmul_f16 and dawn.subgroups
+    assert not codegen.Capabilities.from_features(["subgroups", "shader-f16"], dialect="tint",
+                                                  precision="f16").matmul_f16
+
+
+def test_training_plans_take_f16_in_the_forward_only():
+    """Gradients leave f16's range where activations stay inside it (audio-align's first
+    gradient norm is 7.8e21), so a training plan multiplies the forward in f16 and every
+    weight and input gradient in f32; an inference plan takes f16 throughout."""
+    from engine import models
+    from engine.autodiff import differentiate
+    from engine.compile import compile_plan
+    model = models.create("gpt-tiny", ["seq=32"])
+    forward = model.build(train=True, batch=2)
+    train, pairs = differentiate(forward, "loss")
+    plan = compile_plan(train, dict(pairs), "loss", COOP_CAPS)
+    kinds = {}
+    for d in plan.dispatches:
+        if d.kernel.startswith("matmul:") and not d.kernel.endswith(":total"):
+            node = train[d.nodes[-1]]
+            gradient = node.id not in codegen.forward_nodes(train)
+            kinds.setdefault(gradient, set()).add("cooperative" in d.variant)
+    assert kinds == {False: {True}, True: {False}}, kinds
+    inference = model.build(train=False, batch=2)
+    variants = {d.variant for d in compile_plan(inference, loss=None, capabilities=COOP_CAPS).dispatches
+                if d.kernel.startswith("matmul:") and not d.kernel.endswith(":total")}
+    assert variants and all("cooperative" in v for v in variants), variants
+
+
+def test_bad_precision_and_backend_names_are_clear_errors(monkeypatch):
+    from engine import device
+    from engine.errors import DeviceError
+    monkeypatch.setenv("MEGANEURA_PRECISION", "bf16")
+    with pytest.raises(DeviceError, match="MEGANEURA_PRECISION='bf16' is not one of f32, f16"):
+        codegen.precision()
+    monkeypatch.setenv("MEGANEURA_WGPU", "metal")
+    with pytest.raises(DeviceError, match="MEGANEURA_WGPU='metal' is not one of native, dawn"):
+        device.backend()
+
+
+TINT_CHECK = textwrap.dedent("""
+    import os, sys
+    os.environ["WGPU_BACKEND_TYPE"] = "Null"   # Dawn's Null backend: Tint's front end, no GPU
+    from engine import codegen, models
+    from engine.autodiff import differentiate
+    from engine.compile import OptimizerSpec, compile_plan
+    from engine.optimize import optimize
+    from engine.train import TrainConfig
+    import wgpudawn
+    from wgpudawn.backends.dawn import extras
+    extras.set_instance_extras(enable_toggles=["allow_unsafe_apis"])
+    adapter = wgpudawn.gpu.request_adapter_sync()
+    device = adapter.request_device_sync(
+        required_features=["shader-f16", "subgroups", codegen.SUBGROUP_MATRIX_FEATURE])
+    capabilities = [codegen.Capabilities(subgroups=s, workgroup_storage=w, dialect="tint", matmul_f16=f)
+                    for s, w, f in ((True, 49152, True), (True, 49152, False), (False, 32768, False))]
+    sources, failures = {}, []
+    for name in models.names():
+        model = models.create(name, ["mel_len=200"] if name in ("whisper-tiny", "audio-align") else [])
+        for train in (False, True):
+            graph, _ = optimize(model.build(train=train, batch=2))
+            forward, gradients, optimizers = graph, None, [None]
+            if train:
+                graph, pairs = differentiate(graph, "loss")
+                graph, _ = optimize(graph)
+                gradients = dict(pairs)
+                optimizers = [OptimizerSpec.from_config(TrainConfig(optimizer=o, clip_norm=c), forward, list(gradients))
+                              for o, c in (("sgd", None), ("adamw", 1.0))]
+            for caps in capabilities:
+                for spec in optimizers:
+                    plan = compile_plan(graph, gradients, "loss" if train else None, caps, spec)
+                    for kernel in plan.kernels.values():
+                        if kernel.source not in sources:
+                            sources[kernel.source] = kernel.name
+                            try:
+                                device.create_shader_module(code=kernel.source)
+                            except Exception as exc:
+                                failures.append(f"{name} {kernel.name}: {str(exc)[:400]}")
+    coop = sum("subgroupMatrixMultiplyAccumulate" in s for s in sources)
+    print(len(sources), coop)
+    print("\\n".join(failures))
+    sys.exit(1 if failures else 0)
+""")
+
+
+def test_every_generated_kernel_passes_tint():
+    """Every kernel of every built-in model (inference and training; subgroups on and
+    off; cooperative matmuls on and off) is valid WGSL for Tint, Dawn's compiler, which
+    is stricter than naga (reserved words such as `meta`, literals that round past
+    f32's range or fold to inf, `enable subgroups;`). The optimizer's kernels (SGD,
+    AdamW with clipping) are among them."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", TINT_CHECK], cwd=root, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PYTHONPATH": root})
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    kernels, coop = map(int, done.stdout.split("\n")[0].split())
+    assert kernels > 80 and coop >= 5, done.stdout
