@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (QDockWidget, QFileDialog, QLabel, QMainWindow, QM
 
 from engine.errors import MeganeuraError
 
+from . import main_thread_gc
 from .fusion_panel import FusionPanel
 from .graph_view import GraphView, fmt_bytes
 from .model_panel import MAX_RECENT, ModelPanel
@@ -60,6 +61,7 @@ class MainWindow(QMainWindow):
     def __init__(self, model: str | None = None, weights: str | None = None,
                  settings: QSettings | None = None, model_settings: dict | None = None):
         super().__init__()
+        main_thread_gc.hold(self)
         self.setWindowTitle("Meganeura Studio")
         self.setAcceptDrops(True)
         self.qsettings = settings if settings is not None else default_settings()
@@ -355,3 +357,4 @@ class MainWindow(QMainWindow):
         self.qsettings.sync()
         self.wait_for_workers()
         super().closeEvent(event)
+        main_thread_gc.release(self)

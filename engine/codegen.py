@@ -681,7 +681,9 @@ def _fetch_operand(name: str, fetch: str, tile: int, bk: int, gather=None, threa
 
     ``edges`` says how a thread's fetches are checked against the operand's bounds:
     "checked", each element (the only way with a gather); "none", the operand's extent
-    and K are multiples of the tile, so no fetch is ever outside; "tiles", a tile that
+    and K are multiples of the tile, so no fetch is ever outside; "clamp", K is a
+    multiple of the step and outer coordinates past the operand are clamped to its last
+    row or column (``_strided_loads``); "tiles", a tile that
     lies wholly inside the operand (a workgroup-uniform test, so no divergence) loads
     unchecked and only edge tiles check each element. Unchecked fetches address each
     register at a fixed distance from the first (``_strided_loads``). On the H100 the
@@ -719,10 +721,10 @@ def _fetch_operand(name: str, fetch: str, tile: int, bk: int, gather=None, threa
         regs.append((r, f"{name}o{i}", f"{name}k{i}"))
     if gather is not None or threads % width or edges == "checked":
         return consts, decl, edge, regs
-    first, inner = _strided_loads(name, fetch, threads // width)
+    first, addresses = _strided_loads(name, fetch, threads // width, count, edges == "clamp")
     consts += first
-    loads = [f"{r} = {p['src']}[{inner} + {i}u * {name}q];" for i, (r, _, _) in enumerate(regs)]
-    if edges == "none":
+    loads = [f"{r} = {p['src']}[{a}];" for (r, _, _), a in zip(regs, addresses)]
+    if edges in ("none", "clamp"):
         return consts, decl, [f"        {line}" for line in loads], regs
     inside = f"{p['origin']} + {tile}u <= {p['extent']} && kb + {bk}u <= K"
     load = [f"        if ({inside}) {{", *(f"            {line}" for line in loads),
@@ -730,28 +732,37 @@ def _fetch_operand(name: str, fetch: str, tile: int, bk: int, gather=None, threa
     return consts, decl, load, regs
 
 
-def _strided_loads(name: str, fetch: str, rows: int) -> tuple[list[str], str]:
-    """The addresses of a thread's fetches of one operand: register i sits ``rows`` rows
-    of the slow axis after register i - 1, so one base (``{name}p``, at k = 0) and one
-    step (``{name}q``) address them all. A vec4 fetch is addressed in vec4s: its
-    strides other than the unit one, its batch offset and its coordinates along the unit
-    axis are multiples of 4 (``operand_fetch``). Returns (lines before the loop, the
-    address of register 0 at step ``kb``)."""
+def _strided_loads(name: str, fetch: str, rows: int, count: int, clamp: bool) -> tuple[list[str], list[str]]:
+    """The addresses of a thread's ``count`` fetches of one operand at step ``kb``:
+    register i sits ``rows`` rows of the slow axis after register i - 1, so one base
+    (``{name}p``, at k = 0) and one step (``{name}q``) address them all. A vec4 fetch
+    is addressed in vec4s: its strides other than the unit one, its batch offset and its
+    coordinates along the unit axis are multiples of 4 (``operand_fetch``). ``clamp``:
+    the outer coordinate is clamped to the operand's last row (column), so a tile that
+    hangs over the operand's end reads rows it has instead of past its buffer; what it
+    computes there, store() drops. Where the outer axis is the slow one that gives each
+    register a base of its own. Returns (lines before the loop, the addresses)."""
     p = _TILE_OPERANDS[name]
-    base, origin, s_o, s_k = p["base"], p["origin"], p["s_outer"], p["s_k"]
-    o0, k0 = f"{name}o0", f"{name}k0"
-    if fetch == "k-vec4":       # s_k == 1: k runs along the vec4
-        first = [f"    let {name}p = ({base} >> 2u) + ({origin} + {o0}) * ({s_o} >> 2u) + ({k0} >> 2u);",
-                 f"    let {name}q = {rows}u * ({s_o} >> 2u);"]
-        return first, f"{name}p + (kb >> 2u)"
-    if fetch == "outer-vec4":   # s_outer == 1
-        first = [f"    let {name}p = ({base} >> 2u) + (({origin} + {o0}) >> 2u) + {k0} * ({s_k} >> 2u);",
-                 f"    let {name}q = {rows}u * ({s_k} >> 2u);"]
-        return first, f"{name}p + kb * ({s_k} >> 2u)"
-    slow = s_k if fetch == "outer-scalar" else s_o
-    first = [f"    let {name}p = {base} + ({origin} + {o0}) * {s_o} + {k0} * {s_k};",
-             f"    let {name}q = {rows}u * {slow};"]
-    return first, f"{name}p + kb * {s_k}"
+    base, origin, s_o, s_k, ext = p["base"], p["origin"], p["s_outer"], p["s_k"], p["extent"]
+    vec = fetch.endswith("vec4")
+    slow_outer = fetch.startswith("k")   # k-vec4, k-scalar: registers step along the outer axis
+    div = (lambda x: f"({x} >> 2u)" if x.isidentifier() else f"(({x}) >> 2u)") if vec else (lambda x: x)
+    k_part = {"k-vec4": ("(kb >> 2u)", f"({name}k0 >> 2u)"), "outer-vec4": (f"kb * ({s_k} >> 2u)", None)}
+    kb_term, k0_term = k_part.get(fetch, (f"kb * {s_k}", None))
+    k0_term = k0_term or f"{name}k0 * {div(s_k)}"
+    if slow_outer and clamp:
+        first = [f"    let {name}p{i} = {div(base)} + min({origin} + {name}o{i}, {ext} - 1u) * {div(s_o)} + {k0_term};"
+                 for i in range(count)]
+        return first, [f"{name}p{i} + {kb_term}" for i in range(count)]
+    if slow_outer:
+        outer = f"({origin} + {name}o0) * {div(s_o)}"
+        step = div(s_o)
+    else:
+        row = f"min({origin} + {name}o0, {ext} - {4 if vec else 1}u)" if clamp else f"{origin} + {name}o0"
+        outer = f"{div(row)} * {s_o}" if not vec else div(row)
+        step = div(s_k)
+    first = [f"    let {name}p = {div(base)} + {outer} + {k0_term};", f"    let {name}q = {rows}u * {step};"]
+    return first, [f"{name}p + {kb_term} + {i}u * {name}q" for i in range(count)]
 
 
 def _store_tiled(name: str, fetch: str, regs) -> list[str]:
@@ -812,15 +823,15 @@ def _coop_fragment(name: str, fetch: str, outer: str, kk: int) -> str:
 
 
 def _coop_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=None, lets=(),
-               aligned=(False, False)) -> dict:
+               edges=(None, None)) -> dict:
     """matmul_tiled.wgsl's generated parts for a ``COOP`` preset: the operands are fetched
     as for the f32 kernel (``_fetch_operand``), rounded to f16 into tiles laid out along
     their fetch (``_coop_layout``), and each subgroup multiplies its fragments with
     subgroupMatrixMultiplyAccumulate (each fragment loaded column- or row-major to
     match its tile). The accumulators leave one fragment at a time through the
     subgroup's 16 x 16 f32 scratch, each lane passing its share to store() (epilogue,
-    bounds). ``aligned``: whether A's and B's tiles always lie inside them (no edge path
-    for that operand); otherwise only their edge tiles check each element."""
+    bounds). ``edges``: how A's and B's fetches meet their bounds (``_fetch_operand``;
+    None: only edge tiles check each element)."""
     c = COOP[preset]
     f = COOP_FRAGMENT
     fm, fn = c.bm // c.wm // f, c.bn // c.wn // f
@@ -842,7 +853,7 @@ def _coop_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=
                   f" Cs[sg * {f * f}u + q]);",
                   "    }",
                   "    workgroupBarrier();"]
-    edges = ["none" if ok else "tiles" for ok in aligned]
+    edges = [mode or "tiles" for mode in edges]
     ca, da, la, ra = _fetch_operand("a", fetch_a, c.bm, c.bk, gather_a, c.threads, edges[0])
     cb, db, lb, rb = _fetch_operand("b", fetch_b, c.bn, c.bk, gather_b, c.threads, edges[1])
     # f16 slots per row of each tile, padded by 8 against bank conflicts (rows stay 16-byte aligned)
@@ -881,17 +892,25 @@ def _tile_subs(variant: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b
     make = _coop_subs if variant in COOP else _tiled_subs
     (bm, bn), bk = _tile_of(variant), (COOP[variant].bk if variant in COOP else TILED[variant].bk)
     m_, n_, k_ = mnk
-    aligned = (m_ % bm == 0 and k_ % bk == 0 and m_ > 0, n_ % bn == 0 and k_ % bk == 0 and n_ > 0)
-    return make(variant, fetch_a, fetch_b, gather_a, gather_b, lets, aligned)
+    edges = [_edges(extent, tile, k_, bk) for extent, tile in ((m_, bm), (n_, bn))]
+    return make(variant, fetch_a, fetch_b, gather_a, gather_b, lets, edges)
+
+
+def _edges(extent: int, tile: int, k_: int, bk: int) -> str:
+    """How an operand of ``extent`` rows (columns) and reduction ``k_`` is fetched in tiles
+    of ``tile`` x ``bk`` without per-element checks where it can be (``_fetch_operand``):
+    "none" when both divide, "clamp" when only K does, else None (the kernel's choice)."""
+    if extent <= 0 or k_ <= 0 or k_ % bk:
+        return None
+    return "none" if extent % tile == 0 else "clamp"
 
 
 def _tiled_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=None, lets=(),
-                aligned=(False, False)) -> dict:
+                edges=(None, None)) -> dict:
     """The generated parts of matmul_tiled.wgsl for a ``TILED`` preset and the given
     operand fetches (see ``operand_fetch`` and ``_fetch_operand``); ``lets`` are extra
-    lines at the top of the kernel (values the gathers read). An operand whose tiles
-    always lie inside it (``aligned``) is fetched unchecked; the others check each
-    element, as before run 18 (the f32 kernels were not measured with edge tiles apart)."""
+    lines at the top of the kernel (values the gathers read). ``edges``: how A's and B's
+    fetches meet their bounds (``_fetch_operand``; None: each element checked)."""
     tm, tn, bk, unroll, ty = TILED[preset]
     bm, bn = ty * tm, 16 * tn
     gs, hs = range(tm // 4), range(tn // 4)
@@ -918,7 +937,7 @@ def _tiled_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b
                 for j, x in enumerate("xyzw"):
                     store.append(f"    store(b, wg.z, r{g}{i}, col0 + {64 * h + j}u + tx * 4u, c{g}{i}_{h}.{x});")
     threads = TILED[preset].threads
-    edges = ["none" if ok else "checked" for ok in aligned]
+    edges = [mode or "checked" for mode in edges]
     ca, da, la, ra = _fetch_operand("a", fetch_a, bm, bk, gather_a, threads, edges[0])
     cb, db, lb, rb = _fetch_operand("b", fetch_b, bn, bk, gather_b, threads, edges[1])
     sa, sb = _store_tiled("a", fetch_a, ra), _store_tiled("b", fetch_b, rb)

@@ -37,3 +37,50 @@ def test_many_yields_from_a_worker_thread_keep_reference_counts():
     received, drift = map(int, run.stdout.split())
     assert received == 20000
     assert abs(drift) < 1000
+
+
+def test_cyclic_garbage_is_collected_on_the_gui_thread_while_a_window_is_open(qtbot, tmp_path):
+    """While a Studio window is open a worker's allocations never run the cyclic
+    collector (which could finalize Qt objects there and deadlock against the GUI
+    thread); a timer on the GUI thread collects instead, and closing the last window
+    switches automatic collection back on."""
+    import gc
+    import threading
+
+    from PySide6.QtCore import QSettings
+
+    from app import main_thread_gc
+    from app.window import MainWindow
+
+    assert gc.isenabled()
+    w = MainWindow("mlp", settings=QSettings(str(tmp_path / "s.ini"), QSettings.Format.IniFormat),
+                   model_settings={"batch": 4})
+    qtbot.addWidget(w)
+    assert not gc.isenabled()
+    w.wait_for_workers(60)
+
+    class Cycle:
+        pass
+
+    collected_on = []
+
+    class Marker:
+        def __init__(self):
+            self.me = self
+
+        def __del__(self):
+            collected_on.append(threading.current_thread() is threading.main_thread())
+
+    def allocate():
+        Marker()
+        for _ in range(50_000):
+            c = Cycle()
+            c.me = c
+    worker = threading.Thread(target=allocate)
+    worker.start()
+    worker.join()
+    assert collected_on == []                      # nothing collected on the worker
+    qtbot.waitUntil(lambda: collected_on == [True], timeout=5000)
+    w.close()
+    assert gc.isenabled()
+    assert main_thread_gc.collect_due() >= 0

@@ -214,14 +214,17 @@ def test_tiled_matmul_kernels(kernel, layout, monkeypatch):
         assert fetch in fetches, (fetch, variants)
 
 
-@pytest.mark.parametrize("kernel", list(codegen.TILED))
-def test_tile_aligned_matmuls_fetch_without_bounds_checks(kernel, monkeypatch):
-    """Products whose m, n and K are multiples of the tile fetch their operands with no
-    bounds checks (run 18: the checks, even never taken, cost registers), on every
-    operand layout, batched, broadcast, with the epilogue and cut into K slices."""
+@pytest.mark.parametrize("kernel,ragged", [*[(k, False) for k in codegen.TILED], ("64", True), ("128k8u", True),
+                                           ("64t128", True)])
+def test_matmuls_with_k_a_multiple_of_the_step_fetch_without_bounds_checks(kernel, ragged, monkeypatch):
+    """Products whose K is a multiple of the K step fetch their operands with no bounds
+    checks (run 18: the checks, even never taken, cost registers): m and n multiples of
+    the tile, or ragged (rows and columns past the operand clamped to its last one, their
+    results dropped), on every operand layout, batched, broadcast, with the epilogue and
+    cut into K slices."""
     monkeypatch.setenv("MEGANEURA_MATMUL", kernel)
     tm, tn = codegen._tile_of(kernel)
-    m, n, k = 2 * tm, tn, 64
+    m, n, k = (2 * tm + 5, tn - 4, 64) if ragged else (2 * tm, tn, 64)
     g = Graph("aligned")
     for ta, tb in [(False, False), (True, False), (False, True), (True, True)]:
         a = g.input(f"a{ta:d}{tb:d}", [k, m] if ta else [m, k])

@@ -1,0 +1,60 @@
+"""Cyclic garbage is collected on the GUI thread only, while a Studio window is open.
+
+Python runs its cyclic collector on whichever thread allocates past the threshold. On
+a Studio worker (optimizing, training or profiling) that collection may finalize Qt
+objects the GUI thread let go of: their destructors take Qt's locks and then wait for
+the GIL, while the GUI thread, holding the GIL, waits on the same locks inside another
+destructor, and both hang (seen in the test suite: a worker fusing a graph, the GUI
+thread deleting a menu). So while a window is open, automatic collection is off and a
+timer on the GUI thread collects each generation when the automatic collector would
+have. The last window to close switches automatic collection back on.
+"""
+
+from __future__ import annotations
+
+import gc
+
+from PySide6.QtCore import QCoreApplication, QTimer
+
+_holders: set[int] = set()
+_timer: QTimer | None = None
+_was_enabled = True
+
+
+def collect_due() -> int:
+    """Collect the oldest generation whose threshold is passed, as the automatic
+    collector does (``gc.get_threshold``); the number of objects found unreachable."""
+    counts, thresholds = gc.get_count(), gc.get_threshold()
+    for generation in (2, 1, 0):
+        if thresholds[generation] and counts[generation] > thresholds[generation]:
+            return gc.collect(generation)
+    return 0
+
+
+def hold(owner) -> None:
+    """Collect on the GUI thread only while ``owner`` (a window) holds it."""
+    global _timer, _was_enabled
+    if not _holders:
+        _was_enabled = gc.isenabled()
+        gc.disable()
+        _timer = QTimer(QCoreApplication.instance())
+        _timer.setInterval(100)
+        _timer.timeout.connect(collect_due)
+        _timer.start()
+    _holders.add(id(owner))
+
+
+def release(owner) -> None:
+    """``owner`` no longer needs it; the last one restores automatic collection."""
+    global _timer
+    if id(owner) not in _holders:
+        return
+    _holders.discard(id(owner))
+    if not _holders:
+        if _timer is not None:
+            _timer.stop()
+            _timer.deleteLater()
+            _timer = None
+        gc.collect()
+        if _was_enabled:
+            gc.enable()
