@@ -587,14 +587,9 @@ def matmul_variant(m_: int, n_: int, nbatch: int, k_: int = 0, transpose_a: bool
 
 def coop_variant(m_: int, n_: int, nbatch: int) -> str:
     """The cooperative-matrix tile for an m x n output: 128 x 128 where that still makes a
-    wave of workgroups on the H100's 132 SMs, else 128 x 64, else 64 x 64 (split-K then
-    fills the GPU where K is long)."""
-    tiles = lambda bm, bn: -(-m_ // bm) * -(-n_ // bn) * nbatch
-    if tiles(128, 128) >= 132:
-        return "c128"
-    if tiles(128, 64) >= 132:
-        return "c128x64"
-    return "c64"
+    wave of workgroups on the H100's 132 SMs, else 64 x 64 (split-K then fills the GPU
+    where K is long)."""
+    return "c128" if -(-m_ // 128) * -(-n_ // 128) * nbatch >= 132 else "c64"
 
 
 class TilePreset(NamedTuple):
@@ -629,12 +624,12 @@ class CoopPreset(NamedTuple):
         return 32 * self.wm * self.wn
 
 
-# Measured on the H100 through Dawn at 4096^3 (docs/benchmarks.md, run 18): the 128 x 128
-# tile on 8 subgroups of 64 x 32 ran 111 TFLOP/s, on 4 of 64 x 64 91 (more registers a
-# thread), with BK 16 67; the 128 x 64 tile 61, the 64 x 64 one 73 (it fills the GPU on
-# outputs of fewer tiles), on 2 subgroups 59.
-COOP = {"c128": CoopPreset(128, 128, 32, 2, 4), "c128x64": CoopPreset(128, 64, 32, 2, 2),
-        "c64": CoopPreset(64, 64, 32, 2, 2)}
+# Measured on the H100 through Dawn (docs/benchmarks.md, run 18). At 4096^3 (edge tiles
+# still checked) the 128 x 128 tile on 8 subgroups of 64 x 32 ran 111 TFLOP/s, on 4 of
+# 64 x 64 91 (more registers a thread), with BK 16 67; 128 x 64 on 4 subgroups 61,
+# 64 x 64 73, on 2 subgroups 59. On the models' shapes the 64 x 64 tile won or tied
+# wherever 128 x 128 tiles make less than a wave, and 128 x 64 never won.
+COOP = {"c128": CoopPreset(128, 128, 32, 2, 4), "c64": CoopPreset(64, 64, 32, 2, 2)}
 COOP_FRAGMENT = 16   # the subgroup-matrix shape used: f16 16 x 16 x 16 -> f32
 COOP_ENABLES = ("f16", "chromium_experimental_subgroup_matrix")
 
