@@ -32,8 +32,13 @@ def collect_due() -> int:
 
 
 def hold(owner) -> None:
-    """Collect on the GUI thread only while ``owner`` (a window) holds it."""
+    """Collect on the GUI thread only while ``owner`` (a window) holds it; released by
+    ``release(owner)`` or, failing that, when the Qt object is destroyed. Holding twice
+    is holding once."""
     global _timer, _was_enabled
+    key = id(owner)
+    if key in _holders:
+        return
     if not _holders:
         _was_enabled = gc.isenabled()
         gc.disable()
@@ -41,15 +46,20 @@ def hold(owner) -> None:
         _timer.setInterval(100)
         _timer.timeout.connect(collect_due)
         _timer.start()
-    _holders.add(id(owner))
+    _holders.add(key)
+    owner.destroyed.connect(lambda *_: _release_key(key))
 
 
 def release(owner) -> None:
     """``owner`` no longer needs it; the last one restores automatic collection."""
+    _release_key(id(owner))
+
+
+def _release_key(key: int) -> None:
     global _timer
-    if id(owner) not in _holders:
+    if key not in _holders:
         return
-    _holders.discard(id(owner))
+    _holders.discard(key)
     if not _holders:
         if _timer is not None:
             _timer.stop()

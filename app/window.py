@@ -352,9 +352,17 @@ class MainWindow(QMainWindow):
             QApplication.processEvents()
             time.sleep(0.005)
 
+    def showEvent(self, event) -> None:
+        main_thread_gc.hold(self)       # again, if the window was closed and is shown anew
+        super().showEvent(event)
+
     def closeEvent(self, event) -> None:
-        self.training_panel.save_settings(self.qsettings)
-        self.qsettings.sync()
-        self.wait_for_workers()
-        super().closeEvent(event)
-        main_thread_gc.release(self)
+        try:
+            self.training_panel.save_settings(self.qsettings)
+            self.qsettings.sync()
+            self.wait_for_workers()
+            super().closeEvent(event)
+        finally:
+            panels = (self.training_panel, self.profiler_panel, self.fusion_panel)
+            if all(p.worker is None for p in panels):   # else the window's destruction releases it
+                main_thread_gc.release(self)

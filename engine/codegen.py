@@ -63,13 +63,16 @@ class Capabilities:
 
     @classmethod
     def from_features(cls, features, workgroup_storage: int | None = None, dialect: str | None = None,
-                      precision: str = "f32") -> "Capabilities":
+                      precision: str = "f32", fragments: bool = True) -> "Capabilities":
         """The capabilities a device with these wgpu feature names (and this much
         workgroup memory, default 32 KiB) gives, for kernels compiled by ``dialect``'s
-        compiler; ``precision`` "f16" takes the cooperative-matrix matmul where offered."""
+        compiler; ``precision`` "f16" takes the cooperative-matrix matmul where offered
+        and ``fragments``: the device has the fragments the kernels are written for
+        (f16 x f16 -> f32, 16 x 16 x 16, on subgroups of 32: ``COOP_FRAGMENT``)."""
         names = {str(f) for f in features}
         dialect = dialect or default_dialect()
-        coop = SUBGROUP_MATRIX_FEATURE in names and "shader-f16" in names and dialect == "tint"
+        coop = (SUBGROUP_MATRIX_FEATURE in names and "shader-f16" in names and dialect == "tint"
+                and fragments)
         return cls(subgroups=bool(names & {"subgroup", "subgroups"}),
                    workgroup_storage=int(workgroup_storage or cls.workgroup_storage),
                    dialect=dialect, matmul_f16=coop and precision == "f16")
@@ -754,7 +757,7 @@ def _strided_loads(name: str, fetch: str, rows: int, count: int, clamp: bool) ->
         step = div(s_o)
     else:
         row = f"min({origin} + {name}o0, {ext} - {4 if vec else 1}u)" if clamp else f"{origin} + {name}o0"
-        outer = f"{div(row)} * {s_o}" if not vec else div(row)
+        outer = div(row) if vec else f"({row}) * {s_o}"
         step = div(s_k)
     first = [f"    let {name}p = {div(base)} + {outer} + {k0_term};", f"    let {name}q = {rows}u * {step};"]
     return first, [f"{name}p + {kb_term} + {i}u * {name}q" for i in range(count)]
@@ -1765,33 +1768,30 @@ def unsupported_ops() -> list[str]:
     return sorted(n for n, d in OPS.items() if n not in _BUILDERS and d.archetype not in ("source", "view"))
 
 
-_FORWARD: dict[int, tuple[Graph, int, frozenset]] = {}
+_FORWARD: dict[int, tuple[Graph, tuple, frozenset]] = {}
 
 
 def forward_nodes(graph: Graph) -> frozenset:
-    """The nodes of ``graph`` that compute forward values: in a training graph (one with
-    ``grad:`` outputs) the ancestors of its ``loss``, elsewhere every node. Gradients
-    leave f16's range where activations do not: audio-align's first gradient norm is
-    7.8e21, and its training on f16 weight and input gradients stopped at step 0 with
-    an infinite norm (run 18), so backward matmuls stay f32 (loss scaling, as torch's
-    AMP does, would let them use f16 too)."""
+    """The nodes of ``graph`` that compute forward values: the ancestors of its outputs
+    other than the gradients (``grad:`` outputs, ``engine.autodiff.differentiate``), so
+    in a graph with none, every node. Gradients leave f16's range where activations do
+    not: audio-align's first gradient norm is 7.8e21, and its training on f16 weight and
+    input gradients stopped at step 0 with an infinite norm (run 18), so backward
+    matmuls stay f32 (loss scaling, as torch's AMP does, would let them use f16 too)."""
+    key = (len(graph.nodes), tuple(sorted(graph.outputs.items())))
     hit = _FORWARD.get(id(graph))
-    if hit is not None and hit[0] is graph and hit[1] == len(graph.nodes):
+    if hit is not None and hit[0] is graph and hit[1] == key:
         return hit[2]
-    if "loss" in graph.outputs and any(name.startswith("grad:") for name in graph.outputs):
-        found, stack = set(), [graph.outputs["loss"]]
-        while stack:
-            i = stack.pop()
-            if i not in found:
-                found.add(i)
-                stack += graph[i].inputs
-        nodes = frozenset(found)
-    else:
-        nodes = frozenset(n.id for n in graph.nodes)
+    found, stack = set(), [i for name, i in graph.outputs.items() if not name.startswith("grad:")]
+    while stack:
+        i = stack.pop()
+        if i not in found:
+            found.add(i)
+            stack += graph[i].inputs
     if len(_FORWARD) > 64:
         _FORWARD.clear()
-    _FORWARD[id(graph)] = (graph, len(graph.nodes), nodes)
-    return nodes
+    _FORWARD[id(graph)] = (graph, key, frozenset(found))
+    return _FORWARD[id(graph)][2]
 
 
 def kernel_for(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:

@@ -199,9 +199,10 @@ def get_device():
     buffers, 16 KiB of workgroup memory). wgpu-native offers no cooperative matrices: it
     refuses every experimental feature and its C API has no switch for them. Dawn
     decides robustness (a clamp on every index of every kernel) per device, not per
-    kernel: off, as for wgpu-native's kernels that guard their own accesses, unless
-    ``MEGANEURA_SHADER_CHECKS`` is "checked" or "no-loop-bounding" (with it on, the
-    cooperative matmul at 4096^3 ran 26 TFLOP/s instead of 70 on the H100). Dawn
+    kernel: off for every kernel unless ``MEGANEURA_SHADER_CHECKS`` is "checked" or
+    "no-loop-bounding" (with it on, the cooperative matmul at 4096^3 ran 26 TFLOP/s
+    instead of 70 on the H100), where wgpu-native keeps naga's bounds checks in the
+    kernels that do not guard their own accesses (pointwise, reductions). Dawn
     quantizes timestamps to 100 us unless told not to, which would zero every
     dispatch's time: the profiler needs them exact.
     """
@@ -299,6 +300,26 @@ def shader_module(device, label: str, code: str, checks: str | None = None):
     if handle == _api.ffi.NULL:
         raise RuntimeError("shader module creation failed")
     return _api.GPUShaderModule(label, handle, device)
+
+
+def has_coop_fragments(adapter) -> bool:
+    """Whether the adapter's subgroup matrices include the ones the cooperative kernels
+    are written for: f16 x f16 -> f32 fragments of 16 x 16 x 16 on subgroups of exactly
+    32 lanes (Dawn's adapter properties; the H100 lists them)."""
+    if backend() != "dawn" or SUBGROUP_MATRIX not in {str(f) for f in adapter.features}:
+        return False
+    if id(adapter) not in _FRAGMENTS:
+        try:
+            _FRAGMENTS[id(adapter)] = native_extras().get_adapter_properties(adapter).get(
+                "subgroup_matrix_configs") or []
+        except Exception:
+            _FRAGMENTS[id(adapter)] = []
+    return any(c["component_type"] == "f16" and c["result_component_type"] == "f32"
+               and c["m"] == c["n"] == c["k"] == 16 and c["min_subgroup_size"] == c["max_subgroup_size"] == 32
+               for c in _FRAGMENTS[id(adapter)])
+
+
+_FRAGMENTS: dict[int, list] = {}   # id(adapter) -> its subgroup-matrix configurations
 
 
 def device_features() -> list[str]:

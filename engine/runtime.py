@@ -40,12 +40,13 @@ def _fmt_bytes(n: int) -> str:
 def device_capabilities(device=None) -> codegen.Capabilities:
     """The capabilities plans for ``device`` (default: the process's) are compiled with:
     every feature of it that a kernel path uses, and its workgroup memory."""
-    from .device import backend
+    from .device import backend, get_adapter, has_coop_fragments
     device = device if device is not None else get_device()
     return codegen.Capabilities.from_features(device.features,
                                               _limit(device.limits, "max_compute_workgroup_storage_size"),
                                               dialect="tint" if backend() == "dawn" else "naga",
-                                              precision=codegen.precision())
+                                              precision=codegen.precision(),
+                                              fragments=backend() == "dawn" and has_coop_fragments(get_adapter()))
 
 
 def _as_view(view) -> tuple[object, int, int]:

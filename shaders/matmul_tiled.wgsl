@@ -71,7 +71,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 {{LOAD_DECL}}
 {{ACC_DECL}}
     var kb = kbeg;
+    if (kbeg < kend) {   // a split's last slice may be empty: fetch nothing past K
 {{LOAD}}
+    }
     var buf = 0u;
 {{STORE}}
     workgroupBarrier();

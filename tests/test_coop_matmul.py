@@ -123,6 +123,14 @@ def test_training_plans_take_f16_in_the_forward_only():
             gradient = node.id not in codegen.forward_nodes(train)
             kinds.setdefault(gradient, set()).add("cooperative" in d.variant)
     assert kinds == {False: {True}, True: {False}}, kinds
+    g = Graph("named-loss")                      # whatever the loss is called
+    w = g.parameter("w", [64, 64])
+    g.output("objective", g.mean(g.matmul(g.input("x", [64, 64]), w)))
+    named, named_pairs = differentiate(g, "objective")
+    named_plan = compile_plan(named, dict(named_pairs), "objective", COOP_CAPS)
+    named_variants = [(named[d.nodes[-1]].id in codegen.forward_nodes(named), "cooperative" in d.variant)
+                      for d in named_plan.dispatches if d.kernel.startswith("matmul:") and not d.kernel.endswith(":total")]
+    assert sorted(named_variants) == [(False, False), (True, True)], named_variants
     inference = model.build(train=False, batch=2)
     variants = {d.variant for d in compile_plan(inference, loss=None, capabilities=COOP_CAPS).dispatches
                 if d.kernel.startswith("matmul:") and not d.kernel.endswith(":total")}
