@@ -134,7 +134,7 @@ def format_doctor(report: dict) -> str:
         lines.append(f"  {name:<40}{shown}")
     lines += ["", "Kernel paths"]
     for name, path in report["paths"].items():
-        lines.append(f"  {name:<18}{path}")
+        lines.append(f"  {name:<20}{path}")
     lines += ["", "Versions"]
     for name, value in report["versions"].items():
         lines.append(f"  {name:<18}{value if value is not None else 'not installed'}")

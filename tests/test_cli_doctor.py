@@ -48,7 +48,7 @@ def test_doctor_text_mentions_adapter(doctor_json):
     out = _run("-m", "engine", "doctor").stdout
     assert doctor_json["adapter"]["name"] in out
     assert "timestamp-query" in out and "max_storage_buffer_binding_size" in out
-    assert "Kernel paths" in out and f"reductions        {doctor_json['paths']['reductions']}" in out
+    assert "Kernel paths" in out and f"{'reductions':<20}{doctor_json['paths']['reductions']}" in out
 
 
 def test_doctor_paths_follow_the_device_features(doctor_json):
