@@ -17,7 +17,7 @@ import functools
 import math
 import os
 import struct
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -81,8 +81,8 @@ class Capabilities:
         """Which path each archetype takes (``meganeura doctor`` and the plan show it)."""
         q = attention_queries(64, self)
         return {"reductions": "subgroup" if self.subgroups else "workgroup memory",
-                "matmul": ("cooperative matrices: f16 operands, f32 accumulation (the forward's products "
-                           "of at least 16 x 16 x 16; gradients and the rest register-blocked f32)"
+                "matmul": ("cooperative matrices: f16 operands (gradients scaled into f16's range), f32 "
+                           "accumulation, for products of at least 16 x 16 x 16; the rest register-blocked f32"
                            if self.matmul_f16 else
                            "register-blocked f32 (vec4 loads where the layout allows)"),
                 "attention": f"flash, {q} queries x {ATTENTION_KEYS} keys a workgroup at head dim 64 "
@@ -463,18 +463,35 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     fetch_b = operand_fetch(words_b[:-2] + [words_b[-1], words_b[-2]], n_, k_)
     types[0] = "vec4<f32>" if fetch_a.endswith("vec4") else "f32"
     types[1] = "vec4<f32>" if fetch_b.endswith("vec4") else "f32"
-    note = f"{_tile_note(variant)}, A {fetch_a}, B {fetch_b}"
+    scaled = _scaled_operands(graph, node, variant, node.inputs[0], node.inputs[1])
+    note = f"{_tile_note(variant, scaled)}, A {fetch_a}, B {fetch_b}"
     return _tiled_kernel(f"matmul:{node.op}", "matmul", names, types, meta, (gx, gy, max(nbatch, 1)), k_, note,
-                         common, _tile_subs(variant, fetch_a, fetch_b, mnk=(m_, n_, k_)), extras=len(extras))
+                         common, _tile_subs(variant, fetch_a, fetch_b, mnk=(m_, n_, k_), scaled=scaled),
+                         extras=len(extras))
 
 
-def _tile_note(variant: str) -> str:
+def _scaled_operands(graph: Graph, node: Node, variant: str, a: int, b: int) -> tuple[bool, bool]:
+    """Which of a cooperative product's operands (A from node ``a``, B from ``b``) are
+    gradients, scaled into f16's range before they are rounded (``_coop_prescan``): those
+    outside ``forward_nodes``, in a product outside them. Gradients leave f16's range
+    where activations do not: audio-align's first gradient norm is 7.8e21, and its
+    training on unscaled f16 gradients stopped at step 0 with an infinite norm (run 18)."""
+    if variant not in COOP:
+        return False, False
+    forward = forward_nodes(graph)
+    if node.id in forward:
+        return False, False
+    return a not in forward, b not in forward
+
+
+def _tile_note(variant: str, scaled=(False, False)) -> str:
     """How a tiled variant multiplies, for the plan's notes and the profiler."""
     tile_m, tile_n = _tile_of(variant)
     if variant in COOP:
         c = COOP[variant]
+        which = " and ".join(n for n, on in zip("AB", scaled) if on)
         return (f"{tile_m}x{tile_n} tile, cooperative f16 {COOP_FRAGMENT}x{COOP_FRAGMENT}x{COOP_FRAGMENT} -> f32, "
-                f"{c.wm * c.wn} subgroups, BK {c.bk}")
+                f"{c.wm * c.wn} subgroups, BK {c.bk}" + (f", {which} scaled" if which else ""))
     tm, tn, bk, unroll, ty = TILED[variant]
     return (f"{tile_m}x{tile_n} tile, {tm}x{tn}/thread{'' if ty == 16 else f', {16 * ty} threads'}, BK {bk}"
             f"{', unrolled' if unroll else ''}")
@@ -786,9 +803,11 @@ def _coop_layout(fetch: str) -> str:
     return "k-major" if fetch.startswith("outer") else "outer-major"
 
 
-def _store_coop(name: str, fetch: str, regs) -> list[str]:
-    """Stores of the fetched registers, rounded to f16, into buffer ``buf`` of the
-    cooperative kernel's f16 tile (``_coop_layout``)."""
+def _store_coop(name: str, fetch: str, regs, scale: str = "") -> list[str]:
+    """Stores of the fetched registers, times ``scale`` (a WGSL expression) if given and
+    rounded to f16, into buffer ``buf`` of the cooperative kernel's f16 tile
+    (``_coop_layout``)."""
+    times = f" * {scale}" if scale else ""
     p = _TILE_OPERANDS[name]
     tile, slots = f"{p['smem'][0]}h", p["slots"]
     one = "ABUF" if name == "a" else "BBUF"
@@ -800,11 +819,36 @@ def _store_coop(name: str, fetch: str, regs) -> list[str]:
     for r, o, k in regs:
         if fetch.endswith("vec4"):
             place = (lambda j: (k, f"{o} + {j}u")) if fetch.startswith("outer") else (lambda j: (f"{k} + {j}u", o))
-            out.append(f"        {{ let h = vec4<f16>({r}); " +
+            out.append(f"        {{ let h = vec4<f16>({r}{times}); " +
                        " ".join(f"{at(*place(j))} = h.{c};" for j, c in enumerate("xyzw")) + " }")
         else:
-            out.append(f"        {at(k, o)} = f16({r});")
+            out.append(f"        {at(k, o)} = f16({r}{times});")
     return out
+
+
+def _coop_prescan(names, loads, regs, fetches, warps: int) -> tuple[list[str], list[str]]:
+    """Lines that find, before the main loop, the largest |value| of each named operand
+    over the workgroup's whole K range (its own fetches, a first pass), and from it a
+    power of two ``scale_{name}`` that puts that value in [2^14, 2^15): f16's range
+    (65504) and its precision both fit a gradient of any magnitude, and the scale is
+    exact to undo. The subgroups' maxima meet in the results' scratch (``Cs``, free until
+    the results leave). Returns (the lines, the exponents' sum the results are scaled by)."""
+    lines = []
+    for name, load, reg, fetch in zip(names, loads, regs, fetches):
+        absmax = [f"max(max(abs({r}).x, abs({r}).y), max(abs({r}).z, abs({r}).w))" if fetch.endswith("vec4")
+                  else f"abs({r})" for r, _, _ in reg]
+        lines += [f"    var amax_{name} = 0.0;",
+                  "    for (var kb = kbeg; kb < kend; kb = kb + BK) {", *load,
+                  *(f"        amax_{name} = max(amax_{name}, {m});" for m in absmax), "    }"]
+    for i, name in enumerate(names):
+        lines += [f"    {{ let top = subgroupMax(amax_{name}); if (lane == 0u) {{ Cs[sg * 2u + {i}u] = top; }} }}"]
+    lines.append("    workgroupBarrier();")
+    for i, name in enumerate(names):
+        lines += [f"    var wmax_{name} = 0.0;",
+                  f"    for (var w = 0u; w < {warps}u; w = w + 1u) {{ wmax_{name} = max(wmax_{name}, Cs[w * 2u + {i}u]); }}",
+                  f"    let ex_{name} = clamp(select(0.0, floor(log2(wmax_{name})), wmax_{name} > 0.0), -100.0, 100.0);",
+                  f"    let scale_{name} = exp2(14.0 - ex_{name});"]
+    return lines, " + ".join(f"(ex_{name} - 14.0)" for name in names)
 
 
 def _coop_fragment(name: str, fetch: str, outer: str, kk: int) -> str:
@@ -821,7 +865,7 @@ def _coop_fragment(name: str, fetch: str, outer: str, kk: int) -> str:
 
 
 def _coop_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=None, lets=(),
-               edges=(None, None)) -> dict:
+               edges=(None, None), scaled=(False, False)) -> dict:
     """matmul_tiled.wgsl's generated parts for a ``COOP`` preset: the operands are fetched
     as for the f32 kernel (``_fetch_operand``), rounded to f16 into tiles laid out along
     their fetch (``_coop_layout``), and each subgroup multiplies its fragments with
@@ -829,7 +873,9 @@ def _coop_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=
     match its tile). The accumulators leave one fragment at a time through the
     subgroup's 16 x 16 f32 scratch, each lane passing its share to store() (epilogue,
     bounds). ``edges``: how A's and B's fetches meet their bounds (``_fetch_operand``;
-    None: only edge tiles check each element)."""
+    None: only edge tiles check each element). ``scaled``: which operands are scaled by
+    a power of two into f16's range first (``_coop_prescan``; gradients), the results
+    scaled back in f32."""
     c = COOP[preset]
     f = COOP_FRAGMENT
     fm, fn = c.bm // c.wm // f, c.bn // c.wn // f
@@ -842,18 +888,22 @@ def _coop_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=
         comp += [f"        let r{kk}_{j} = {_coop_fragment('b', fetch_b, f'wcol + {j * f}u', kk)};" for j in range(fn)]
         comp += [f"        acc{i}_{j} = subgroupMatrixMultiplyAccumulate(l{kk}_{i}, r{kk}_{j}, acc{i}_{j});"
                  for i, j in frags]
+    edges = [mode or "tiles" for mode in edges]
+    ca, da, la, ra = _fetch_operand("a", fetch_a, c.bm, c.bk, gather_a, c.threads, edges[0])
+    cb, db, lb, rb = _fetch_operand("b", fetch_b, c.bn, c.bk, gather_b, c.threads, edges[1])
+    picked = [(n, ld, rg, fe) for n, ld, rg, fe, on in (("a", la, ra, fetch_a, scaled[0]),
+                                                       ("b", lb, rb, fetch_b, scaled[1])) if on]
+    prescan, exponents = _coop_prescan(*zip(*picked), warps=c.threads // 32) if picked else ([], "")
+    back = f" * exp2({exponents})" if picked else ""
     store = []
     for i, j in frags:
         store += [f"    subgroupMatrixStore(&Cs, sg * {f * f}u, acc{i}_{j}, false, {f}u);",
                   "    workgroupBarrier();",
                   f"    for (var q = lane; q < {f * f}u; q = q + sg_size) {{",
                   f"        store(b, wg.z, row0 + wrow + {i * f}u + q / {f}u, col0 + wcol + {j * f}u + q % {f}u,"
-                  f" Cs[sg * {f * f}u + q]);",
+                  f" Cs[sg * {f * f}u + q]{back});",
                   "    }",
                   "    workgroupBarrier();"]
-    edges = [mode or "tiles" for mode in edges]
-    ca, da, la, ra = _fetch_operand("a", fetch_a, c.bm, c.bk, gather_a, c.threads, edges[0])
-    cb, db, lb, rb = _fetch_operand("b", fetch_b, c.bn, c.bk, gather_b, c.threads, edges[1])
     # f16 slots per row of each tile, padded by 8 against bank conflicts (rows stay 16-byte aligned)
     (a_slots, a_buf), (b_slots, b_buf) = (_coop_tile(fetch, tile, c.bk) for fetch, tile in ((fetch_a, c.bm),
                                                                                            (fetch_b, c.bn)))
@@ -863,10 +913,12 @@ def _coop_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=
     args = (",\n        @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32,"
             " @builtin(subgroup_size) sg_size: u32")
     return dict(BM=c.bm, BN=c.bn, BK=c.bk, TM=f, TN=f, AS=a_slots, BS=b_slots, ABUF=a_buf, BBUF=b_buf,
-                THREADS=c.threads, SMEM=smem, ARGS=args, ENABLES=COOP_ENABLES, THREAD_XY="",
+                THREADS=c.threads, SMEM=smem, ARGS=args, THREAD_XY="", PRESCAN="\n".join(prescan),
+                ENABLES=COOP_ENABLES + (("subgroups",) if picked else ()),
                 ACC_DECL="\n".join(decl), COMPUTE="\n".join(comp), STORE_OUT="\n".join(store),
                 LOAD_DECL="\n".join([*lets, *ca, *cb, *da, *db]), LOAD="\n".join(la + lb),
-                STORE="\n".join(_store_coop("a", fetch_a, ra) + _store_coop("b", fetch_b, rb)))
+                STORE="\n".join(_store_coop("a", fetch_a, ra, "scale_a" if scaled[0] else "")
+                                + _store_coop("b", fetch_b, rb, "scale_b" if scaled[1] else "")))
 
 
 def _coop_tile(fetch: str, tile: int, bk: int) -> tuple[int, int]:
@@ -884,14 +936,15 @@ def coop_workgroup_bytes(preset: str) -> int:
 
 
 def _tile_subs(variant: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=None, lets=(),
-               mnk=(0, 0, 0)) -> dict:
+               mnk=(0, 0, 0), scaled=(False, False)) -> dict:
     """matmul_tiled.wgsl's generated parts for any tiled variant, f32 or cooperative, for
-    an m x n x k product (which operand tiles always lie inside their operand)."""
+    an m x n x k product (which operand tiles always lie inside their operand); a
+    cooperative kernel scales the ``scaled`` operands into f16's range."""
     make = _coop_subs if variant in COOP else _tiled_subs
     (bm, bn), bk = _tile_of(variant), (COOP[variant].bk if variant in COOP else TILED[variant].bk)
     m_, n_, k_ = mnk
     edges = [_edges(extent, tile, k_, bk) for extent, tile in ((m_, bm), (n_, bn))]
-    return make(variant, fetch_a, fetch_b, gather_a, gather_b, lets, edges)
+    return make(variant, fetch_a, fetch_b, gather_a, gather_b, lets, edges, scaled)
 
 
 def _edges(extent: int, tile: int, k_: int, bk: int) -> str:
@@ -904,7 +957,7 @@ def _edges(extent: int, tile: int, k_: int, bk: int) -> str:
 
 
 def _tiled_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=None, lets=(),
-                edges=(None, None)) -> dict:
+                edges=(None, None), scaled=(False, False)) -> dict:
     """The generated parts of matmul_tiled.wgsl for a ``TILED`` preset and the given
     operand fetches (see ``operand_fetch`` and ``_fetch_operand``); ``lets`` are extra
     lines at the top of the kernel (values the gathers read). ``edges``: how A's and B's
@@ -942,7 +995,7 @@ def _tiled_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b
     smem = (f"var<workgroup> As: array<vec4<f32>, {2 * bk * (bm // 4 + 1)}>;\n"
             f"var<workgroup> Bs: array<vec4<f32>, {2 * bk * (bn // 4 + 1)}>;")
     return dict(BM=bm, BN=bn, BK=bk, TM=tm, TN=tn, AS=bm // 4 + 1, BS=bn // 4 + 1, THREADS=threads,
-                ABUF=bk * (bm // 4 + 1), BBUF=bk * (bn // 4 + 1), SMEM=smem, ARGS="",
+                ABUF=bk * (bm // 4 + 1), BBUF=bk * (bn // 4 + 1), SMEM=smem, ARGS="", PRESCAN="",
                 ACC_DECL=decl, COMPUTE="\n".join(comp), STORE_OUT="\n".join(store),
                 LOAD_DECL="\n".join([*lets, *ca, *cb, *da, *db]), LOAD="\n".join(la + lb),
                 STORE="\n".join(sa + sb))
@@ -1302,9 +1355,10 @@ def _conv(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
         raise DeviceError(f"{graph.format_node(node)}: convolution grid {grid} exceeds {MAX_WORKGROUPS} "
                           f"workgroups per dimension")
     common = dict(BR=1, OPERANDS=_render("matmul_operands.wgsl", ACTIVATION="x"), EPILOGUE="\n".join(epilogue))
+    scaled = _scaled_operands(graph, node, preset, node.inputs[1], node.inputs[0])   # A, B as bound
     return _tiled_kernel(f"conv:{node.op}", "conv", names, types, meta, grid, k_,
-                         f"implicit GEMM {m_}x{n_}x{k_}, {_tile_note(preset)}", common,
-                         _tile_subs(preset, fetch_a, fetch_b, gather_a, gather_b, lets, (m_, n_, k_)),
+                         f"implicit GEMM {m_}x{n_}x{k_}, {_tile_note(preset, scaled)}", common,
+                         _tile_subs(preset, fetch_a, fetch_b, gather_a, gather_b, lets, (m_, n_, k_), scaled),
                          extras=int(has_bias))
 
 
@@ -1774,10 +1828,8 @@ _FORWARD: dict[int, tuple[Graph, tuple, frozenset]] = {}
 def forward_nodes(graph: Graph) -> frozenset:
     """The nodes of ``graph`` that compute forward values: the ancestors of its outputs
     other than the gradients (``grad:`` outputs, ``engine.autodiff.differentiate``), so
-    in a graph with none, every node. Gradients leave f16's range where activations do
-    not: audio-align's first gradient norm is 7.8e21, and its training on f16 weight and
-    input gradients stopped at step 0 with an infinite norm (run 18), so backward
-    matmuls stay f32 (loss scaling, as torch's AMP does, would let them use f16 too)."""
+    in a graph with none, every node. The others compute gradients, whose operands the
+    cooperative kernels scale (``_scaled_operands``)."""
     key = (len(graph.nodes), tuple(sorted(graph.outputs.items())))
     hit = _FORWARD.get(id(graph))
     if hit is not None and hit[0] is graph and hit[1] == key:
@@ -1795,10 +1847,7 @@ def forward_nodes(graph: Graph) -> frozenset:
 
 
 def kernel_for(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
-    """The kernel that runs ``node`` (one dispatch) on a device with ``caps``. Only the
-    forward computes in f16 (``forward_nodes``): the backward keeps f32."""
-    if caps.matmul_f16 and node.id not in forward_nodes(graph):
-        caps = replace(caps, matmul_f16=False)
+    """The kernel that runs ``node`` (one dispatch) on a device with ``caps``."""
     builder = _BUILDERS.get(node.op)
     if builder is None:
         raise UnsupportedOpError(

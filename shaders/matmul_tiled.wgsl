@@ -70,6 +70,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let sbn = scol(1u);
 {{LOAD_DECL}}
 {{ACC_DECL}}
+{{PRESCAN}}
     var kb = kbeg;
     if (kbeg < kend) {   // a split's last slice may be empty: fetch nothing past K
 {{LOAD}}

@@ -105,10 +105,11 @@ def test_cooperative_kernels_are_chosen_by_output_size_and_workgroup_memory():
                                                   precision="f16").matmul_f16
 
 
-def test_training_plans_take_f16_in_the_forward_only():
+def test_training_plans_scale_the_gradient_operands():
     """Gradients leave f16's range where activations stay inside it (audio-align's first
-    gradient norm is 7.8e21), so a training plan multiplies the forward in f16 and every
-    weight and input gradient in f32; an inference plan takes f16 throughout."""
+    gradient norm is 7.8e21), so in a training plan every weight and input gradient's
+    product scales its gradient operand into f16's range first, whatever the loss is
+    called, and the forward's products scale nothing; an inference plan scales nothing."""
     from engine import models
     from engine.autodiff import differentiate
     from engine.compile import compile_plan
@@ -121,20 +122,46 @@ def test_training_plans_take_f16_in_the_forward_only():
         if d.kernel.startswith("matmul:") and not d.kernel.endswith(":total"):
             node = train[d.nodes[-1]]
             gradient = node.id not in codegen.forward_nodes(train)
-            kinds.setdefault(gradient, set()).add("cooperative" in d.variant)
-    assert kinds == {False: {True}, True: {False}}, kinds
-    g = Graph("named-loss")                      # whatever the loss is called
+            assert "cooperative" in d.variant, d.variant
+            kinds.setdefault(gradient, set()).add("scaled" in d.variant)
+    assert kinds == {False: {False}, True: {True}}, kinds
+    g = Graph("named-loss")
     w = g.parameter("w", [64, 64])
     g.output("objective", g.mean(g.matmul(g.input("x", [64, 64]), w)))
     named, named_pairs = differentiate(g, "objective")
     named_plan = compile_plan(named, dict(named_pairs), "objective", COOP_CAPS)
-    named_variants = [(named[d.nodes[-1]].id in codegen.forward_nodes(named), "cooperative" in d.variant)
-                      for d in named_plan.dispatches if d.kernel.startswith("matmul:") and not d.kernel.endswith(":total")]
-    assert sorted(named_variants) == [(False, False), (True, True)], named_variants
+    notes = sorted(d.variant for d in named_plan.dispatches
+                   if d.kernel.startswith("matmul:") and not d.kernel.endswith(":total"))
+    assert len(notes) == 2 and sum("B scaled" in v for v in notes) == 1, notes
     inference = model.build(train=False, batch=2)
     variants = {d.variant for d in compile_plan(inference, loss=None, capabilities=COOP_CAPS).dispatches
                 if d.kernel.startswith("matmul:") and not d.kernel.endswith(":total")}
-    assert variants and all("cooperative" in v for v in variants), variants
+    assert variants and all("cooperative" in v and "scaled" not in v for v in variants), variants
+
+
+def test_gradients_past_f16s_range_come_out_right(monkeypatch):
+    """A loss scaled by 1e20 gives gradients of about 1e17, far past f16's 65504: on a
+    device with subgroup matrices the weight gradient's product scales its operand into
+    range and matches the float64 reference to f16's precision; elsewhere the f32
+    kernels match it to f32's."""
+    from engine.autodiff import differentiate
+    monkeypatch.setenv("MEGANEURA_PRECISION", "f16")
+    caps = device_capabilities()
+    g = Graph("huge-gradients")
+    x = g.input("x", [96, 64])
+    w = g.parameter("w", [64, 48])
+    y = g.matmul(x, w)
+    g.output("loss", g.mean(g.mul(y, g.constant(np.full([96, 48], 1e20, np.float32), name="c"))))
+    train, pairs = differentiate(g, "loss")
+    inputs, params = feeds(train)
+    s = build_inference_session(train, optimize=False, capabilities=caps)
+    s.set_inputs(inputs)
+    s.set_parameters(params)
+    s.run()
+    ref = reference.run(train, inputs, params, np.float64)
+    got = s.read_output("grad:w")
+    assert np.isfinite(got).all() and np.abs(ref["grad:w"]).max() > 1e15
+    assert rel_err(got, ref["grad:w"]) < (5e-3 if caps.matmul_f16 else 1e-4), rel_err(got, ref["grad:w"])
 
 
 def test_bad_precision_and_backend_names_are_clear_errors(monkeypatch):
