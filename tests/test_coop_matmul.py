@@ -58,20 +58,26 @@ def _rounded_reference(g, inputs, params):
     return reference.run(g, inputs, params, np.float64)
 
 
+def _run_f16(g, monkeypatch):
+    """(session, inputs, params, float64 reference) of ``g`` run once on the device with
+    MEGANEURA_PRECISION=f16 (cooperative kernels where the device has them)."""
+    monkeypatch.setenv("MEGANEURA_PRECISION", "f16")
+    inputs, params = feeds(g)
+    s = build_inference_session(g, optimize=False, capabilities=device_capabilities())
+    s.set_inputs(inputs)
+    s.set_parameters(params)
+    s.run()
+    return s, inputs, params, reference.run(g, inputs, params, np.float64)
+
+
 def test_f16_precision_runs_cooperative_kernels_where_offered_and_f32_elsewhere(monkeypatch):
     """MEGANEURA_PRECISION=f16: on a device with subgroup matrices every product takes a
     cooperative kernel and matches the f16-rounded reference to f32 accuracy (and the
     exact one to f16's); without them (lavapipe) the plan keeps the f32 kernels and the
     f32 tolerance."""
-    monkeypatch.setenv("MEGANEURA_PRECISION", "f16")
-    caps = device_capabilities()
     g = _matmul_graph()
-    inputs, params = feeds(g)
-    s = build_inference_session(g, optimize=False, capabilities=caps)
-    s.set_inputs(inputs)
-    s.set_parameters(params)
-    s.run()
-    exact = reference.run(g, inputs, params, np.float64)
+    s, inputs, params, exact = _run_f16(g, monkeypatch)
+    caps = s.capabilities
     variants = [d.variant for d in s.plan.dispatches if not d.kernel.endswith(":total")]
     if caps.matmul_f16:
         assert all("cooperative" in v for v in variants), variants
@@ -145,23 +151,17 @@ def test_gradients_past_f16s_range_come_out_right(monkeypatch):
     range and matches the float64 reference to f16's precision; elsewhere the f32
     kernels match it to f32's."""
     from engine.autodiff import differentiate
-    monkeypatch.setenv("MEGANEURA_PRECISION", "f16")
-    caps = device_capabilities()
     g = Graph("huge-gradients")
     x = g.input("x", [96, 64])
     w = g.parameter("w", [64, 48])
     y = g.matmul(x, w)
     g.output("loss", g.mean(g.mul(y, g.constant(np.full([96, 48], 1e20, np.float32), name="c"))))
-    train, pairs = differentiate(g, "loss")
-    inputs, params = feeds(train)
-    s = build_inference_session(train, optimize=False, capabilities=caps)
-    s.set_inputs(inputs)
-    s.set_parameters(params)
-    s.run()
-    ref = reference.run(train, inputs, params, np.float64)
+    train, _ = differentiate(g, "loss")
+    s, _, _, ref = _run_f16(train, monkeypatch)
     got = s.read_output("grad:w")
     assert np.isfinite(got).all() and np.abs(ref["grad:w"]).max() > 1e15
-    assert rel_err(got, ref["grad:w"]) < (5e-3 if caps.matmul_f16 else 1e-4), rel_err(got, ref["grad:w"])
+    assert any("scaled" in d.variant for d in s.plan.dispatches) == s.capabilities.matmul_f16
+    assert rel_err(got, ref["grad:w"]) < (5e-3 if s.capabilities.matmul_f16 else 1e-4), rel_err(got, ref["grad:w"])
 
 
 def test_bad_precision_and_backend_names_are_clear_errors(monkeypatch):
