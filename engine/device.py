@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+import importlib
 import os
 import platform
 import re
@@ -60,6 +61,12 @@ NO_ADAPTER_HELP = (
     "(or run scripts/setup.sh, which does it)"
 )
 
+NO_ADAPTER_HELP_DAWN = (
+    "no GPU adapter found through Dawn (MEGANEURA_WGPU=dawn): it needs a Vulkan driver of a "
+    "real GPU or a recent one (Debian 12's lavapipe lacks features Dawn requires); "
+    "unset MEGANEURA_WGPU to run on wgpu-native, which takes lavapipe"
+)
+
 _lock = threading.Lock()
 _adapter = None
 _device = None
@@ -91,33 +98,37 @@ def wgpu_module():
     return module
 
 
+def _native(part: str):
+    """A module of the native layer under ``wgpu_module()``."""
+    wgpu_module()
+    package = "wgpudawn.backends.dawn" if backend() == "dawn" else "wgpu.backends.wgpu_native"
+    return importlib.import_module(f"{package}.{part}")
+
+
 def native_api():
     """The cffi layer under ``wgpu_module()`` (``ffi``, ``lib``, the GPU object classes):
     the C functions we call where wgpu-py's wrappers cost too much or do not reach."""
-    wgpu_module()
-    if backend() == "dawn":
-        from wgpudawn.backends.dawn import _api
-    else:
-        from wgpu.backends.wgpu_native import _api
-    return _api
+    return _native("_api")
 
 
 def native_extras():
     """The backend's extras module (``write_timestamp``, ``set_instance_extras``, ...)."""
-    wgpu_module()
-    if backend() == "dawn":
-        from wgpudawn.backends.dawn import extras
-    else:
-        from wgpu.backends.wgpu_native import extras
-    return extras
+    return _native("extras")
+
+
+_dawn_toggled = False
 
 
 def _wgpu():
+    """``wgpu_module()``, with Dawn's instance given our toggles before its first use."""
+    global _dawn_toggled
     wgpu = wgpu_module()
-    if backend() == "dawn":
-        from wgpudawn.backends.dawn import _helpers
-        if _helpers._the_instance is None:
+    if backend() == "dawn" and not _dawn_toggled:
+        try:
             native_extras().set_instance_extras(enable_toggles=list(DAWN_INSTANCE_TOGGLES))
+        except RuntimeError:   # the instance exists already (another library made it)
+            pass
+        _dawn_toggled = True
     return wgpu
 
 
@@ -125,12 +136,13 @@ def request_adapter():
     """A new adapter of the backend (a discrete GPU when there is one): on Dawn each
     adapter makes one device, so a device of one's own needs an adapter of its own."""
     wgpu = _wgpu()
+    help_text = NO_ADAPTER_HELP_DAWN if backend() == "dawn" else NO_ADAPTER_HELP
     try:
         adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
     except Exception as exc:
-        raise DeviceError(f"{NO_ADAPTER_HELP} [wgpu said: {exc}]") from exc
+        raise DeviceError(f"{help_text} [wgpu said: {exc}]") from exc
     if adapter is None:
-        raise DeviceError(NO_ADAPTER_HELP)
+        raise DeviceError(help_text)
     return adapter
 
 

@@ -100,6 +100,18 @@ def test_no_adapter_is_a_device_error(monkeypatch):
         device.adapter_info()
 
 
+def test_no_adapter_through_dawn_says_how_to_run_without_it(monkeypatch):
+    import wgpudawn
+
+    from engine import device
+    from engine.errors import DeviceError
+
+    monkeypatch.setenv("MEGANEURA_WGPU", "dawn")
+    monkeypatch.setattr(wgpudawn.gpu, "request_adapter_sync", lambda **kw: None)
+    with pytest.raises(DeviceError, match="through Dawn .*unset MEGANEURA_WGPU"):
+        device.request_adapter()
+
+
 def test_device_is_cached_and_has_features():
     from engine import device
 
