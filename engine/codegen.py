@@ -826,7 +826,7 @@ def _store_coop(name: str, fetch: str, regs, scale: str = "") -> list[str]:
     return out
 
 
-def _coop_prescan(names, loads, regs, fetches, warps: int) -> tuple[list[str], list[str]]:
+def _coop_prescan(names, loads, regs, fetches, warps: int) -> tuple[list[str], str]:
     """Lines that find, before the main loop, the largest |value| of each named operand
     over the workgroup's whole K range (its own fetches, a first pass), and from it a
     power of two ``scale_{name}`` that puts that value in [2^14, 2^15): f16's range
@@ -1834,12 +1834,7 @@ def forward_nodes(graph: Graph) -> frozenset:
     hit = _FORWARD.get(id(graph))
     if hit is not None and hit[0] is graph and hit[1] == key:
         return hit[2]
-    found, stack = set(), [i for name, i in graph.outputs.items() if not name.startswith("grad:")]
-    while stack:
-        i = stack.pop()
-        if i not in found:
-            found.add(i)
-            stack += graph[i].inputs
+    found = graph.live_nodes(i for name, i in graph.outputs.items() if not name.startswith("grad:"))
     if len(_FORWARD) > 64:
         _FORWARD.clear()
     _FORWARD[id(graph)] = (graph, key, frozenset(found))

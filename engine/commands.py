@@ -215,19 +215,11 @@ def train_config(model, args):
 
 
 def adapter_summary(backend: str) -> dict | None:
-    """``{name, backend, software}`` of the adapter a gpu run uses (None for reference)."""
+    """``engine.runtime.adapter_summary()`` of the adapter a gpu run uses (None for reference)."""
     if backend != "gpu":
         return None
-    from .device import adapter_info
-    return adapter_fields(adapter_info())
-
-
-def adapter_fields(info: dict) -> dict:
-    """The adapter as the JSON outputs give it: name, backend, software, the wgpu
-    implementation (native or dawn) and the precision matmuls run in on it."""
-    from .runtime import device_capabilities
-    return {**{k: info[k] for k in ("name", "backend", "software", "wgpu")},
-            "matmul_precision": "f16" if device_capabilities().matmul_f16 else "f32"}
+    from .runtime import adapter_summary as gpu_adapter_summary
+    return gpu_adapter_summary()
 
 
 def _train(args):

@@ -25,6 +25,7 @@ import re
 import threading
 from importlib import metadata
 
+from .codegen import SUBGROUP_MATRIX_FEATURE
 from .errors import DeviceError
 
 # Features the engine can use when the adapter offers them, by each backend's names
@@ -33,12 +34,12 @@ from .errors import DeviceError
 WANTED_FEATURES = {
     "native": ("timestamp-query", "timestamp-query-inside-passes", "shader-f16", "subgroup"),
     "dawn": ("timestamp-query", "chromium-experimental-timestamp-query-inside-passes", "shader-f16",
-             "subgroups", "chromium-experimental-subgroup-matrix"),
+             "subgroups", SUBGROUP_MATRIX_FEATURE),
 }
 INSIDE_PASSES = ("timestamp-query-inside-passes", "chromium-experimental-timestamp-query-inside-passes")
-SUBGROUP_MATRIX = "chromium-experimental-subgroup-matrix"
 _INTERESTING_EXACT = ("timestamp-query", "shader-f16", *INSIDE_PASSES)
-_INTERESTING_PREFIXES = ("subgroup", "cooperative-matri", "cooperative_matri", "coop-matri", SUBGROUP_MATRIX)
+_INTERESTING_PREFIXES = ("subgroup", "cooperative-matri", "cooperative_matri", "coop-matri",
+                         SUBGROUP_MATRIX_FEATURE)
 
 BACKENDS = ("native", "dawn")
 # Dawn's toggles: its experimental features (subgroup matrices, timestamps inside
@@ -318,7 +319,7 @@ def has_coop_fragments(adapter) -> bool:
     """Whether the adapter's subgroup matrices include the ones the cooperative kernels
     are written for: f16 x f16 -> f32 fragments of 16 x 16 x 16 on subgroups of exactly
     32 lanes (Dawn's adapter properties; the H100 lists them)."""
-    if backend() != "dawn" or SUBGROUP_MATRIX not in {str(f) for f in adapter.features}:
+    if backend() != "dawn" or SUBGROUP_MATRIX_FEATURE not in {str(f) for f in adapter.features}:
         return False
     if id(adapter) not in _FRAGMENTS:
         try:

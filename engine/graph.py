@@ -303,8 +303,9 @@ class Graph:
             raise GraphError(f"graph {self.name!r} has a cycle")
         return order
 
-    def live_nodes(self) -> set[int]:
-        live, stack = set(), list(self.outputs.values())
+    def live_nodes(self, roots=None) -> set[int]:
+        """The nodes ``roots`` (node ids; default: every output) depend on, themselves included."""
+        live, stack = set(), list(self.outputs.values() if roots is None else roots)
         while stack:
             i = stack.pop()
             if i not in live:

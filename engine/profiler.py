@@ -586,9 +586,8 @@ def _memory(session, stamps: DispatchTimestamps | None, infos: list[DispatchInfo
 
 def _adapter() -> dict:
     try:
-        from .commands import adapter_fields
-        from .device import adapter_info
-        return adapter_fields(adapter_info())
+        from .runtime import adapter_summary
+        return adapter_summary()
     except Exception as e:  # the session exists, so this should not happen
         return {"name": f"unknown ({e})", "backend": "unknown", "software": None}
 

@@ -49,6 +49,15 @@ def device_capabilities(device=None) -> codegen.Capabilities:
                                               fragments=backend() == "dawn" and has_coop_fragments(get_adapter()))
 
 
+def adapter_summary() -> dict:
+    """The adapter as the JSON outputs (train, profile) give it: name, backend, software,
+    the wgpu implementation (native or dawn) and the precision matmuls run in on it."""
+    from .device import adapter_info
+    info = adapter_info()
+    return {**{k: info[k] for k in ("name", "backend", "software", "wgpu")},
+            "matmul_precision": "f16" if device_capabilities().matmul_f16 else "f32"}
+
+
 def _as_view(view) -> tuple[object, int, int]:
     """(GPU buffer, byte offset, byte size) of a shared parameter: a view, or a whole buffer."""
     return tuple(view) if isinstance(view, tuple) else (view, 0, int(view.size))
