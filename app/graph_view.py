@@ -13,7 +13,7 @@ from PySide6.QtWidgets import (QComboBox, QGraphicsItem, QGraphicsPathItem, QGra
                                QGraphicsView, QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit,
                                QPushButton, QSplitter, QStyle, QVBoxLayout, QWidget)
 
-from engine.ops import OPS
+from engine.graph.ops import OPS
 
 from .graph_layout import NODE_H, NODE_W, layout_graph
 

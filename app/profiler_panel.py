@@ -1,6 +1,6 @@
 """The profiler: N steps (forward or training) with GPU timestamps, in a worker thread.
 
-The run is ``engine.profile_command.profile_built_model`` (what ``meganeura profile``
+The run is ``engine.cli.profile.profile_built_model`` (what ``meganeura profile``
 runs) in a superqt ``thread_worker``; its per-step progress lines come back through a
 queued signal and Cancel makes the next one raise. The result fills two sortable tables
 (every dispatch of every step; per kernel) and a bar chart of the last step's dispatch
@@ -202,7 +202,7 @@ class ProfilerPanel(QWidget):
         if not self.can_run():
             self.failed.emit("Cannot profile", MeganeuraError("the GPU is training: stop the run first"))
             return None
-        from engine.profile_command import profile_built_model
+        from engine.cli.profile import profile_built_model
         train = bool(self.mode.currentData())
         steps = self.steps.value()
         model, params = s.model, dict(s.params)
@@ -365,7 +365,7 @@ class ProfilerPanel(QWidget):
                                               "Perfetto trace (*.pftrace);;Chrome trace JSON (*.json)")
         if not path:
             return None
-        from engine.profiler import write_trace
+        from engine.runtime.profiler import write_trace
         try:
             written = write_trace(p.report, path)
         except (OSError, MeganeuraError) as exc:

@@ -29,7 +29,7 @@ class ProfileResult:
     """A ProfileReport with what the Studio needs to map dispatches to graph nodes."""
 
     def __init__(self, report, session, graph, train: bool):
-        from engine.profiler import session_dispatches
+        from engine.runtime.dispatches import session_dispatches
         self.report, self.graph, self.train = report, graph, train
         self.peak_bytes = int(session.plan.peak_bytes)
         infos = session_dispatches(session)
@@ -111,7 +111,7 @@ class StudioState(QObject):
         if kind not in GRAPH_KINDS:
             raise MeganeuraError(f"unknown graph kind {kind!r}")
         if kind == "training" and "training" not in self.graphs and self.model is not None:
-            from engine.autodiff import differentiate
+            from engine.autodiff.gradients import differentiate
             self.graphs["training"] = differentiate(self.model.build(train=True))[0]
         return self.graphs.get(kind)
 

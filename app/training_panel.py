@@ -22,7 +22,9 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout
 from superqt.utils import thread_worker
 
 from engine.errors import MeganeuraError
-from engine.train import OPTIMIZERS, SCHEDULES, DataLoader, TrainConfig, Trainer
+from engine.train.config import OPTIMIZERS, SCHEDULES, TrainConfig
+from engine.train.data import DataLoader
+from engine.train.trainer import Trainer
 
 BACKEND_LABELS = {"gpu": "GPU (wgpu)", "reference": "reference (numpy, CPU)"}
 

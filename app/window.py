@@ -36,7 +36,7 @@ def adapter_line(info: dict) -> str:
 
 def doctor_text() -> tuple[str, str]:
     """(status bar line, doctor panel text); errors become readable text."""
-    from engine.cli import doctor_report, format_doctor
+    from engine.cli.doctor import doctor_report, format_doctor
 
     try:
         report = doctor_report()

@@ -34,10 +34,11 @@ import torch  # noqa: E402
 
 from bench_vs_torch import TorchTimer, adapter_desc, fmt, log, markdown_table  # noqa: E402
 from engine import codegen  # noqa: E402
-from engine.device import adapter_info, get_device, shader_checks  # noqa: E402
-from engine import reference  # noqa: E402
-from engine.graph import Graph  # noqa: E402
-from engine.runtime import Session, device_capabilities  # noqa: E402
+from engine.runtime.device import adapter_info, get_device, shader_checks  # noqa: E402
+from engine.graph import reference  # noqa: E402
+from engine.graph.ir import Graph  # noqa: E402
+from engine.runtime.session import Session
+from engine.runtime.device import device_capabilities  # noqa: E402
 
 # (label, m, n, k, transpose_a, transpose_b, batch)
 MATMULS_FULL = [

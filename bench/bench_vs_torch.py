@@ -6,7 +6,7 @@ times, the ratio (ours / torch: under 1 means we are faster) and TFLOP/s where i
 
 Rows:
 - matmul MxNxK (f32): ours is a one-node graph session timed with GPU timestamps
-  (engine.profiler, median over steps); torch is CUDA fp32 with TF32 off (timed with
+  (engine.runtime.profiler, median over steps); torch is CUDA fp32 with TF32 off (timed with
   CUDA events, median), TF32 on as an extra column. The max relative error of ours
   against numpy float64 is printed too.
 - train <model>: one full training step (forward, backward, AdamW update, loss read
@@ -46,10 +46,10 @@ import torch  # noqa: E402
 import torch_models  # noqa: E402
 from torch_models import tr  # noqa: E402
 from engine import models  # noqa: E402
-from engine.graph import Graph  # noqa: E402
-from engine.runtime import build_inference_session  # noqa: E402
-from engine.train import TrainConfig  # noqa: E402
-from engine.training_session import build_session  # noqa: E402
+from engine.graph.ir import Graph  # noqa: E402
+from engine.runtime.session import build_inference_session  # noqa: E402
+from engine.train.config import TrainConfig  # noqa: E402
+from engine.train.session import build_session  # noqa: E402
 
 FULL = {
     "matmul": [(1024, 1024, 1024), (4096, 4096, 4096), (32, 4096, 4096)],
@@ -206,7 +206,8 @@ def audio_align_smoke(overrides, steps, timer) -> dict:
     """audio-align's training smoke (the recipe of ``meganeura train audio-align``):
     ``steps`` steps end to end, wall time from nothing built to the last loss, ours on
     the GPU against the same recipe, weights and batches in PyTorch."""
-    from engine.train import DataLoader, Trainer
+    from engine.train.data import DataLoader
+    from engine.train.trainer import Trainer
     log(f"audio-align smoke {' '.join(overrides)} x {steps} steps")
     model = models.create("audio-align", overrides)
     config = TrainConfig(**model.TRAIN_DEFAULTS, steps=steps, batch_size=model.settings["batch"], seed=0)
@@ -320,7 +321,7 @@ def markdown_table(cols, rows) -> str:
 
 
 def adapter_desc():
-    from engine.device import get_device
+    from engine.runtime.device import get_device
     dev = get_device()
     try:
         info = dev.adapter.info

@@ -4,15 +4,21 @@ Never imports Qt: everything the Studio shows comes from objects this package
 builds, so tests and the command line get them without a window.
 """
 
-__version__ = "0.1.0"
+from .version import __version__
 
 from .errors import MeganeuraError, TrainingError
-from .graph import Graph, Node
-from .ops import OPS
-from .autodiff import GRADIENTS, differentiate
-from .compile import ExecutionPlan, compile_plan
-from .train import DataLoader, LossHistory, Optimizer, TrainConfig, Trainer, TrainHistory
-from . import models, nn, audio
+from .graph.ir import Graph, Node
+from .graph.ops import OPS
+from .autodiff.gradients import GRADIENTS, differentiate
+from .compile.plan import ExecutionPlan, compile_plan
+from .train.data import DataLoader
+from .train.history import LossHistory, TrainHistory
+from .train.optimizers import Optimizer
+from .train.config import TrainConfig
+from .train.trainer import Trainer
+from . import models
+from .graph import nn
+from .data import audio
 
 __all__ = ["Graph", "Node", "OPS", "MeganeuraError", "TrainingError", "GRADIENTS", "differentiate",
            "ExecutionPlan", "compile_plan", "DataLoader", "LossHistory", "Optimizer", "TrainConfig",

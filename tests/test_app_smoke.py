@@ -3,7 +3,7 @@ import sys
 from pathlib import Path
 
 from app.main import create_window
-from engine.device import adapter_info
+from engine.runtime.device import adapter_info
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -13,17 +13,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import Graph, codegen, models, reference
-from engine import autodiff
-from engine.autodiff import differentiate
-from engine.compile import OptimizerSpec, compile_plan
+from engine import Graph, codegen, models
+from engine.graph import reference
+from engine.autodiff import gradients as autodiff
+from engine.autodiff.gradients import differentiate
+from engine.compile.plan import OptimizerSpec, compile_plan
 from engine.errors import GraphError
-from engine.ops import ATTENTION, OPS, attention_ref
+from engine.graph.ops import ATTENTION, OPS, attention_ref
 from engine.optimize import optimize
-from engine.profiler import estimate_flops
-from engine.runtime import build_inference_session
-from engine.train import TrainConfig
-from engine.training_session import build_session
+from engine.runtime.dispatches import estimate_flops
+from engine.runtime.session import build_inference_session
+from engine.train.config import TrainConfig
+from engine.train.session import build_session
 from test_attention_kernel import CASES as FORWARD_CASES
 from test_runtime import TOL, rel_err
 

@@ -6,9 +6,10 @@ column run too."""
 import numpy as np
 import pytest
 
-from engine import Graph, codegen, reference
+from engine import Graph, codegen
+from engine.graph import reference
 from engine.errors import DeviceError
-from engine.runtime import build_inference_session
+from engine.runtime.session import build_inference_session
 from test_runtime import TOL, rel_err
 
 
@@ -184,7 +185,7 @@ def test_layers_of_one_head_dim_share_one_pipeline():
 def test_profiler_counts_a_split_attention_once(monkeypatch):
     """With its keys split, attention is two dispatches: the first does the attention's
     FLOPs, the second (the combine) about one per partial float it reads."""
-    from engine.profiler import estimate_flops, session_dispatches
+    from engine.runtime.dispatches import estimate_flops, session_dispatches
     monkeypatch.setenv("MEGANEURA_ATTENTION_SPLITS", "3")
     g = attention_graph(1, 130, 130, 2, 2, 64)
     s = build_inference_session(g, optimize=False)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine import audio
+from engine.data import audio
 from engine.errors import MeganeuraError
 
 

@@ -24,7 +24,9 @@ import json
 import numpy as np
 import torch_reference as tr
 from engine import cli, models
-from engine.train import DataLoader, TrainConfig, Trainer
+from engine.train.data import DataLoader
+from engine.train.config import TrainConfig
+from engine.train.trainer import Trainer
 
 
 def test_cli_train_audio_align_50_steps_lowers_the_loss(capsys):

@@ -10,11 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import reference
-from engine.autodiff import GRADIENTS, differentiate
+from engine.graph import reference
+from engine.autodiff.gradients import GRADIENTS, differentiate
 from engine.errors import GraphError
-from engine.graph import Graph
-from engine.ops import BACKWARD_OPS, OPS, SOURCE, rope_tables
+from engine.graph.ir import Graph
+from engine.graph.ops import BACKWARD_OPS, OPS, SOURCE, rope_tables
 
 
 class CaseBuilder:

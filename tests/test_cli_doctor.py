@@ -54,7 +54,7 @@ def test_doctor_text_mentions_adapter(doctor_json):
 def test_doctor_paths_follow_the_device_features(doctor_json):
     from engine import codegen
     paths = doctor_json["paths"]
-    assert set(codegen.PLAIN.describe()) <= set(paths)
+    assert set(codegen.describe_paths(codegen.PLAIN)) <= set(paths)
     assert paths["reductions"] == ("subgroup" if "subgroup" in doctor_json["features"] else "workgroup memory")
     assert paths["matmul"].startswith("register-blocked f32")
     offered = any(f.startswith("cooperative-matri") for f in doctor_json["features"])
@@ -80,7 +80,7 @@ def test_meganeura_error_exits_2(monkeypatch, capsys):
 
 def test_engine_does_not_import_qt():
     code = (
-        "import sys, engine.cli, engine.weights, engine.device; "
+        "import sys, engine.cli, engine.weights, engine.runtime.device; "
         "engine.cli.doctor_report(); "
         "assert 'PySide6' not in sys.modules, 'engine imported Qt'"
     )
@@ -90,7 +90,7 @@ def test_engine_does_not_import_qt():
 def test_no_adapter_is_a_device_error(monkeypatch):
     import wgpu
 
-    from engine import device
+    from engine.runtime import device
     from engine.errors import DeviceError
 
     monkeypatch.setattr(device, "_adapter", None)
@@ -103,7 +103,7 @@ def test_no_adapter_is_a_device_error(monkeypatch):
 def test_no_adapter_through_dawn_says_how_to_run_without_it(monkeypatch):
     import wgpudawn
 
-    from engine import device
+    from engine.runtime import device
     from engine.errors import DeviceError
 
     monkeypatch.setenv("MEGANEURA_WGPU", "dawn")
@@ -113,7 +113,7 @@ def test_no_adapter_through_dawn_says_how_to_run_without_it(monkeypatch):
 
 
 def test_device_is_cached_and_has_features():
-    from engine import device
+    from engine.runtime import device
 
     dev = device.get_device()
     assert device.get_device() is dev

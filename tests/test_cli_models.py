@@ -4,7 +4,8 @@ import json
 
 import numpy as np
 
-from engine import models, reference
+from engine import models
+from engine.graph import reference
 from engine.cli import main
 
 

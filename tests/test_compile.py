@@ -6,10 +6,12 @@ import warnings
 import numpy as np
 import pytest
 
-from engine import Graph, reference
-from engine import compile as compile_mod
-from engine.compile import ExecutionPlan, cached_plan, compile_plan
-from engine.ops import OPS
+from engine import Graph
+from engine.graph import reference
+from engine.compile import plan as compile_mod
+from engine.compile.plan import ExecutionPlan, compile_plan
+from engine.compile.cache import cached_plan
+from engine.graph.ops import OPS
 
 
 def run_plan_in_numpy(graph, plan, inputs, params):
@@ -171,8 +173,8 @@ def test_stale_cache_entry_is_rebuilt(tmp_path):
 # ---------------------------------------------------------------- the whole step as data
 
 from engine import codegen, differentiate  # noqa: E402
-from engine.compile import ALIGN, OptimizerSpec  # noqa: E402
-from engine.train import TrainConfig  # noqa: E402
+from engine.compile.plan import ALIGN, OptimizerSpec  # noqa: E402
+from engine.train.config import TrainConfig  # noqa: E402
 
 
 def mlp_training_graph():
@@ -210,7 +212,7 @@ def test_training_plan_round_trips_with_kernels_groups_and_capabilities():
     _, _, plan = training_plan(mlp_training_graph(), TrainConfig(optimizer="adamw", weight_decay=0.1), caps)
     again = ExecutionPlan.from_dict(json.loads(plan.to_json()))
     assert again == plan
-    assert plan.capabilities["subgroups"] is True and plan.capabilities["paths"] == caps.describe()
+    assert plan.capabilities["subgroups"] is True and plan.capabilities["paths"] == codegen.describe_paths(caps)
     assert plan.optimizer["kind"] == "adamw" and plan.transfers and plan.groups
     for d in plan.dispatches:
         kernel = plan.kernels[d.key]

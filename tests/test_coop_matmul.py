@@ -16,8 +16,10 @@ import textwrap
 import numpy as np
 import pytest
 
-from engine import Graph, codegen, reference
-from engine.runtime import build_inference_session, device_capabilities
+from engine import Graph, codegen
+from engine.graph import reference
+from engine.runtime.session import build_inference_session
+from engine.runtime.device import device_capabilities
 
 from test_runtime import feeds, rel_err
 
@@ -117,8 +119,8 @@ def test_training_plans_scale_the_gradient_operands():
     product scales its gradient operand into f16's range first, whatever the loss is
     called, and the forward's products scale nothing; an inference plan scales nothing."""
     from engine import models
-    from engine.autodiff import differentiate
-    from engine.compile import compile_plan
+    from engine.autodiff.gradients import differentiate
+    from engine.compile.plan import compile_plan
     model = models.create("gpt-tiny", ["seq=32"])
     forward = model.build(train=True, batch=2)
     train, pairs = differentiate(forward, "loss")
@@ -150,7 +152,7 @@ def test_gradients_past_f16s_range_come_out_right(monkeypatch):
     device with subgroup matrices the weight gradient's product scales its operand into
     range and matches the float64 reference to f16's precision; elsewhere the f32
     kernels match it to f32's."""
-    from engine.autodiff import differentiate
+    from engine.autodiff.gradients import differentiate
     g = Graph("huge-gradients")
     x = g.input("x", [96, 64])
     w = g.parameter("w", [64, 48])
@@ -165,7 +167,7 @@ def test_gradients_past_f16s_range_come_out_right(monkeypatch):
 
 
 def test_bad_precision_and_backend_names_are_clear_errors(monkeypatch):
-    from engine import device
+    from engine.runtime import device
     from engine.errors import DeviceError
     monkeypatch.setenv("MEGANEURA_PRECISION", "bf16")
     with pytest.raises(DeviceError, match="MEGANEURA_PRECISION='bf16' is not one of f32, f16"):

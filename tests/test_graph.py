@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine import reference
+from engine.graph import reference
 from engine.errors import GraphError, ShapeError
-from engine.graph import Graph, Node
+from engine.graph.ir import Graph, Node
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -7,7 +7,9 @@ import torch
 import torch.nn.functional as F
 
 import torch_reference as tr
-from engine import audio, models, nn, reference
+from engine.data import audio
+from engine import models
+from engine.graph import nn, reference
 from engine.errors import MeganeuraError, UnknownModelError
 from engine.models.gpt import BOS, IGNORE, decode, encode
 from engine.weights import WeightsMismatchError, load_safetensors

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import torch_reference as tr
-from engine import nn, reference
+from engine.graph import nn, reference
 from engine.errors import MeganeuraError, ShapeError
-from engine.graph import Graph
+from engine.graph.ir import Graph
 
 
 class Block(nn.Module):

@@ -8,8 +8,9 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st, HealthCheck
 
-from engine import codegen, reference
-from engine.graph import Graph
+from engine import codegen
+from engine.graph import reference
+from engine.graph.ir import Graph
 from engine.optimize import optimize
 from engine.optimize.synthetic import decomposed_attention, transformer
 
@@ -294,7 +295,7 @@ def _weight_grad(k, m=64, n=96):
 def test_weight_gradient_stays_one_matmul_and_its_kernel_splits_k():
     """Split-K is the kernel's choice (codegen.matmul_splits), not a graph rewrite: the
     optimized graph keeps dW as one matmul, and its dispatch cuts K into slices."""
-    from engine.runtime import build_inference_session
+    from engine.runtime.session import build_inference_session
     g = _weight_grad(2048)
     o, rep = optimize(g)
     assert [n.op for n in o.nodes if n.op not in ("input", "parameter")] == ["matmul"], rep.format_table()

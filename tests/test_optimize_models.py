@@ -4,7 +4,8 @@ original and the optimized graph agree in float64, forward and training graphs."
 import numpy as np
 import pytest
 
-from engine import differentiate, models, reference
+from engine import differentiate, models
+from engine.graph import reference
 from engine.optimize import optimize
 
 SMALL = {"mlp": ["batch=4"], "whisper-tiny": ["mel_len=16", "batch=1"], "gpt-tiny": ["seq=8", "batch=1"],

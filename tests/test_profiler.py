@@ -9,10 +9,13 @@ import json
 import numpy as np
 import pytest
 
-from engine import Graph, profiler
+from engine import Graph
+from engine.runtime import profiler
+from engine.runtime.dispatches import estimate_flops
+from engine.runtime.trace import write_chrome_trace, write_perfetto
 from engine.cli import main
 from engine.errors import MeganeuraError
-from engine.runtime import build_inference_session
+from engine.runtime.session import build_inference_session
 
 STEPS = 3
 
@@ -133,7 +136,7 @@ def slices(pb, events, track):
 
 def test_perfetto_trace(report, session, tmp_path):
     path = tmp_path / "p.pftrace"
-    report.write_perfetto(path)
+    write_perfetto(report, path)
     assert report.trace == str(path)
     assert not [f for f in tmp_path.iterdir() if f.name.endswith(".tmp")]
     pb, tracks, events = read_perfetto(path)
@@ -185,7 +188,7 @@ def test_perfetto_trace(report, session, tmp_path):
 
 def test_chrome_trace(report, session, tmp_path):
     path = tmp_path / "p.json"
-    report.write_chrome_trace(path)
+    write_chrome_trace(report, path)
     data = json.loads(path.read_text())
     ev = data["traceEvents"]
     gpu = [e for e in ev if e["ph"] == "X" and e["cat"] == "gpu"]
@@ -203,7 +206,7 @@ def test_fallback_without_timestamp_query(session, monkeypatch, tmp_path):
     assert r.to_dict()["timestamps"] is False
     assert len(r.dispatches) == 2 * len(session.plan.dispatches) and all(d.gpu_ns > 0 for d in r.dispatches)
     path = tmp_path / "f.pftrace"
-    r.write_perfetto(path)
+    write_perfetto(r, path)
     pb, tracks, events = read_perfetto(path)
     assert any("NO timestamp-query" in t.name for t in tracks.values())
     (meta,) = [ev for _, ev in events if ev.type == pb.TrackEvent.TYPE_INSTANT]
@@ -288,7 +291,7 @@ def test_convolution_flops_are_one_implicit_gemm_each(dims):
     2 x (elements of the forward's output) x (weights of one filter) flops each. (The
     weight gradient's estimate was once ~1000x too high, which put a whisper-tiny
     training step at 115 'TFLOP/s'.)"""
-    from engine.autodiff import differentiate
+    from engine.autodiff.gradients import differentiate
     g = Graph("conv")
     spatial = (20,) * dims
     x = g.parameter("x", (2, 3) + spatial)   # a parameter, so its gradient (conv_input_grad) is taken
@@ -298,5 +301,5 @@ def test_convolution_flops_are_one_implicit_gemm_each(dims):
     g.output("loss", g.mean(g.apply("mul", y, y)))
     train, _ = differentiate(g)
     want = 2 * g[y].size * 3 * 3 ** dims
-    got = {n.op: profiler.estimate_flops(train, n) for n in train.nodes if n.op.startswith("conv")}
+    got = {n.op: estimate_flops(train, n) for n in train.nodes if n.op.startswith("conv")}
     assert got == {f"conv{dims}d": want, "conv_input_grad": want, "conv_weight_grad": want}, (got, want)

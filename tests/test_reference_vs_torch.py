@@ -1,6 +1,6 @@
 """The numpy reference executor against PyTorch, op by op.
 
-Every op of ``engine.ops.OPS`` (sources aside) is built into a small graph with the
+Every op of ``engine.graph.ops.OPS`` (sources aside) is built into a small graph with the
 public builders (or ``Graph.apply`` for the fused ops, which have no sugar), run by
 ``reference.run`` and compared with an independent PyTorch CPU computation on the
 same random inputs. ``test_every_op_has_a_torch_case`` fails when an op is added
@@ -34,9 +34,9 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import reference
-from engine.graph import Graph
-from engine.ops import OPS, SOURCE
+from engine.graph import reference
+from engine.graph.ir import Graph
+from engine.graph.ops import OPS, SOURCE
 
 F32_REL_TOL = 1e-5
 F64_RTOL = 1e-9

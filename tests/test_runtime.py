@@ -7,11 +7,15 @@ Relative error = max |gpu - ref| / max |ref| against a float64 reference.
 import numpy as np
 import pytest
 
-from engine import Graph, reference
-from engine import codegen, runtime
-from engine.compile import compile_plan
+from engine import Graph
+from engine.graph import reference
+from engine import codegen
+from engine.codegen.dispatch import _BUILDERS
+from engine.codegen.matmul import _tile_of
+from engine.runtime import session as runtime
+from engine.compile.plan import compile_plan
 from engine.errors import DeviceError, MeganeuraError, ShapeError
-from engine.runtime import build_inference_session
+from engine.runtime.session import build_inference_session
 
 TOL = 1e-4
 
@@ -128,7 +132,8 @@ def test_fused_pointwise_program_with_constants():
 
 
 def test_large_grids_fold_into_two_dimensions(monkeypatch):
-    monkeypatch.setattr(codegen, "MAX_WORKGROUPS", 5)
+    from engine.codegen import common
+    monkeypatch.setattr(common, "MAX_WORKGROUPS", 5)
     assert codegen.grid_1d(21) == (5, 5, 1)
     with pytest.raises(DeviceError):
         codegen.grid_1d(26)
@@ -208,7 +213,7 @@ def test_tiled_matmul_kernels(kernel, layout, monkeypatch):
         g.output(name, node)
     s = check(g)
     variants = {d.variant for d in s.plan.dispatches}
-    assert all(v.startswith(f"{codegen._tile_of(kernel)[0]}x") for v in variants), variants
+    assert all(v.startswith(f"{_tile_of(kernel)[0]}x") for v in variants), variants
     fetches = " ".join(variants)
     for fetch in ("outer-vec4", "k-vec4", "outer-scalar", "k-scalar"):
         assert fetch in fetches, (fetch, variants)
@@ -223,7 +228,7 @@ def test_matmuls_with_k_a_multiple_of_the_step_fetch_without_bounds_checks(kerne
     results dropped), on every operand layout, batched, broadcast, with the epilogue and
     cut into K slices."""
     monkeypatch.setenv("MEGANEURA_MATMUL", kernel)
-    tm, tn = codegen._tile_of(kernel)
+    tm, tn = _tile_of(kernel)
     m, n, k = (2 * tm + 5, tn - 4, 64) if ragged else (2 * tm, tn, 64)
     g = Graph("aligned")
     for ta, tb in [(False, False), (True, False), (False, True), (True, True)]:
@@ -579,7 +584,7 @@ def test_every_op_has_a_gpu_kernel():
 
 
 def test_unsupported_op_names_it(monkeypatch):
-    monkeypatch.delitem(codegen._BUILDERS, "bce_loss")
+    monkeypatch.delitem(_BUILDERS, "bce_loss")
     g = Graph("bce")
     x = g.input("x", [4, 9])
     t = g.input("t", [4, 9])
@@ -677,9 +682,9 @@ def test_relu_keeps_nan_so_a_poisoned_weight_reaches_the_loss():
 def test_a_lost_device_gives_a_clear_error():
     """Sessions on devices of their own (the process-wide one must survive the test),
     destroyed under them."""
-    from engine import device as device_mod
-    from engine.train import TrainConfig
-    from engine.training_session import TrainingSession
+    from engine.runtime import device as device_mod
+    from engine.train.config import TrainConfig
+    from engine.train.session import TrainingSession
 
     own = device_mod.request_adapter().request_device_sync()   # Dawn: one device an adapter
     g = Graph("lost")
@@ -708,7 +713,7 @@ def test_a_lost_device_gives_a_clear_error():
 
 
 def test_the_lost_process_device_is_forgotten(monkeypatch):
-    from engine import device as device_mod
+    from engine.runtime import device as device_mod
     lost = object()
     monkeypatch.setattr(device_mod, "_device", lost)
     device_mod.forget_device(object())      # another device: kept

@@ -11,9 +11,11 @@ import torch
 import torch.nn.functional as F
 
 from engine.errors import TrainingError
-from engine.graph import Graph
-from engine.train import (DataLoader, Optimizer, TrainConfig, Trainer, adam_update, clip_by_global_norm,
-                          learning_rate, sgd_update)
+from engine.graph.ir import Graph
+from engine.train.data import DataLoader
+from engine.train.optimizers import Optimizer, adam_update, sgd_update
+from engine.train.config import TrainConfig, clip_by_global_norm, learning_rate
+from engine.train.trainer import Trainer
 
 IN, HIDDEN, OUT, BATCH = 20, 32, 5, 16
 

@@ -3,11 +3,14 @@
 import numpy as np
 import pytest
 
-from engine import Graph, models, reference
+from engine import Graph, models
+from engine.graph import reference
 from engine.errors import TrainingError
-from engine.runtime import Session, build_inference_session
-from engine.train import DataLoader, TrainConfig, Trainer
-from engine.training_session import build_session
+from engine.runtime.session import Session, build_inference_session
+from engine.train.data import DataLoader
+from engine.train.config import TrainConfig
+from engine.train.trainer import Trainer
+from engine.train.session import build_session
 
 
 def small_mlp(batch=16, n_in=20, hidden=32, n_out=5):
@@ -261,8 +264,9 @@ def test_copied_gradients_reach_the_update_on_the_gpu():
 
 
 def test_a_plan_the_device_cannot_run_is_refused(monkeypatch):
-    from engine import codegen, runtime
-    from engine.compile import compile_plan
+    from engine import codegen
+    from engine.runtime import session as runtime
+    from engine.compile.plan import compile_plan
     from engine.errors import DeviceError
     g = small_mlp()
     plan = compile_plan(g, capabilities=codegen.Capabilities(subgroups=True))

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import nn
-from ..audio import HOP, log_mel_spectrogram, pad_or_trim, tone, write_wav
-from ..graph import Graph
+from ..graph import nn
+from ..data.audio import HOP, log_mel_spectrogram, pad_or_trim, tone, write_wav
+from ..graph.ir import Graph
 from .base import BuiltinModel, Setting, positive
 from .gpt import GPT, IGNORE, RMS_EPS, encode, next_token_row
 from .whisper import MAX_MEL_LEN, N_MELS, WIDTH, WhisperEncoder

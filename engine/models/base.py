@@ -18,8 +18,8 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 
 from ..errors import MeganeuraError
-from ..graph import Graph
-from ..nn import Module
+from ..graph.ir import Graph
+from ..graph.nn import Module
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import nn
-from ..graph import Graph
+from ..graph import nn
+from ..graph.ir import Graph
 from .base import BuiltinModel, Setting, at_most, positive
 
 VOCAB, BOS, IGNORE = 257, 256, -100

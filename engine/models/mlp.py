@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import nn
-from ..graph import Graph
+from ..graph import nn
+from ..graph.ir import Graph
 from .base import BuiltinModel, Setting, at_most, positive
 
 IN_FEATURES, HIDDEN, CLASSES = 784, 128, 10

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import nn
-from ..audio import HOP, N_MELS, log_mel_spectrogram, tone
-from ..graph import Graph
+from ..graph import nn
+from ..data.audio import HOP, N_MELS, log_mel_spectrogram, tone
+from ..graph.ir import Graph
 from .base import BuiltinModel, Setting, at_most, positive
 
 WIDTH, HEADS, LAYERS, FFN, MAX_POSITIONS = 384, 6, 4, 1536, 1500

@@ -12,7 +12,7 @@ import time
 from collections import defaultdict
 
 from ..errors import GraphError
-from ..graph import Graph
+from ..graph.ir import Graph
 from . import cost, egraph, pointwise, rules
 from .report import OptimizeReport
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from ..ops import OPS, SOURCE, VIEW
+from ..graph.ops import OPS, SOURCE, VIEW
 
 ELEMENT_BYTES = 4
 

@@ -23,8 +23,8 @@ from collections import defaultdict
 import numpy as np
 from egglog import EGraph, unstable_combine_rulesets
 
-from ..graph import Graph, _canon
-from ..ops import OPS, OpShapeError, TensorType
+from ..graph.ir import Graph, _canon
+from ..graph.ops import OPS, OpShapeError, TensorType
 from . import cost, rules
 from .rules import ACTIVATIONS, AXIS_ALL, AXIS_LAST, BINARY, REDUCE, UNARY
 

@@ -9,8 +9,8 @@ intermediate has to stay in memory. 0-d float constants become literals of the p
 
 from __future__ import annotations
 
-from ..graph import Graph
-from ..ops import OPS
+from ..graph.ir import Graph
+from ..graph.ops import OPS
 
 MAX_GROUP = 64
 
@@ -102,5 +102,5 @@ def fuse_pointwise(g: Graph, origins: dict[int, list[int]]):
 
 
 def _ttype(n):
-    from ..ops import TensorType
+    from ..graph.ops import TensorType
     return TensorType(n.shape, n.dtype)

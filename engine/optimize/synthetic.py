@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from ..graph import Graph
+from ..graph.ir import Graph
 
 
 def decomposed_attention(g: Graph, q, k, v, heads: int, causal: bool = False):

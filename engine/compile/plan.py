@@ -23,21 +23,16 @@ loss copied next to it, then the updates.
 """
 
 from __future__ import annotations
-
 import hashlib
 import json
 import os
-import tempfile
-import warnings
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
-from pathlib import Path
+from .. import codegen
+from ..version import __version__
+from ..graph.ir import Graph
+from ..graph.ops import OPS, SOURCE, VIEW
 
-from . import __version__, codegen
-from .graph import Graph
-from .ops import OPS, SOURCE, VIEW
-from .paths import shader_dir
 
 PLAN_FORMAT = 3
 ALIGN = 256  # storage-buffer offset alignment: a multiple of every adapter's minimum
@@ -286,7 +281,7 @@ def kernel_variant(kernel: codegen.Kernel) -> str:
 
 
 def capabilities_dict(caps: codegen.Capabilities) -> dict:
-    return {**asdict(caps), "paths": caps.describe()}
+    return {**asdict(caps), "paths": codegen.describe_paths(caps)}
 
 
 def storage_roots(graph: Graph) -> dict[int, int]:
@@ -624,61 +619,3 @@ def compile_plan(graph: Graph, gradients: dict[str, str] | None = None, loss: st
         step_buffer=step,
         transfers=transfers,
     )
-
-
-# ---------------------------------------------------------------- the on-disk cache
-
-def default_cache_dir() -> Path:
-    base = os.environ.get("MEGANEURA_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "meganeura")
-    return Path(base) / "plans"
-
-
-@lru_cache(maxsize=None)
-def _codegen_fingerprint() -> str:
-    """A hash of what writes a plan's kernels (codegen, this module, the WGSL
-    templates): a cached plan holds generated WGSL, so editing any of them must miss."""
-    h = hashlib.sha256()
-    for path in [Path(codegen.__file__), Path(__file__)] + sorted(shader_dir().glob("*.wgsl")):
-        h.update(path.name.encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()
-
-
-def _cache_key(graph: Graph, gradients, loss, capabilities: codegen.Capabilities,
-               optimizer: OptimizerSpec | None) -> str:
-    # the knobs force kernel variants at codegen time (benchmarks), so they are part of the key
-    key = json.dumps([graph.structural_hash(), sorted((gradients or {}).items()), loss, asdict(capabilities),
-                      optimizer.to_dict() if optimizer is not None else None, _codegen_fingerprint(),
-                      [os.environ.get(knob, "") for knob in codegen.KNOBS]], sort_keys=True)
-    return hashlib.sha256(key.encode()).hexdigest()[:32]
-
-
-def cached_plan(graph: Graph, gradients: dict[str, str] | None = None, loss: str | None = "loss",
-                cache_dir: Path | None = None, capabilities: codegen.Capabilities = codegen.PLAIN,
-                optimizer: OptimizerSpec | None = None) -> ExecutionPlan:
-    """``compile_plan`` through an on-disk cache keyed by graph hash, gradients, loss,
-    capabilities, optimizer, the code that generates kernels and the engine version.
-    A stale or unreadable entry is ignored with a warning and rewritten."""
-    cache_dir = Path(cache_dir or default_cache_dir())
-    path = cache_dir / f"{_cache_key(graph, gradients, loss, capabilities, optimizer)}-v{__version__}.json"
-    if path.exists():
-        try:
-            plan = ExecutionPlan.from_dict(json.loads(path.read_text()))
-            if (plan.graph_hash == graph.structural_hash() and plan.engine_version == __version__
-                    and plan.capabilities == capabilities_dict(capabilities)):
-                return plan
-            warnings.warn(f"plan cache {path} is stale; rebuilding it")
-        except (ValueError, TypeError, KeyError, OSError) as e:
-            warnings.warn(f"plan cache {path} is unreadable ({type(e).__name__}: {e}); rebuilding it")
-    plan = compile_plan(graph, gradients, loss, capabilities, optimizer)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(plan.to_json())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return plan

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import models
-from .cli import register_command
-from .errors import MeganeuraError
+from .. import models
+from .registry import register_command
+from ..errors import MeganeuraError
 
 
 def _model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -113,9 +113,9 @@ def _run_arguments(parser):
 def run_forward(model, params, inputs, backend: str) -> dict[str, np.ndarray]:
     graph = model.build(train=False)
     if backend == "reference":
-        from . import reference
+        from ..graph import reference
         return reference.run(graph, inputs, params, dtype=np.float32)
-    from .runtime import build_inference_session
+    from ..runtime.session import build_inference_session
     session = build_inference_session(graph)
     for name, value in params.items():
         session.set_parameter(name, value)
@@ -159,8 +159,8 @@ def _optimize_arguments(parser):
 
 
 def _optimize(args):
-    from .autodiff import differentiate
-    from .optimize import optimize
+    from ..autodiff.gradients import differentiate
+    from ..optimize import optimize
     model = models.create(args.model, args.settings)
     if args.weights:
         model.load_weights(args.weights)  # validates the file against the model
@@ -201,7 +201,7 @@ def _train_arguments(parser):
 
 
 def train_config(model, args):
-    from .train import TrainConfig
+    from ..train.config import TrainConfig
     fields = dict(model.TRAIN_DEFAULTS)
     chosen = {"optimizer": args.optimizer, "lr": args.lr, "schedule": args.schedule,
               "warmup_steps": args.warmup, "weight_decay": args.weight_decay, "momentum": args.momentum,
@@ -218,14 +218,15 @@ def adapter_summary(backend: str) -> dict | None:
     """``engine.runtime.adapter_summary()`` of the adapter a gpu run uses (None for reference)."""
     if backend != "gpu":
         return None
-    from .runtime import adapter_summary as gpu_adapter_summary
+    from ..runtime.device import adapter_summary as gpu_adapter_summary
     return gpu_adapter_summary()
 
 
 def _train(args):
     from tqdm import tqdm
 
-    from .train import DataLoader, Trainer
+    from ..train.data import DataLoader
+    from ..train.trainer import Trainer
     model, params = load_model(args)
     config = train_config(model, args)
     graph = model.build(train=True)

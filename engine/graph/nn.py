@@ -28,8 +28,8 @@ from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from .errors import GraphError, MeganeuraError, ShapeError
-from .graph import Graph
+from ..errors import GraphError, MeganeuraError, ShapeError
+from .ir import Graph
 
 CAPTURE_PREFIX = "capture:"
 

@@ -1,40 +1,12 @@
-"""The ``meganeura`` command line.
-
-Subcommands live in ``COMMANDS``; a module adds one with ``register_command``
-(and is listed in ``COMMAND_MODULES`` so that ``main`` imports it). Any
-``MeganeuraError`` a handler raises is printed as ``meganeura: error: ...`` on
-stderr with exit status 2. ``--json`` output goes to stdout, progress to stderr.
+"""``meganeura doctor``: the adapter wgpu chose, its features and limits, the kernel paths and package versions.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
-import sys
-from dataclasses import dataclass
-from typing import Callable
 
-from .errors import MeganeuraError
-
-
-@dataclass(frozen=True)
-class Command:
-    help: str
-    add_arguments: Callable[[argparse.ArgumentParser], None]
-    handler: Callable[[argparse.Namespace], int | None]
-
-
-COMMANDS: dict[str, Command] = {}
-
-# Modules that call register_command() when imported; main() imports them.
-COMMAND_MODULES: list[str] = ["engine.commands", "engine.profile_command"]
-
-
-def register_command(name, help, add_arguments, handler):
-    """Add subcommand ``name``: ``add_arguments(parser)`` declares its options,
-    ``handler(args)`` runs it and returns the exit status (None means 0)."""
-    COMMANDS[name] = Command(help, add_arguments, handler)
+from .registry import register_command
 
 
 # --- doctor --------------------------------------------------------------
@@ -77,11 +49,12 @@ def kernel_paths() -> dict:
     """Which path each archetype's kernels take on this device: the capabilities of the
     features the device enabled (what sessions compile their plans for), and where the
     adapter offers cooperative matrices, whether and how the tensor cores are used."""
-    from . import codegen, device
-    from .runtime import device_capabilities
+    from .. import codegen
+    from ..runtime import device
+    from ..runtime.device import device_capabilities
 
     caps = device_capabilities()
-    paths = caps.describe()
+    paths = codegen.describe_paths(caps)
     if _has_feature("cooperative-matrix", [str(f) for f in device.get_adapter().features]):
         if device.backend() != "dawn":
             paths["cooperative_matrix"] = ("offered, not used: wgpu-native 29 cannot enable wgpu's experimental "
@@ -95,7 +68,7 @@ def kernel_paths() -> dict:
 
 
 def doctor_report() -> dict:
-    from . import device
+    from ..runtime import device
 
     info = device.adapter_info()
     return {
@@ -162,40 +135,3 @@ register_command(
     _doctor_arguments,
     _doctor,
 )
-
-
-# --- main ----------------------------------------------------------------
-
-
-def build_parser() -> argparse.ArgumentParser:
-    for module in COMMAND_MODULES:
-        importlib.import_module(module)
-    parser = argparse.ArgumentParser(
-        prog="meganeura",
-        description="Meganeura engine: optimize, run, train and profile neural networks on wgpu.",
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-    for name, cmd in COMMANDS.items():
-        p = sub.add_parser(name, help=cmd.help, description=cmd.help)
-        cmd.add_arguments(p)
-        p.set_defaults(_handler=cmd.handler)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        status = args._handler(args)
-    except MeganeuraError as exc:
-        print(f"meganeura: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("meganeura: interrupted", file=sys.stderr)
-        return 130
-    return 0 if status is None else int(status)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,13 +14,15 @@ import math
 
 import numpy as np
 
-from . import codegen
-from .autodiff import differentiate
-from .compile import OptimizerSpec, cached_plan
-from .device import device_guard, get_device
-from .graph import Graph
-from .runtime import Session, device_capabilities
-from .train import TrainConfig, freeze_by_multiplier, learning_rate
+from .. import codegen
+from ..autodiff.gradients import differentiate
+from ..compile.plan import OptimizerSpec
+from ..compile.cache import cached_plan
+from ..runtime.device import device_guard, get_device
+from ..graph.ir import Graph
+from ..runtime.session import Session
+from ..runtime.device import device_capabilities
+from .config import TrainConfig, freeze_by_multiplier, learning_rate
 
 
 class TrainingSession(Session):
@@ -33,7 +35,7 @@ class TrainingSession(Session):
 
     def __init__(self, graph: Graph, config: TrainConfig | None = None, device=None, optimize: bool = True,
                  capabilities: codegen.Capabilities | None = None):
-        from .optimize import optimize as fuse
+        from ..optimize import optimize as fuse
         self.config = config or TrainConfig()
         forward = freeze_by_multiplier(graph, self.config)
         if optimize:

@@ -14,7 +14,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .errors import MeganeuraError
+from ..errors import MeganeuraError
 
 SAMPLE_RATE = 16_000
 N_FFT = 400

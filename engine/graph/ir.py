@@ -19,7 +19,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from .errors import GraphError, ShapeError
+from ..errors import GraphError, ShapeError
 from .ops import OPS, OpShapeError, TensorType
 
 DTYPES = {"f32": np.float32, "i32": np.int32}

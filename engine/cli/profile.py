@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import argparse
 
-from .cli import register_command
+from .registry import register_command
 from .commands import _model_arguments, _print_json, load_model, progress
-from .errors import MeganeuraError
+from ..errors import MeganeuraError
 
 
 def _profile_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +30,7 @@ def _profile_arguments(parser: argparse.ArgumentParser) -> None:
 
 def profile_model(args, spans=None):
     """Build ``args.model`` on the GPU and profile it; returns the ProfileReport."""
-    from .profiler import SpanRecorder
+    from ..runtime.report import SpanRecorder
 
     if args.steps < 1:
         raise MeganeuraError(f"--steps must be at least 1, found {args.steps}")
@@ -52,9 +52,10 @@ def profile_built_model(model, params, steps: int, *, train: bool = False, graph
     optimized forward graph to run (inference only; by default the model's graph is built
     and optimized here). ``progress`` gets one line per phase and per step (raising in it
     cancels the run)."""
-    from . import compile as compile_mod
-    from . import runtime
-    from .profiler import SpanRecorder, add_build_spans, profile_session
+    from ..compile import plan as compile_mod
+    from ..runtime import session as runtime
+    from ..runtime.report import SpanRecorder, add_build_spans
+    from ..runtime.profiler import profile_session
 
     if steps < 1:
         raise MeganeuraError(f"--steps must be at least 1, found {steps}")
@@ -67,15 +68,15 @@ def profile_built_model(model, params, steps: int, *, train: bool = False, graph
     say(f"profiling {model.name} ({'training' if train else 'forward'} step, "
         f"{len(graph.nodes)} nodes) for {steps} steps")
     if train:
-        from .train import TrainConfig
-        from .training_session import build_session
+        from ..train.config import TrainConfig
+        from ..train.session import build_session
         config = TrainConfig(**model.TRAIN_DEFAULTS, batch_size=model.settings["batch"], seed=seed)
         with rec.span("build training session (optimize, differentiate, optimize, compile)"):
             session = build_session(graph, config)
             add_build_spans(rec, session)
     else:
         if not optimized:
-            from .optimize import optimize as fuse
+            from ..optimize import optimize as fuse
             with rec.span("optimize"):
                 graph, _ = fuse(graph)
         with rec.span("compile plan"):
@@ -92,7 +93,7 @@ def profile_built_model(model, params, steps: int, *, train: bool = False, graph
 
 
 def _profile(args) -> int:
-    from .profiler import write_trace
+    from ..runtime.profiler import write_trace
 
     report = profile_model(args)
     if args.trace:

@@ -25,8 +25,8 @@ import re
 import threading
 from importlib import metadata
 
-from .codegen import SUBGROUP_MATRIX_FEATURE
-from .errors import DeviceError
+from ..codegen.common import SUBGROUP_MATRIX_FEATURE, Capabilities, precision
+from ..errors import DeviceError
 
 # Features the engine can use when the adapter offers them, by each backend's names
 # (kebab-case). Subgroups and cooperative matrices have had several names across
@@ -369,3 +369,22 @@ def versions() -> dict:
     ):
         out[dist] = native if dist == "wgpu-native" else _version(dist)
     return out
+
+
+def device_capabilities(device=None) -> Capabilities:
+    """The capabilities plans for ``device`` (default: the process's) are compiled with:
+    every feature of it that a kernel path uses, and its workgroup memory."""
+    device = device if device is not None else get_device()
+    return Capabilities.from_features(device.features,
+                                              _limit(device.limits, "max_compute_workgroup_storage_size"),
+                                              dialect="tint" if backend() == "dawn" else "naga",
+                                              precision=precision(),
+                                              fragments=backend() == "dawn" and has_coop_fragments(get_adapter()))
+
+
+def adapter_summary() -> dict:
+    """The adapter as the JSON outputs (train, profile) give it: name, backend, software,
+    the wgpu implementation (native or dawn) and the precision matmuls run in on it."""
+    info = adapter_info()
+    return {**{k: info[k] for k in ("name", "backend", "software", "wgpu")},
+            "matmul_precision": "f16" if device_capabilities().matmul_f16 else "f32"}

@@ -28,9 +28,9 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import GraphError
-from .graph import Graph, Node
-from .ops import OPS, SOURCE, tiled_attention_head_dim
+from ..errors import GraphError
+from ..graph.ir import Graph, Node
+from ..graph.ops import OPS, SOURCE, tiled_attention_head_dim
 
 GradientRule = Callable[[Graph, Node, int], tuple]
 

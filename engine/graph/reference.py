@@ -10,8 +10,8 @@ from typing import Mapping
 
 import numpy as np
 
-from .errors import GraphError, ShapeError
-from .graph import Graph
+from ..errors import GraphError, ShapeError
+from .ir import Graph
 from .ops import OPS
 
 

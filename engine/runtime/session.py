@@ -19,11 +19,12 @@ from typing import Mapping
 
 import numpy as np
 
-from . import codegen
-from .compile import ALIGN, ExecutionPlan, KernelSource, Transfer, cached_plan, compile_plan
-from .device import _limit, device_guard, get_device, native_api, shader_checks, shader_module, wgpu_module
-from .errors import DeviceError, MeganeuraError, ShapeError
-from .graph import Graph
+from .. import codegen
+from ..compile.plan import ALIGN, ExecutionPlan, KernelSource, Transfer, compile_plan
+from ..compile.cache import cached_plan
+from .device import _limit, device_capabilities, device_guard, get_device, native_api, shader_checks, shader_module, wgpu_module
+from ..errors import DeviceError, MeganeuraError, ShapeError
+from ..graph.ir import Graph
 
 _NP = {"f32": np.float32, "i32": np.int32}
 
@@ -35,27 +36,6 @@ _PIPELINES: dict[tuple[int, str], tuple] = {}
 
 def _fmt_bytes(n: int) -> str:
     return f"{n / 2**20:.1f} MiB ({n} bytes)"
-
-
-def device_capabilities(device=None) -> codegen.Capabilities:
-    """The capabilities plans for ``device`` (default: the process's) are compiled with:
-    every feature of it that a kernel path uses, and its workgroup memory."""
-    from .device import backend, get_adapter, has_coop_fragments
-    device = device if device is not None else get_device()
-    return codegen.Capabilities.from_features(device.features,
-                                              _limit(device.limits, "max_compute_workgroup_storage_size"),
-                                              dialect="tint" if backend() == "dawn" else "naga",
-                                              precision=codegen.precision(),
-                                              fragments=backend() == "dawn" and has_coop_fragments(get_adapter()))
-
-
-def adapter_summary() -> dict:
-    """The adapter as the JSON outputs (train, profile) give it: name, backend, software,
-    the wgpu implementation (native or dawn) and the precision matmuls run in on it."""
-    from .device import adapter_info
-    info = adapter_info()
-    return {**{k: info[k] for k in ("name", "backend", "software", "wgpu")},
-            "matmul_precision": "f16" if device_capabilities().matmul_f16 else "f32"}
 
 
 def _as_view(view) -> tuple[object, int, int]:
@@ -415,7 +395,7 @@ def build_inference_session(graph: Graph, plan: ExecutionPlan | None = None, sha
     model at another batch size) it uses that session's parameter buffers: every update
     the other session makes is seen here, with no copy."""
     if optimize and plan is None:
-        from .optimize import optimize as fuse
+        from ..optimize import optimize as fuse
         graph, _ = fuse(graph)
     shared = share_with.parameter_buffers() if share_with is not None else None
     device = share_with.device if share_with is not None else get_device()

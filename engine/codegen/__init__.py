@@ -1,0 +1,22 @@
+"""WGSL for one dispatch: kernel archetypes as templates in ``shaders/``.
+
+There is no shader per op. Each archetype is a module here on templates of its own
+(``pointwise``, ``matmul``, ``reduction``, ``copies``, ``convolution``, ``attention``,
+``training``), sharing ``common`` (``Capabilities``, ``Kernel``, template rendering).
+``dispatch.kernel_for`` picks the builder of a node's op and returns a ``Kernel``: the
+WGSL source, the binding layout, the per-dispatch parameter words ("meta") and the
+workgroup counts. Imports ``engine.graph`` and ``engine.errors`` only.
+"""
+
+from .attention import (ATTENTION_BACKWARD, ATTENTION_FILL, ATTENTION_MAX_SPLITS, ATTENTION_MIN_PART,
+                        attention_backward_bytes, attention_backward_rows, attention_queries, attention_splits,
+                        attention_variant, attention_workgroup_bytes)
+from .common import (KNOBS, MAX_WORKGROUPS, PLAIN, PRECISIONS, SUBGROUP_MATRIX_FEATURE, THREAD_LAYOUTS,
+                     Capabilities, Kernel, UnsupportedOpError, forward_nodes, grid_1d, precision)
+from .dispatch import describe_paths, kernel_for, supported_ops, unsupported_ops
+from .matmul import (COOP, MATMUL_KERNELS, MATMUL_MAX_SPLITS, TILED, coop_workgroup_bytes, matmul_splits,
+                     matmul_variant, operand_fetch, split_rule)
+from .training import (gradient_copy_kernel, norm_partials, norm_total_kernel, optimizer_kernel,
+                       sum_squares_kernel)
+
+__all__ = [name for name in dir() if not name.startswith("_")]

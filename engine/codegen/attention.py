@@ -1,0 +1,335 @@
+"""Attention with online softmax: the per-query and tiled (flash) forward, split
+streams and their combine, the log-sum-exp and the backward kernels.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from ..errors import DeviceError
+from ..graph.ir import Graph, Node
+from ..graph.ops import tiled_attention_head_dim
+from .common import Capabilities, Kernel, MAX_WORKGROUPS, PLAIN, UnsupportedOpError, WG, _finish, _render, f32_bits, grid_1d
+
+
+def attention_variant(head_dim: int) -> str:
+    """Which attention kernel a head dim gets: ``"tiled"`` (flash attention, blocks of
+    queries and keys in workgroup memory, a vec4 of output columns per thread) where D is a multiple of 4 up
+    to 64, else ``"per-query"`` (one thread per query streaming over the keys).
+    ``MEGANEURA_ATTENTION=per-query`` forces the latter (benchmarks and tests)."""
+    if os.environ.get("MEGANEURA_ATTENTION") == "per-query":
+        return "per-query"
+    return "tiled" if tiled_attention_head_dim(head_dim) else "per-query"
+
+
+def _attention_dims(node: Node, q: Node, k: Node):
+    """(batch, T, S, H, HKV, D, causal, scale) of an attention op's node."""
+    a = node.attrs
+    h = a["num_heads"]
+    hkv = a.get("num_kv_heads") or h
+    bsz, t, w = q.shape
+    d = w // h
+    scale = a.get("scale")
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    return bsz, t, k.shape[1], h, hkv, d, int(bool(a.get("causal"))), scale
+
+
+def _attention(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    bsz, t, s, h, hkv, d, causal, scale = _attention_dims(node, graph[node.inputs[0]], graph[node.inputs[1]])
+    if attention_variant(d) == "tiled":
+        return _attention_tiled(graph, node, bsz, t, s, h, hkv, d, causal, scale, caps)
+    return _attention_per_query(graph, node, bsz, t, s, h, hkv, d, causal, scale)
+
+
+def _attention_per_query(graph, node, bsz, t, s, h, hkv, d, causal, scale) -> Kernel:
+    total = bsz * h * t
+    meta = [total, t, s, h, hkv, causal, f32_bits(scale)]
+    kernel = _finish("attention", "attention", "attention.wgsl", ["q", "k", "v"], ["f32"] * 3, "f32",
+                     meta, grid_1d(-(-total // 64)), D=d,
+                     SCORE=" + ".join(f"qv[{i}] * k[kb + {i}u]" for i in range(d)),
+                     ACCUMULATE="\n".join(f"        acc[{i}] = acc[{i}] * corr + p * v[kb + {i}u];"
+                                           for i in range(d)))
+    kernel.notes["variant"] = "one thread per query"
+    return kernel
+
+
+# An attention grid of fewer workgroups than this splits its streamed side (below);
+# measured on the H100 (docs/benchmarks.md, run 12).
+ATTENTION_FILL = 6 * 132   # six workgroups on each of an H100's 132 SMs
+ATTENTION_MIN_PART = 8     # streamed blocks a part keeps at least
+ATTENTION_MAX_SPLITS = 16
+
+
+def attention_splits(grid: int, streamed_blocks: int) -> int:
+    """How many parts an attention kernel with ``grid`` workgroups (blocks of fixed rows x
+    heads x batch) splits each workgroup's ``streamed_blocks`` blocks into. Whisper's
+    encoder at batch 1 has 47 x 6 blocks of 32 queries, 282 workgroups of 128 threads:
+    two an SM, too few to hide memory latency; splitting the keys three ways took its
+    forward from 0.378 to 0.324 ms and its backward from 1.82 to 1.62 ms on the H100 (run
+    12, 32-row blocks), at the price of partial results and a second dispatch that
+    combines them. Short streams lose: gpt-tiny's 256 causal keys ran 20% slower split
+    in two.
+    ``MEGANEURA_ATTENTION_SPLITS=N`` forces N (benchmarks and tests)."""
+    forced = os.environ.get("MEGANEURA_ATTENTION_SPLITS")
+    if forced:
+        return max(1, min(int(forced), streamed_blocks))
+    if grid >= ATTENTION_FILL:
+        return 1
+    return max(1, min(-(-ATTENTION_FILL // grid), streamed_blocks // ATTENTION_MIN_PART, ATTENTION_MAX_SPLITS))
+
+
+def _split_grid(graph: Graph, node: Node, blocks: int, heads: int, bsz: int, splits: int):
+    grid = (blocks, heads, bsz * splits)
+    if max(grid) > MAX_WORKGROUPS:
+        raise DeviceError(f"{graph.format_node(node)}: attention grid {grid} exceeds {MAX_WORKGROUPS} "
+                          f"workgroups per dimension")
+    return grid
+
+
+_SPLIT_MODES = {"softmax": 0, "sum": 1, "logsumexp": 2}
+
+
+def _split_combine(kernel: Kernel, mode: str, splits: int, n: int, partials: int, dims=(0, 0, 0, 0),
+                   streamed: str = "keys") -> Kernel:
+    """Make ``kernel`` (whose output binding now receives ``partials`` floats from
+    ``splits`` parts) the first stage of a two-dispatch node whose second stage combines
+    the parts into the ``n`` outputs (vec4s for ``softmax``): attention_splits.wgsl."""
+    bsz, t, h, d4 = dims
+    typ = "vec4<f32>" if mode == "softmax" else "f32"
+    zero = "vec4<f32>(0.0)" if mode == "softmax" else "0.0"
+    kernel.partials = partials
+    kernel.finish = _finish(f"{kernel.name}:combine", "reduction", "attention_splits.wgsl", ["partials"], [typ],
+                            typ, [n, splits, bsz, t, h, d4, -(-t // 4)], grid_1d(-(-n // WG)),
+                            MODE=_SPLIT_MODES[mode], OUT_TYPE=typ, ZERO=zero,
+                            STAT="partials[at][t % 4u]" if mode == "softmax" else "0.0")
+    kernel.finish.guarded = True
+    kernel.notes["variant"] += f", {streamed} split {splits} ways"
+    return kernel
+
+
+ATTENTION_KEYS = 64   # keys per block of attention_tiled.wgsl (16 threads x 4)
+
+
+def _p_row(j: int) -> int:
+    """The row of Ps that holds streamed row (key) j of a block of 64: thread tx writes
+    rows 4tx..4tx+3 at tx, 16 + tx, 32 + tx, 48 + tx, so a row's 16 threads hit 16 banks."""
+    return 16 * (j % 4) + j // 4
+
+
+def attention_workgroup_bytes(queries: int, head_dim: int) -> int:
+    """Workgroup memory of attention_tiled.wgsl with blocks of ``queries`` queries: Qs, the
+    K/V block (K's d-rows, the larger, padded by one), Ps and the row partials (vec4s; Ps
+    and red rows padded by one)."""
+    qv = queries // 4
+    return 16 * (head_dim * qv + head_dim * (ATTENTION_KEYS // 4 + 1) + (ATTENTION_KEYS + 16) * (qv + 1))
+
+
+def attention_queries(head_dim: int, caps: Capabilities) -> int:
+    """Queries a workgroup of the tiled forward owns: 32 where the device's workgroup
+    memory holds that block (37 KiB at D = 64: NVIDIA's 48 KiB does, lavapipe's 32 KiB
+    from D = 56 on does not), else 16."""
+    return 32 if attention_workgroup_bytes(32, head_dim) <= caps.workgroup_storage else 16
+
+
+def attention_prefetch() -> int:
+    """How far ahead the attention kernels fetch their staged blocks:
+    ``MEGANEURA_ATTENTION_PREFETCH`` 0 (each block where it is stored), 1 (a block's
+    second operand at the block's start) or 2, the default (the forward also fetches the
+    next block's keys before P . V; the backward as 1)."""
+    level = os.environ.get("MEGANEURA_ATTENTION_PREFETCH") or "2"
+    if level not in ("0", "1", "2"):
+        raise DeviceError(f"MEGANEURA_ATTENTION_PREFETCH={level!r} is not 0, 1 or 2")
+    return int(level)
+
+
+def _per_element(template: str, threads: int, steps: int, indent: int = 8) -> str:
+    """The attention kernels' unrolled staging: ``template`` once per element a thread
+    stages, ``{e}`` the element (tid + n * threads) and ``{n}`` its step."""
+    return "\n".join(" " * indent + template.format(n=n, e=f"tid + {n * threads}u") for n in range(steps))
+
+
+def _forward_staging(threads: int, steps: int) -> dict:
+    """The staging lines of attention_tiled.wgsl's loop, element tid + n * threads each:
+    with prefetch, V's registers vpre<n> are fetched before the scores and stored after
+    them, and the next block's K (kpre<n>) before P . V, stored at the next block's
+    start."""
+    level = attention_prefetch()
+    lines = lambda template, indent=8: _per_element(template, threads, steps, indent)  # noqa: E731
+
+    stage_k = lines("put_k_element({e}, fetch_k({e}, b, hk, k0));")
+    stage_v = lines("put_v_element({e}, fetch_v({e}, b, hk, k0));")
+    staging = dict(FIRST_K="", STAGE_K=stage_k, FETCH_V="", STAGE_V=stage_v, FETCH_K="")
+    if level >= 1:
+        staging.update(FETCH_V=lines("let vpre{n} = fetch_v({e}, b, hk, k0);"),
+                       STAGE_V=lines("put_v_element({e}, vpre{n});"))
+    if level >= 2:
+        staging.update(FIRST_K=lines("var kpre{n} = fetch_k({e}, b, hk, part * per_part * BKV);", 4),
+                       STAGE_K=lines("put_k_element({e}, kpre{n});"),
+                       FETCH_K=lines("kpre{n} = fetch_k({e}, b, hk, k0 + BKV);"))
+    return staging
+
+
+def _attention_tiled(graph, node, bsz, t, s, h, hkv, d, causal, scale, caps: Capabilities = PLAIN) -> Kernel:
+    bq = attention_queries(d, caps)
+    blocks = -(-t // bq)
+    splits = attention_splits(blocks * h * bsz, -(-s // ATTENTION_KEYS))
+    grid = _split_grid(graph, node, blocks, h, bsz, splits)
+    meta = [t, s, h, hkv, causal, f32_bits(scale * math.log2(math.e)), splits, bsz]
+    vec4 = "vec4<f32>"
+    threads = 4 * bq
+    stage = -(-ATTENTION_KEYS * d // 4 // threads)
+    kernel = _finish("attention", "attention", "attention_tiled.wgsl", ["q", "k", "v"], [vec4] * 3, vec4,
+                     meta, grid, D=d, BQ=bq, THREADS=threads,
+                     ROWS=_render("attention_rows.wgsl", PARTIALS="red", STRIDE="PS"),
+                     SPLIT="true" if splits > 1 else "false", **_forward_staging(threads, stage),
+                     SCORES="\n".join(f"        s = outer_step(s, Qs[{i}u * QV + ty], KVs[{i}u * KR + tx]);"
+                                       for i in range(d)),
+                     ACCUMULATE="\n".join(f"            o = outer_step(o, KVs[{j}u * D4 + tx], "
+                                           f"Ps[{_p_row(j)}u * PS + ty]);" for j in range(ATTENTION_KEYS)))
+    kernel.notes["variant"] = (f"tiled (flash) {bq} queries x {ATTENTION_KEYS} keys, "
+                               f"4x4 scores and 4x4 outputs/thread")
+    kernel.guarded = True
+    if splits > 1:
+        rows = bsz * t * h
+        stats = splits * bsz * h * -(-t // 4) * 8
+        _split_combine(kernel, "softmax", splits, rows * d // 4, splits * rows * d + stats, (bsz, t, h, d // 4))
+    return kernel
+
+
+@dataclass(frozen=True)
+class _BackwardMode:
+    """One kernel of attention_backward.wgsl: its MODE (the template's MODE_LSE, MODE_DQ,
+    MODE_DK, MODE_DV), the node's operand names and the operands playing the roles A, B
+    (fixed side: scores, dP) and X, Y (streamed side)."""
+
+    index: int
+    operands: tuple[str, ...]
+    roles: tuple[str, str, str, str]
+
+    @property
+    def fixed_queries(self) -> bool:
+        """lse and dq own blocks of queries; dk and dv blocks of keys."""
+        return self.index <= 1
+
+    @property
+    def has_dp(self) -> bool:
+        """dq and dk need dP = dO vᵀ (and so the B operand and Delta)."""
+        return self.index in (1, 2)
+
+    @property
+    def accumulates(self) -> bool:
+        """All but lse sum a block's P or dS times a streamed operand into their output."""
+        return self.index > 0
+
+
+_GRAD_OPERANDS = ("q", "k", "v", "dout", "lse", "delta")
+ATTENTION_BACKWARD = {
+    "attention_lse": _BackwardMode(0, ("q", "k"), ("q", "q", "k", "k")),
+    "attention_grad_q": _BackwardMode(1, _GRAD_OPERANDS, ("q", "dout", "k", "v")),
+    "attention_grad_k": _BackwardMode(2, _GRAD_OPERANDS, ("k", "v", "q", "dout")),
+    "attention_grad_v": _BackwardMode(3, ("q", "k", "dout", "lse"), ("k", "k", "q", "dout")),
+}
+ATTENTION_STREAMED = 64   # streamed rows per block of attention_backward.wgsl (16 threads x 4)
+
+
+def attention_backward_bytes(rows: int, head_dim: int, has_dp: bool, accumulates: bool = True) -> int:
+    """Workgroup memory of an attention_backward.wgsl kernel owning ``rows`` fixed rows:
+    As (and Bs where it computes dP), Ss (d-rows rounded up to 16, padded by a vec4) and
+    Ps (padded rows: a block's, or lse's 16 partials), in vec4s."""
+    rv = rows // 4
+    ps_rows = ATTENTION_STREAMED if accumulates else 16
+    return 16 * (head_dim * rv + (head_dim * rv if has_dp else 1)
+                 + 16 * -(-head_dim // 16) * (ATTENTION_STREAMED // 4 + 1) + ps_rows * (rv + 1))
+
+
+def attention_backward_rows(head_dim: int, mode: "_BackwardMode", caps: Capabilities) -> int:
+    """Fixed rows a workgroup of an attention backward kernel owns: the most (64, 32 or
+    16) the device's workgroup memory holds. Each block of streamed rows staged serves
+    that many fixed rows, and the kernels are bound by that staging (on the H100, 16 rows
+    took twice as long as 32); only lse, which keeps no block of P, fits 64 at D = 64 in
+    NVIDIA's 48 KiB. ``MEGANEURA_ATTENTION_BACKWARD_ROWS=16|32|64`` forces it (benchmarks)."""
+    forced = os.environ.get("MEGANEURA_ATTENTION_BACKWARD_ROWS")
+    if forced in ("16", "32", "64"):
+        return int(forced)
+    fits = [r for r in (64, 32) if attention_backward_bytes(r, head_dim, mode.has_dp, mode.accumulates)
+            <= caps.workgroup_storage]
+    return fits[0] if fits else 16
+
+
+def _score_lines(fixed: str, acc: str, d: int, indent: int) -> str:
+    """acc (4 fixed rows x streamed rows 4tx..4tx+3) += fixed . Ss over d, unrolled."""
+    return "\n".join(f"{' ' * indent}{acc} = score_step({acc}, {fixed}[{i}u * RV + ty], Ss[{i}u * CV + tx]);"
+                     for i in range(d))
+
+
+def _accumulate_lines(groups: int) -> str:
+    """o += Ps . Ss over the block's streamed rows, 4 at a time, unrolled: column r of o is
+    output column tx + 16 r (r < groups), read from d-row tx + 16 r of Ss as a vec4 over 4
+    streamed rows."""
+    lines = []
+    for jj in range(ATTENTION_STREAMED // 4):
+        loads = " ".join(f"let x{r} = Ss[xc + {16 * r}u * CV + {jj}u];" for r in range(groups))
+        lines.append(f"{' ' * 12}{{ {loads}")
+        for c in "xyzw":
+            j = 4 * jj + "xyzw".index(c)
+            x = ", ".join(f"x{r}.{c}" if r < groups else "0.0" for r in range(4))
+            lines.append(f"{' ' * 14}o = accumulate_step(o, Ps[{_p_row(j)}u * PR + ty], vec4<f32>({x}));")
+        lines[-1] += " }"
+    return "\n".join(lines)
+
+
+def _staging(mode: _BackwardMode, threads: int, steps: int) -> dict:
+    """The staging lines of attention_backward.wgsl's loop: the second operand of a block
+    (dq, dk: X; dv: Y) fetched into registers pre0.. at its start and put into Ss where it
+    is needed; lse, with one operand, stages X directly. ``MEGANEURA_ATTENTION_PREFETCH=0``
+    stages both directly (benchmarks; see attention_prefetch)."""
+    direct = {role: f"        stage_stream({role}, tid, b, stream_head, c0);" for role in ("ROLE_X", "ROLE_Y")}
+    if mode.index == 0 or attention_prefetch() == 0:
+        return dict(PREFETCH="", STAGE_X=direct["ROLE_X"], STAGE_Y=direct["ROLE_Y"])
+    fetch = _per_element("let pre{n} = fetch_element(second, {e}, b, stream_head, c0);", threads, steps)
+    put = _per_element("put_element({e}, pre{n});", threads, steps)
+    dv = mode.index == 3
+    return dict(PREFETCH=fetch, STAGE_X=direct["ROLE_X"] if dv else put, STAGE_Y=put if dv else direct["ROLE_Y"])
+
+
+def _attention_backward(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    mode = ATTENTION_BACKWARD[node.op]
+    q, k = graph[node.inputs[0]], graph[node.inputs[1]]
+    bsz, t, s, h, hkv, d, causal, scale = _attention_dims(node, q, k)
+    if not tiled_attention_head_dim(d):
+        raise UnsupportedOpError(f"{graph.format_node(node)}: no {node.op} kernel for head dim {d} (it takes "
+                                 f"multiples of 4 up to 64); differentiate attention with such heads "
+                                 f"by decomposition")
+    rows = attention_backward_rows(d, mode, caps)
+    threads = 4 * rows
+    fixed, streamed = (t, s) if mode.fixed_queries else (s, t * (h // hkv))
+    blocks, heads = -(-fixed // rows), h if mode.fixed_queries else hkv
+    splits = attention_splits(blocks * heads * bsz, -(-streamed // ATTENTION_STREAMED))
+    grid = _split_grid(graph, node, blocks, heads, bsz, splits)
+    meta = [t, s, h, hkv, causal, f32_bits(scale * math.log2(math.e)), f32_bits(scale), splits, node.size]
+    groups = -(-d // 16)
+    stage_steps = -(-ATTENTION_STREAMED * d // 4 // threads)
+    types = ["f32" if n in ("lse", "delta") else "vec4<f32>" for n in mode.operands]
+    a, b, x, y = mode.roles
+    kernel = _finish(node.op, "attention", "attention_backward.wgsl", list(mode.operands), types, "f32", meta,
+                     grid, D=d, R=rows, THREADS=threads, MODE=mode.index,
+                     ROWS=_render("attention_rows.wgsl", PARTIALS="Ps", STRIDE="PR"), A=a, B=b, X=x, Y=y,
+                     LSE_AT="lse[i] * LOG2E" if "lse" in mode.operands else "0.0",
+                     DELTA_AT="delta[i]" if "delta" in mode.operands else "0.0",
+                     BS_LEN="D * RV" if mode.has_dp else "1u", SS_ROWS=16 * groups,
+                     PS_ROWS="C" if mode.accumulates else "16u",
+                     STAGE=_per_element("stage_element(role, {e}, b, head, c0);", threads, stage_steps, 4),
+                     **_staging(mode, threads, stage_steps),
+                     SCORES=_score_lines("As", "s", d, 8),
+                     DP=_score_lines("Bs", "dp", d, 12) if mode.has_dp else "",
+                     ACCUMULATE=_accumulate_lines(groups) if mode.accumulates else "")
+    fixed, streamed = ("queries", "keys") if mode.fixed_queries else ("keys", "queries")
+    kernel.notes["variant"] = (f"tiled backward: {rows} {fixed} a workgroup, {streamed} streamed "
+                               f"{ATTENTION_STREAMED} at a time, 4x4 scores and 4x{groups} outputs/thread")
+    kernel.guarded = True
+    if splits > 1:
+        _split_combine(kernel, "logsumexp" if mode.index == 0 else "sum", splits, node.size, splits * node.size,
+                       streamed=streamed)
+    return kernel

@@ -1,0 +1,240 @@
+"""What every kernel archetype shares: ``Capabilities`` (what a device lets kernels use),
+``Kernel`` (one dispatch's WGSL, meta words and workgroups), template rendering, strides,
+grids and ``_finish``, which fills a template's bindings.
+
+Binding layout of every kernel: 0 = meta (uniform), 1..k = the node's operands in
+order (read-only storage), k+1 = the output (read-write storage). Shapes live in meta,
+not in the source, so nodes of the same kind share one compiled pipeline.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import struct
+from dataclasses import dataclass, field
+
+from ..errors import DeviceError
+from ..graph.ir import Graph
+from ..paths import shader_dir
+
+
+# Environment variables that force a kernel variant or plan layout (benchmarks and tests;
+# compile's plan cache keys on them).
+KNOBS = ("MEGANEURA_MATMUL", "MEGANEURA_MATMUL_SPLITS", "MEGANEURA_ATTENTION", "MEGANEURA_ATTENTION_SPLITS",
+         "MEGANEURA_ATTENTION_BACKWARD_ROWS", "MEGANEURA_ATTENTION_PREFETCH", "MEGANEURA_POOL", "MEGANEURA_THREAD_LAYOUT")
+
+MAX_WORKGROUPS = 65535
+WG = 256          # threads per workgroup of the 1-D archetypes
+TILE = 16         # matmul tile
+
+
+class UnsupportedOpError(DeviceError):
+    """The graph uses an op that has no GPU kernel yet."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What generated kernels may use beyond core WGSL, and which compiler reads them.
+
+    Kernels take a faster path where the device offers a feature (subgroup reductions,
+    cooperative matrices) and the plain path otherwise; the choice is made here, from
+    plain data, so a plan can be compiled without a GPU and says which path each
+    dispatch took. ``dialect`` is the WGSL compiler's: naga (wgpu-native) takes subgroup
+    built-ins without an ``enable`` and rejects ``enable subgroups;``, Tint (Dawn)
+    requires it. ``matmul_f16``: matmuls and convolutions multiply f16 copies of their
+    operands on the cooperative-matrix units, accumulating in f32 (Dawn's subgroup
+    matrices; wgpu-native cannot enable them); asked for with ``MEGANEURA_PRECISION=f16``
+    where the device offers them (``engine.runtime.device_capabilities``).
+    """
+
+    subgroups: bool = False
+    workgroup_storage: int = 32768   # bytes of workgroup memory a kernel may use (lavapipe: 32 KiB)
+    dialect: str = field(default_factory=lambda: default_dialect())   # "naga" or "tint"
+    matmul_f16: bool = False
+
+    @classmethod
+    def from_features(cls, features, workgroup_storage: int | None = None, dialect: str | None = None,
+                      precision: str = "f32", fragments: bool = True) -> "Capabilities":
+        """The capabilities a device with these wgpu feature names (and this much
+        workgroup memory, default 32 KiB) gives, for kernels compiled by ``dialect``'s
+        compiler; ``precision`` "f16" takes the cooperative-matrix matmul where offered
+        and ``fragments``: the device has the fragments the kernels are written for
+        (f16 x f16 -> f32, 16 x 16 x 16, on subgroups of 32: ``COOP_FRAGMENT``)."""
+        names = {str(f) for f in features}
+        dialect = dialect or default_dialect()
+        coop = (SUBGROUP_MATRIX_FEATURE in names and "shader-f16" in names and dialect == "tint"
+                and fragments)
+        return cls(subgroups=bool(names & {"subgroup", "subgroups"}),
+                   workgroup_storage=int(workgroup_storage or cls.workgroup_storage),
+                   dialect=dialect, matmul_f16=coop and precision == "f16")
+
+
+SUBGROUP_MATRIX_FEATURE = "chromium-experimental-subgroup-matrix"
+PRECISIONS = ("f32", "f16")
+
+
+def default_dialect() -> str:
+    """The WGSL dialect of the process's wgpu backend (``MEGANEURA_WGPU``): Tint's for
+    Dawn, naga's otherwise; what capabilities written without one compile for."""
+    return "tint" if os.environ.get("MEGANEURA_WGPU") == "dawn" else "naga"
+
+
+def precision() -> str:
+    """The matmul precision asked for: ``MEGANEURA_PRECISION`` ("f32", the default, or
+    "f16": f16 operands on the cooperative-matrix units where the device has them)."""
+    value = os.environ.get("MEGANEURA_PRECISION") or "f32"
+    if value not in PRECISIONS:
+        raise DeviceError(f"MEGANEURA_PRECISION={value!r} is not one of {', '.join(PRECISIONS)}")
+    return value
+
+
+PLAIN = Capabilities()
+
+
+@dataclass
+class Kernel:
+    name: str
+    archetype: str
+    source: str
+    meta: list[int]
+    workgroups: tuple[int, int, int]
+    meta_vec4: int = 1
+    notes: dict = field(default_factory=dict)
+    guarded: bool = False  # every memory access is bounds-checked by the kernel itself
+    # A node in two dispatches (a reduction, a split attention or matmul): this kernel
+    # writes ``partials`` floats into a scratch buffer (its last binding) and ``finish``
+    # (bindings: the scratch, ``finish_operands``, the output) combines them, so the first
+    # stage can spread over many workgroups.
+    partials: int = 0
+    finish: "Kernel | None" = None
+    finish_operands: tuple[int, ...] = ()   # the node's inputs the finish also binds, after the scratch
+
+
+# ---------------------------------------------------------------- helpers
+
+@functools.lru_cache(maxsize=None)
+def _template(name: str) -> str:
+    return (shader_dir() / name).read_text()
+
+
+def _render(name: str, **subs) -> str:
+    text = _template(name)
+    for k, v in subs.items():
+        text = text.replace("{{" + k + "}}", str(v))
+    return text
+
+
+def f32_bits(v: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", float(v)))[0]
+
+
+def i32_bits(v: int) -> int:
+    return int(v) & 0xFFFFFFFF
+
+
+def contiguous_strides(shape) -> list[int]:
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    return strides[::-1]
+
+
+def broadcast_strides(shape, out_shape) -> list[int]:
+    """Strides that read an operand of ``shape`` at each index of ``out_shape``."""
+    r = len(out_shape)
+    padded = (1,) * (r - len(shape)) + tuple(shape)
+    strides = contiguous_strides(padded)
+    return [0 if padded[d] == 1 and out_shape[d] != 1 else strides[d] for d in range(r)]
+
+
+def grid_1d(groups: int) -> tuple[int, int, int]:
+    """A 1-D count of workgroups folded into x and y (each at most 65535)."""
+    groups = max(1, groups)
+    if groups <= MAX_WORKGROUPS:
+        return (groups, 1, 1)
+    y = -(-groups // MAX_WORKGROUPS)
+    if y > MAX_WORKGROUPS:
+        raise DeviceError(f"{groups} workgroups do not fit a 65535 x 65535 grid")
+    return (-(-groups // y), y, 1)
+
+
+def _wgsl_type(dtype: str) -> str:
+    return "i32" if dtype == "i32" else "f32"
+
+
+def _bindings(names: list[str], types: list[str], out_type: str) -> str:
+    lines = [f"@group(0) @binding({i + 1}) var<storage, read> {n}: array<{t}>;"
+             for i, (n, t) in enumerate(zip(names, types))]
+    lines.append(f"@group(0) @binding({len(names) + 1}) var<storage, read_write> out: array<{out_type}>;")
+    return "\n".join(lines)
+
+
+# Entry-point arguments and first lines that the subgroup reductions need; templates
+# that include {{WG_REDUCE}} put {{SG_ARGS}} after main's last argument and {{SG_INIT}}
+# first in its body.
+_SG_ARGS = (",\n        @builtin(subgroup_invocation_id) sg_lane: u32, @builtin(subgroup_id) sg_id: u32,"
+            "\n        @builtin(num_subgroups) sg_count: u32, @builtin(subgroup_size) sg_size: u32")
+_SG_INIT = "    sg_lane_ = sg_lane; sg_id_ = sg_id; sg_count_ = sg_count; sg_size_ = sg_size;"
+
+
+THREAD_LAYOUTS = {
+    "rows": "    let tx = tid % 16u;\n    let ty = tid / 16u;",
+    "warp": "    let tx = tid / 32u % 2u * 8u + tid % 8u;\n    let ty = tid / 64u * 4u + tid % 32u / 8u;",
+}
+
+
+def _thread_xy(default: str) -> str:
+    """How a register-blocked kernel numbers its 16 x n thread grid (tx, ty): "rows" puts
+    a warp's 32 threads on 16 x 2 of it, "warp" on 8 x 4, so that a warp's vec4 reads of
+    its two workgroup-memory tiles touch 8 + 4 distinct vec4s instead of 16 + 2. The
+    attention kernels take "warp" (5-11% faster on the H100, run 17); the matmul keeps
+    "rows" (no difference beyond noise there). ``MEGANEURA_THREAD_LAYOUT`` forces one for
+    every kernel (benchmarks)."""
+    layout = os.environ.get("MEGANEURA_THREAD_LAYOUT") or default
+    if layout not in THREAD_LAYOUTS:
+        raise DeviceError(f"MEGANEURA_THREAD_LAYOUT={layout!r} is not one of {', '.join(THREAD_LAYOUTS)}")
+    return THREAD_LAYOUTS[layout]
+
+
+def _finish(name, archetype, template, operand_names, operand_types, out_type, meta, workgroups,
+            caps: Capabilities = PLAIN, enables=(), **subs):
+    meta = list(meta) or [0]
+    n4 = 1
+    while n4 * 4 < len(meta):
+        n4 *= 2
+    prelude = _render("common.wgsl", META_N=n4)
+    text = _template(template)
+    reduce, sg = "wg_reduce.wgsl", {"SG_ARGS": "", "SG_INIT": ""}
+    enables = list(enables)
+    if caps.subgroups and "{{WG_REDUCE}}" in text:
+        reduce, sg = "wg_reduce_subgroup.wgsl", {"SG_ARGS": _SG_ARGS, "SG_INIT": _SG_INIT}
+        if caps.dialect == "tint":
+            enables.append("subgroups")
+    if "{{THREAD_XY}}" in text:
+        subs.setdefault("THREAD_XY", _thread_xy("warp" if archetype == "attention" else "rows"))
+    source = _render(template, PRELUDE=prelude, WG_REDUCE=_template(reduce),
+                     BINDINGS=_bindings(operand_names, operand_types, out_type), **sg, **subs)
+    if enables:
+        source = "".join(f"enable {e};\n" for e in dict.fromkeys(enables)) + source
+    return Kernel(name, archetype, source, meta, workgroups, n4)
+
+
+_FORWARD: dict[int, tuple[Graph, tuple, frozenset]] = {}
+
+
+def forward_nodes(graph: Graph) -> frozenset:
+    """The nodes of ``graph`` that compute forward values: the ancestors of its outputs
+    other than the gradients (``grad:`` outputs, ``engine.autodiff.differentiate``), so
+    in a graph with none, every node. The others compute gradients, whose operands the
+    cooperative kernels scale (``_scaled_operands``)."""
+    key = (len(graph.nodes), tuple(sorted(graph.outputs.items())))
+    hit = _FORWARD.get(id(graph))
+    if hit is not None and hit[0] is graph and hit[1] == key:
+        return hit[2]
+    found = graph.live_nodes(i for name, i in graph.outputs.items() if not name.startswith("grad:"))
+    if len(_FORWARD) > 64:
+        _FORWARD.clear()
+    _FORWARD[id(graph)] = (graph, key, frozenset(found))
+    return _FORWARD[id(graph)][2]

@@ -1,0 +1,80 @@
+"""Data movement (transpose, broadcast, slice, pad, concat), embedding gathers and their scatter-add gradient, and rope.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..graph.ir import Graph, Node
+from .common import Capabilities, Kernel, PLAIN, WG, _finish, _wgsl_type, broadcast_strides, contiguous_strides, f32_bits, grid_1d
+
+
+# ---------------------------------------------------------------- copies
+
+def _copy(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    out = node.shape
+    r = len(out)
+    operands = [graph[i] for i in node.inputs]
+    a = node.attrs
+    pieces = []  # (start, len, base, strides) along `axis`
+    axis = 0
+    if node.op == "transpose":
+        xs = contiguous_strides(operands[0].shape)
+        pieces.append((0, out[0] if r else 1, 0, [xs[p] for p in a["perm"]]))
+    elif node.op == "broadcast_to":
+        pieces.append((0, out[0] if r else 1, 0, broadcast_strides(operands[0].shape, out)))
+    elif node.op == "slice":
+        axis = a["axis"] % r
+        xs = contiguous_strides(operands[0].shape)
+        pieces.append((0, out[axis], a["start"] * xs[axis], xs))
+    elif node.op == "pad":
+        axis = a["axis"] % r
+        xs = contiguous_strides(operands[0].shape)
+        pieces.append((a["before"], operands[0].shape[axis], 0, xs))
+    elif node.op == "concat":
+        axis = a["axis"] % r
+        start = 0
+        for x in operands:
+            pieces.append((start, x.shape[axis], 0, contiguous_strides(x.shape)))
+            start += x.shape[axis]
+    if r == 0:  # a scalar: one element, one piece
+        r, out, pieces = 1, (1,), [(0, 1, 0, [0])]
+    meta = [node.size] + list(out)
+    lines = []
+    for k, (start, ln, base, strides) in enumerate(pieces):
+        meta += [start, ln, base] + list(strides)
+        lines.append(f"    if (c >= {start}u && c < {start + ln}u) "
+                     f"{{ out[idx] = in{k}[piece_offset({k}u, idx)]; return; }}")
+    t = _wgsl_type(node.dtype)
+    names = [f"in{k}" for k in range(len(operands))]
+    return _finish(f"copy:{node.op}", "copy", "copy.wgsl", names,
+                   [_wgsl_type(x.dtype) for x in operands], t, meta, grid_1d(-(-node.size // WG)),
+                   RANK=r, AXIS=axis, PIECES="\n".join(lines), ZERO=f"{t}(0)")
+
+
+def _embedding(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    table = graph[node.inputs[0]]
+    meta = [node.size, table.shape[1], table.shape[0]]
+    return _finish("gather:embedding", "gather", "embedding.wgsl", ["table", "ids"], ["f32", "i32"],
+                   "f32", meta, grid_1d(-(-node.size // WG)))
+
+
+# ---------------------------------------------------------------- rope, conv, attention
+
+def _rope(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    b, t, w = node.shape
+    a = node.attrs
+    d = w // a["num_heads"]
+    inv = 1.0 / float(a["base"]) ** (np.arange(0, d, 2, dtype=np.float64) / d)
+    meta = [node.size, t, w, d, int(a["offset"]), int(bool(a.get("inverse", False)))]
+    meta += [f32_bits(v) for v in inv]
+    return _finish("rope", "pointwise", "rope.wgsl", ["x"], ["f32"], "f32", meta,
+                   grid_1d(-(-node.size // WG)))
+
+
+def _embedding_grad(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    dout = graph[node.inputs[0]]
+    dim = node.shape[1]
+    meta = [node.size, dim, dout.size // dim]
+    return _finish("gather:embedding_grad", "gather", "scatter.wgsl", ["dout", "ids"], ["f32", "i32"],
+                   "f32", meta, grid_1d(-(-node.size // WG)))

@@ -1,0 +1,75 @@
+"""Which builder makes the kernel of each op (``kernel_for``), and the paths a device's capabilities select.
+"""
+
+from __future__ import annotations
+
+from ..graph.ir import Graph, Node
+from ..graph.ops import OPS
+from .attention import ATTENTION_BACKWARD, ATTENTION_KEYS, _attention, _attention_backward, attention_queries
+from .common import Capabilities, Kernel, PLAIN, UnsupportedOpError
+from .convolution import _conv
+from .copies import _copy, _embedding, _embedding_grad, _rope
+from .matmul import _matmul
+from .pointwise import POINTWISE_EXPR, _pointwise
+from .reduction import _LOSS_ROWS, _LOSS_TERMS, _ROW_KERNELS, _ROW_MODES, _loss, _row_kernel, _row_reduce, _sum_to
+
+
+# ---------------------------------------------------------------- dispatch table
+
+_BUILDERS = {}
+for _op in list(POINTWISE_EXPR) + ["gelu", "gelu_grad", "pow", "pointwise"]:
+    _BUILDERS[_op] = _pointwise
+for _op in ("matmul", "fused_matmul", "norm_matmul"):
+    _BUILDERS[_op] = _matmul
+for _op in _ROW_MODES:
+    _BUILDERS[_op] = _row_reduce
+for _op in (*_LOSS_ROWS, *_LOSS_TERMS):
+    _BUILDERS[_op] = _loss
+_BUILDERS["sum_to"] = _sum_to
+for _op in ("transpose", "broadcast_to", "slice", "pad", "concat"):
+    _BUILDERS[_op] = _copy
+_BUILDERS["embedding"] = _embedding
+_BUILDERS["rope"] = _rope
+_BUILDERS["conv1d"] = _BUILDERS["conv2d"] = _conv
+_BUILDERS["attention"] = _attention
+for _op in ATTENTION_BACKWARD:
+    _BUILDERS[_op] = _attention_backward
+for _op in _ROW_KERNELS:
+    _BUILDERS[_op] = _row_kernel
+_BUILDERS["embedding_grad"] = _embedding_grad
+_BUILDERS["conv_input_grad"] = _BUILDERS["conv_weight_grad"] = _conv
+
+
+def supported_ops() -> list[str]:
+    return sorted(_BUILDERS)
+
+
+def unsupported_ops() -> list[str]:
+    return sorted(n for n, d in OPS.items() if n not in _BUILDERS and d.archetype not in ("source", "view"))
+
+
+def kernel_for(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    """The kernel that runs ``node`` (one dispatch) on a device with ``caps``."""
+    builder = _BUILDERS.get(node.op)
+    if builder is None:
+        raise UnsupportedOpError(
+            f"no GPU kernel for op {node.op!r} yet ({graph.format_node(node)}); "
+            f"run it with the reference backend (--backend reference)")
+    if node.op == "pointwise":
+        for op, _, _ in node.attrs["program"]:
+            if op not in POINTWISE_EXPR and op not in ("gelu", "pow"):
+                raise UnsupportedOpError(f"no GPU kernel for op {op!r} inside the pointwise program "
+                                         f"of {graph.format_node(node)} yet")
+    return builder(graph, node, caps)
+
+
+def describe_paths(caps: Capabilities) -> dict:
+    """Which path each archetype takes (``meganeura doctor`` and the plan show it)."""
+    q = attention_queries(64, caps)
+    return {"reductions": "subgroup" if caps.subgroups else "workgroup memory",
+            "matmul": ("cooperative matrices: f16 operands (gradients scaled into f16's range), f32 "
+                       "accumulation, for products of at least 16 x 16 x 16; the rest register-blocked f32"
+                       if caps.matmul_f16 else
+                       "register-blocked f32 (vec4 loads where the layout allows)"),
+            "attention": f"flash, {q} queries x {ATTENTION_KEYS} keys a workgroup at head dim 64 "
+                         f"({caps.workgroup_storage // 1024} KiB of workgroup memory)"}

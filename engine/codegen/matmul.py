@@ -1,0 +1,671 @@
+"""The tiled-matmul archetype with a fused epilogue (bias, activation, residual): the
+simple, register-blocked and cooperative-matrix (f16) variants, split-K, and the operand
+fetches shared with the convolutions (implicit GEMM).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import NamedTuple
+
+from ..errors import DeviceError
+from ..graph.ir import Graph, Node
+from .common import Capabilities, Kernel, MAX_WORKGROUPS, PLAIN, TILE, WG, _finish, _render, contiguous_strides, f32_bits, forward_nodes, grid_1d
+from .pointwise import ACTIVATION_EXPR
+
+
+# ---------------------------------------------------------------- matmul
+
+def _fold_batch(out, a_shape, b_shape, extra_shapes):
+    """(out, A, B, extras) shapes with the batch folded into the rows where that reads the
+    same memory: A ([batch, m, k], not transposed) is then one [batch * m, k] matrix, B
+    and every row-broadcast extra (a bias) are shared by all batches, and the other
+    extras are [batch, m, n] like the output. One [1330, 384] output of 64-row tiles
+    takes 21 row tiles where 5 batches of 266 rows took 25 (audio-align), and a folded
+    batch counts as rows when choosing tiles and K splits. Anything else is unchanged."""
+    batch, (m_, n_) = tuple(out[:-2]), out[-2:]
+    pad = lambda shape: (1,) * (len(out) - len(shape)) + tuple(shape)
+    rows = math.prod(batch) * m_
+    unchanged = out, a_shape, b_shape, extra_shapes
+    if not batch or math.prod(batch) == 1 or tuple(a_shape[:-2]) != batch:
+        return unchanged
+    if any(d != 1 for d in pad(b_shape)[:len(batch)]):
+        return unchanged
+    folded = []
+    for shape in extra_shapes:
+        p = pad(shape)
+        if p[:-1] == (*batch, m_):
+            folded.append((rows, p[-1]))
+        elif all(d == 1 for d in p[:-1]):
+            folded.append((1, p[-1]))
+        else:
+            return unchanged
+    return (rows, n_), (rows, a_shape[-1]), pad(b_shape)[-2:], folded
+
+
+def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    a, b = graph[node.inputs[0]], graph[node.inputs[1]]
+    attrs = node.attrs
+    ta, tb = attrs.get("transpose_a", False), attrs.get("transpose_b", False)
+    norm = node.op == "norm_matmul"
+    if norm:
+        # inputs: x, w, b  ->  A = x (prologue * w[k], epilogue * rsqrt(mean x^2 + eps)), B = b
+        b = graph[node.inputs[2]]
+        extras = []
+    else:
+        extras = [graph[i] for i in node.inputs[2:]]
+    out = node.shape
+    a_shape, b_shape = tuple(a.shape), tuple(b.shape)
+    extra_shapes = [tuple(e.shape) for e in extras]
+    if not norm and not ta:
+        out, a_shape, b_shape, extra_shapes = _fold_batch(out, a_shape, b_shape, extra_shapes)
+    batch = out[:-2]
+    m_, n_ = out[-2:]
+    k_ = a_shape[-2] if ta else a_shape[-1]
+    br = len(batch)
+    nbatch = math.prod(batch)
+    eps = attrs.get("eps", 0.0) if norm else 0.0
+    meta = [m_, n_, k_, nbatch, f32_bits(eps)] + list(batch)
+
+    def op_words(shape, s_row_axis, s_col_axis):
+        # batch strides (broadcast) + strides for logical (row, col)
+        padded = (1,) * (br + 2 - len(shape)) + tuple(shape)
+        strides = contiguous_strides(padded)
+        bs = [0 if padded[d] == 1 and batch[d] != 1 else strides[d] for d in range(br)]
+        return bs + [strides[br + s_row_axis] if padded[br + s_row_axis] != 1 else 0,
+                     strides[br + s_col_axis] if padded[br + s_col_axis] != 1 else 0]
+
+    # A is (m, k): stored [.., m, k] or [.., k, m] when transposed
+    words_a = op_words(a_shape, 1, 0) if ta else op_words(a_shape, 0, 1)
+    words_b = op_words(b_shape, 1, 0) if tb else op_words(b_shape, 0, 1)
+    meta += words_a + words_b
+    for shape in extra_shapes:
+        meta += op_words(shape, 0, 1)
+
+    names, types = ["a_in", "b_in"], ["f32", "f32"]
+    epi = []
+    prologue = ""
+    act = "x"
+    if norm:
+        names, types = ["a_in", "w_in", "b_in"], ["f32"] * 3
+        prologue = " * w_in[ka]"
+        epi += ["    var ss = 0.0;",
+                "    for (var k = 0u; k < K; k = k + 1u) {",
+                "        let xv = a_in[a0 + row * sam + k * sak];",
+                "        ss = ss + xv * xv;",
+                "    }",
+                "    v = v * inverseSqrt(ss / f32(K) + mf(4u));"]
+    else:
+        act = ACTIVATION_EXPR[attrs.get("activation", "none")]
+        j = 2
+        for role in ("add", "residual"):
+            if not attrs.get("has_" + role, False):
+                continue
+            nm = f"{role}_in"
+            names.append(nm)
+            types.append("f32")
+            line = f"    v = v + {nm}[boff(b, {j}u) + row * srow({j}u) + col * scol({j}u)];"
+            if role == "add":
+                epi.append(line)
+                epi.append("    v = act(v);")
+            else:
+                if not attrs.get("has_add", False):
+                    epi.append("    v = act(v);")
+                epi.append(line)
+            j += 1
+        if not epi:
+            epi.append("    v = act(v);")
+    variant = "simple" if norm else matmul_variant(m_, n_, max(nbatch, 1), k_, ta, caps)
+    tile_m, tile_n = _tile_of(variant)
+    gx, gy = -(-n_ // tile_n), -(-m_ // tile_m)
+    if max(gx, gy, nbatch) > MAX_WORKGROUPS:
+        raise DeviceError(f"{graph.format_node(node)}: matmul grid {gx} x {gy} x {nbatch} exceeds "
+                          f"{MAX_WORKGROUPS} workgroups per dimension")
+    common = dict(BR=br, OPERANDS=_render("matmul_operands.wgsl", ACTIVATION=act), EPILOGUE="\n".join(epi))
+    if variant == "simple":
+        k = _finish(f"matmul:{node.op}", "matmul", "matmul.wgsl", names, types, "f32", meta,
+                    (gx, gy, max(nbatch, 1)), A_PROLOGUE=prologue, **common)
+        k.notes["variant"] = f"{TILE}x{TILE} tile"
+        return k
+    # outer axis first: A's is m, B's is n
+    fetch_a = operand_fetch(words_a, m_, k_)
+    fetch_b = operand_fetch(words_b[:-2] + [words_b[-1], words_b[-2]], n_, k_)
+    types[0] = "vec4<f32>" if fetch_a.endswith("vec4") else "f32"
+    types[1] = "vec4<f32>" if fetch_b.endswith("vec4") else "f32"
+    scaled = _scaled_operands(graph, node, variant, node.inputs[0], node.inputs[1])
+    note = f"{_tile_note(variant, scaled)}, A {fetch_a}, B {fetch_b}"
+    return _tiled_kernel(f"matmul:{node.op}", "matmul", names, types, meta, (gx, gy, max(nbatch, 1)), k_, note,
+                         common, _tile_subs(variant, fetch_a, fetch_b, mnk=(m_, n_, k_), scaled=scaled),
+                         extras=len(extras))
+
+
+def _scaled_operands(graph: Graph, node: Node, variant: str, a: int, b: int) -> tuple[bool, bool]:
+    """Which of a cooperative product's operands (A from node ``a``, B from ``b``) are
+    gradients, scaled into f16's range before they are rounded (``_coop_prescan``): those
+    outside ``forward_nodes``, in a product outside them. Gradients leave f16's range
+    where activations do not: audio-align's first gradient norm is 7.8e21, and its
+    training on unscaled f16 gradients stopped at step 0 with an infinite norm (run 18)."""
+    if variant not in COOP:
+        return False, False
+    forward = forward_nodes(graph)
+    if node.id in forward:
+        return False, False
+    return a not in forward, b not in forward
+
+
+def _tile_note(variant: str, scaled=(False, False)) -> str:
+    """How a tiled variant multiplies, for the plan's notes and the profiler."""
+    tile_m, tile_n = _tile_of(variant)
+    if variant in COOP:
+        c = COOP[variant]
+        which = " and ".join(n for n, on in zip("AB", scaled) if on)
+        return (f"{tile_m}x{tile_n} tile, cooperative f16 {COOP_FRAGMENT}x{COOP_FRAGMENT}x{COOP_FRAGMENT} -> f32, "
+                f"{c.wm * c.wn} subgroups, BK {c.bk}" + (f", {which} scaled" if which else ""))
+    tm, tn, bk, unroll, ty = TILED[variant]
+    return (f"{tile_m}x{tile_n} tile, {tm}x{tn}/thread{'' if ty == 16 else f', {16 * ty} threads'}, BK {bk}"
+            f"{', unrolled' if unroll else ''}")
+
+
+def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, subs, extras=0) -> Kernel:
+    """A matmul_tiled.wgsl kernel over ``grid`` (column tiles, row tiles, batch); where
+    its tiles are too few to fill the GPU (``matmul_splits``), the first stage of a split-K
+    node: its K slices write raw sums to partials (the epilogue left out) and a second
+    dispatch (matmul_splits.wgsl; bindings: the partials, the last ``extras`` operands,
+    the output) adds them and applies the epilogue."""
+    subs = dict(subs)
+    enables = subs.pop("ENABLES", ())
+    splits = matmul_splits(grid[0] * grid[1] * grid[2], k_, subs["BK"])
+    if grid[2] * splits > MAX_WORKGROUPS:
+        splits = 1
+    first = common if splits == 1 else dict(common, EPILOGUE="",
+                                            OPERANDS=_render("matmul_operands.wgsl", ACTIVATION="x"))
+    k = _finish(name, archetype, "matmul_tiled.wgsl", names, types, "f32", meta,
+                (grid[0], grid[1], grid[2] * splits), enables=enables, **first, **subs)
+    k.notes["variant"] = note
+    k.guarded = True
+    if splits > 1:
+        total = meta[0] * meta[1] * grid[2]
+        k.partials = splits * total
+        operands = len(names) - extras
+        k.finish = _finish(f"{name}:splits", archetype, "matmul_splits.wgsl", ["partials", *names[operands:]],
+                           ["f32"] * (1 + extras), "f32", [*meta, splits], grid_1d(-(-total // WG)),
+                           SPLITS_WORD=len(meta), **common)
+        k.finish.guarded = True
+        k.finish_operands = tuple(range(operands, len(names)))
+        k.notes["variant"] += f", K split {splits} ways"
+    return k
+
+
+# Split-K, measured on the H100 (docs/benchmarks.md, run 15).
+MATMUL_RESIDENT = 4 * 132   # a wave: four 64 x 64 workgroups of 256 threads on each of 132 SMs
+                            # (run 15; not re-tuned for run 17's 128-thread workgroups)
+MATMUL_MIN_SLICE = 256      # K a slice keeps at least: K = 384 lost at every split
+MATMUL_MAX_SPLITS = 16
+
+
+def matmul_splits(tiles: int, k: int, bk: int) -> int:
+    """How many K slices a tiled matmul (or convolution) with ``tiles`` workgroups,
+    reduction length ``k`` and K step ``bk`` is cut into (``split_rule``).
+    ``MEGANEURA_MATMUL_SPLITS=N`` forces N (benchmarks and tests)."""
+    forced = os.environ.get("MEGANEURA_MATMUL_SPLITS")
+    if forced:
+        return max(1, min(int(forced), -(-k // bk)))
+    return split_rule(tiles, k)
+
+
+def split_rule(tiles: int, k: int) -> int:
+    """Where at least 3 slices would fit the GPU's resident workgroups in one wave, as
+    many as fit, each at least ``MATMUL_MIN_SLICE`` long; else 1. On the H100 whisper's
+    fc2 ([1500, 384] out of K = 1536, 144 tiles) went from 0.127 to 0.100 ms in 3
+    slices, gpt-tiny's weight gradient (K = 2048) from 0.163 to 0.128 ms, and a 32 x 4096
+    x 4096 from 0.206 to 0.115 ms in 4; 2 slices gained nothing there, and no split of
+    K = 384 did, the partials and the second dispatch (about 10 us with the barrier
+    before it) costing what the slices saved. Whisper's weight gradients (36 tiles,
+    K = 1500) take 5 slices of 300; at batch 8 (K = 12000) 14, which took them from
+    0.27 ms (4 slices, the cap until run 17) to 0.14-0.18 ms. Outputs of more tiles
+    than a third of the resident workgroups are left whole: 1024^3 (256 tiles) ran
+    0.086 ms whole and 0.105 ms in 2 slices."""
+    if tiles > MATMUL_RESIDENT // 3:
+        return 1
+    return max(1, min(MATMUL_RESIDENT // max(tiles, 1), k // MATMUL_MIN_SLICE, MATMUL_MAX_SPLITS))
+
+
+def _tile_of(variant: str) -> tuple[int, int]:
+    """(rows, columns) of the output tile of a matmul kernel variant."""
+    if variant == "simple":
+        return TILE, TILE
+    if variant in COOP:
+        return COOP[variant].bm, COOP[variant].bn
+    preset = TILED[variant]
+    return preset.ty * preset.tm, 16 * preset.tn
+
+
+def matmul_variant(m_: int, n_: int, nbatch: int, k_: int = 0, transpose_a: bool = False,
+                   caps: "Capabilities" = None) -> str:
+    """Which matmul kernel a (batched) m x n output with reduction length ``k_`` gets.
+    Measured on an H100 (docs/benchmarks.md, run 5): the 128 x 128 tile with BK 8 is
+    fastest once it makes at least two waves of workgroups (33 TFLOP/s at 4096^3; with
+    its k loop unrolled 34.0-36.9 in four calls where the loop gave 33.0-34.4, run 17);
+    below that the 64 x 64 tile, which keeps more workgroups per SM, wins (23 TFLOP/s on
+    gpt-tiny's 2048 x 1536 x 384, where the 128 tile gave 15-21). For a transposed A
+    (weight gradients) that tile runs on 128 threads of 8 x 4 outputs (run 17: 10% faster
+    on gpt-tiny's, 15-20% on whisper's at batch 8); elsewhere the 128-thread kernel (its
+    k loop unrolled) won 3-8% on single matmuls but made whisper-tiny's inference 3-4%
+    slower in the same call, so 256 threads of 4 x 4 stay. Small or thinner outputs keep
+    the 16 x 16 kernel unless K is long enough to split (run 15: 32 x 4096 x 4096 in
+    0.206 ms on it, 0.115 ms on the 64 tile with K in 4 slices).
+    With ``caps.matmul_f16`` every product of at least 16 x 16 x 16 takes a
+    cooperative-matrix kernel (``coop_variant``).
+    ``MEGANEURA_MATMUL`` forces one of ``MATMUL_KERNELS`` (benchmarks and tests; a
+    cooperative one only where ``caps`` allow it)."""
+    caps = caps or PLAIN
+    forced = os.environ.get("MEGANEURA_MATMUL", "auto")
+    if forced in MATMUL_KERNELS and (forced not in COOP or caps.matmul_f16):
+        return forced
+    if caps.matmul_f16 and min(m_, n_, k_) >= COOP_FRAGMENT:
+        for variant in (coop_variant(m_, n_, nbatch), "c64"):
+            if coop_workgroup_bytes(variant) <= caps.workgroup_storage:
+                return variant
+    tiles = lambda t: -(-m_ // t) * -(-n_ // t) * nbatch
+    if tiles(128) >= 264:
+        return "128k8u"
+    if (tiles(64) >= 64 and min(m_, n_) >= 64) or split_rule(tiles(64), k_) > 1:
+        return "64t128" if transpose_a else "64"
+    return "simple"
+
+
+def coop_variant(m_: int, n_: int, nbatch: int) -> str:
+    """The cooperative-matrix tile for an m x n output: 128 x 128 where that still makes a
+    wave of workgroups on the H100's 132 SMs, else 64 x 64 (split-K then fills the GPU
+    where K is long)."""
+    return "c128" if -(-m_ // 128) * -(-n_ // 128) * nbatch >= 132 else "c64"
+
+
+class TilePreset(NamedTuple):
+    """A register-blocked f32 kernel: rows and columns of outputs per thread, the K step,
+    whether the k loop is unrolled, and the thread grid's rows (16 columns of threads x
+    ``ty`` rows). The tile is (ty x tm) x (16 x tn)."""
+
+    tm: int
+    tn: int
+    bk: int
+    unroll: bool
+    ty: int = 16
+
+    @property
+    def threads(self) -> int:
+        return 16 * self.ty
+
+
+class CoopPreset(NamedTuple):
+    """A cooperative-matrix kernel: a ``bm`` x ``bn`` output tile, K steps of ``bk``, and
+    ``wm`` x ``wn`` subgroups of 32 threads, each owning a (bm / wm) x (bn / wn) block of
+    16 x 16 f32 accumulator fragments."""
+
+    bm: int
+    bn: int
+    bk: int
+    wm: int
+    wn: int
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.wm * self.wn
+
+
+# Measured on the H100 through Dawn (docs/benchmarks.md, run 18). At 4096^3 (edge tiles
+# still checked) the 128 x 128 tile on 8 subgroups of 64 x 32 ran 111 TFLOP/s, on 4 of
+# 64 x 64 91 (more registers a thread), with BK 16 67; 128 x 64 on 4 subgroups 61,
+# 64 x 64 73, on 2 subgroups 59. On the models' shapes the 64 x 64 tile won or tied
+# wherever 128 x 128 tiles make less than a wave, and 128 x 64 never won.
+COOP = {"c128": CoopPreset(128, 128, 32, 2, 4), "c64": CoopPreset(64, 64, 32, 2, 2)}
+COOP_FRAGMENT = 16   # the subgroup-matrix shape used: f16 16 x 16 x 16 -> f32
+COOP_ENABLES = ("f16", "chromium_experimental_subgroup_matrix")
+
+TILED = {"64": TilePreset(4, 4, 16, False), "64u": TilePreset(4, 4, 16, True),
+         "128x64": TilePreset(8, 4, 16, False), "128x64u": TilePreset(8, 4, 16, True),
+         "128": TilePreset(8, 8, 16, False), "128u": TilePreset(8, 8, 16, True),
+         "128k8": TilePreset(8, 8, 8, False), "128k8u": TilePreset(8, 8, 8, True),
+         "64t128": TilePreset(8, 4, 16, False, ty=8), "64t128u": TilePreset(8, 4, 16, True, ty=8)}
+MATMUL_KERNELS = ("simple", *TILED, *COOP)
+
+# The two tiled operands as one description each: A's tile runs along m ("outer") and k,
+# B's along n and k; both are stored k-major in workgroup memory.
+_TILE_OPERANDS = {
+    "a": dict(src="a_in", base="a0", s_outer="sam", s_k="sak", extent="M", origin="row0", smem="As",
+              slots="AS"),
+    "b": dict(src="b_in", base="b0", s_outer="sbn", s_k="sbk", extent="N", origin="col0", smem="Bs",
+              slots="BS"),
+}
+
+def operand_fetch(strides, outer_extent: int, k_extent: int) -> str:
+    """How the tiled kernel fetches an operand whose ``strides`` are its batch strides,
+    then the strides of its outer axis (m for A, n for B) and of k: "outer-vec4" / "k-vec4" (vec4 loads
+    along the contiguous axis: it has stride 1, its extent and every other stride are
+    multiples of 4), else "outer-scalar" / "k-scalar" (scalar loads, threads
+    consecutive along the axis with the smaller stride)."""
+    s_outer, s_k = strides[-2], strides[-1]
+    others_aligned = all(s % 4 == 0 for s in strides[:-2])
+    if s_outer == 1 and s_k % 4 == 0 and outer_extent % 4 == 0 and others_aligned:
+        return "outer-vec4"
+    if s_k == 1 and s_outer % 4 == 0 and k_extent % 4 == 0 and others_aligned:
+        return "k-vec4"
+    return "outer-scalar" if s_outer <= s_k else "k-scalar"
+
+
+def _fetch_operand(name: str, fetch: str, tile: int, bk: int, gather=None, threads: int = 256,
+                   edges: str = "checked"):
+    """WGSL that fetches one operand's tile of ``tile`` x ``bk`` elements (``threads`` threads):
+    (per-thread index constants, register declarations, loads of step ``kb`` into the
+    registers, the registers as (name, outer index, k index)). A vec4 register holds 4
+    elements consecutive along the axis ``fetch`` names. ``gather(go, gk)`` (scalar
+    fetches only) replaces the strided address by (setup lines, validity, address) of
+    the element at outer index ``go``, k index ``gk``: an implicit-GEMM convolution
+    reads its im2col matrix this way, straight from the tensor.
+
+    ``edges`` says how a thread's fetches are checked against the operand's bounds:
+    "checked", each element (the only way with a gather); "none", the operand's extent
+    and K are multiples of the tile, so no fetch is ever outside; "clamp", K is a
+    multiple of the step and outer coordinates past the operand are clamped to its last
+    row or column (``_strided_loads``); "tiles", a tile that
+    lies wholly inside the operand (a workgroup-uniform test, so no divergence) loads
+    unchecked and only edge tiles check each element. Unchecked fetches address each
+    register at a fixed distance from the first (``_strided_loads``). On the H100 the
+    cooperative kernel ran 82 TFLOP/s at 4096^3 checked, 111 with "tiles" and 151 with
+    "none": an edge path costs registers even where it never runs (run 18)."""
+    p = _TILE_OPERANDS[name]
+    vec = fetch.endswith("vec4")
+    along_outer = fetch.startswith("outer")
+    count = tile * bk // threads // (4 if vec else 1)
+    width = (tile if along_outer else bk) // (4 if vec else 1)  # threads along the fast axis
+    consts, decl, edge, regs = [], [], [], []
+    zero = "vec4<f32>(0.0)" if vec else "0.0"
+    for i in range(count):
+        e, r = f"(tid + {threads * i}u)", f"{name}r{i}"
+        fast, slow = f"{e} % {width}u", f"{e} / {width}u"
+        o, kk = (fast, slow) if along_outer else (slow, fast)
+        if vec and along_outer:
+            o = f"4u * ({o})"
+        if vec and not along_outer:
+            kk = f"4u * ({kk})"
+        consts.append(f"    let {name}o{i} = {o};")
+        consts.append(f"    let {name}k{i} = {kk};")
+        go, gk = f"{p['origin']} + {name}o{i}", f"kb + {name}k{i}"
+        addr = f"{p['base']} + ({go}) * {p['s_outer']} + ({gk}) * {p['s_k']}"
+        decl.append(f"    var {r} = {zero};")
+        edge.append(f"        {r} = {zero};")
+        if gather is not None:
+            setup, valid, where = gather("go", "gk")
+            edge.append(f"        {{ let go = {go}; let gk = kb + {name}k{i};")
+            edge += [f"          {line}" for line in setup]
+            edge.append(f"          if ({valid}) {{ {r} = {p['src']}[{where}]; }} }}")
+        else:
+            edge.append(f"        if ({go} < {p['extent']} && {gk} < K) "
+                        f"{{ {r} = {p['src']}[{'(' + addr + ') >> 2u' if vec else addr}]; }}")
+        regs.append((r, f"{name}o{i}", f"{name}k{i}"))
+    if gather is not None or threads % width or edges == "checked":
+        return consts, decl, edge, regs
+    first, addresses = _strided_loads(name, fetch, threads // width, count, edges == "clamp")
+    consts += first
+    loads = [f"{r} = {p['src']}[{a}];" for (r, _, _), a in zip(regs, addresses)]
+    if edges in ("none", "clamp"):
+        return consts, decl, [f"        {line}" for line in loads], regs
+    inside = f"{p['origin']} + {tile}u <= {p['extent']} && kb + {bk}u <= K"
+    load = [f"        if ({inside}) {{", *(f"            {line}" for line in loads),
+            "        } else {", *(f"    {line}" for line in edge), "        }"]
+    return consts, decl, load, regs
+
+
+def _strided_loads(name: str, fetch: str, rows: int, count: int, clamp: bool) -> tuple[list[str], list[str]]:
+    """The addresses of a thread's ``count`` fetches of one operand at step ``kb``:
+    register i sits ``rows`` rows of the slow axis after register i - 1, so one base
+    (``{name}p``, at k = 0) and one step (``{name}q``) address them all. A vec4 fetch
+    is addressed in vec4s: its strides other than the unit one, its batch offset and its
+    coordinates along the unit axis are multiples of 4 (``operand_fetch``). ``clamp``:
+    the outer coordinate is clamped to the operand's last row (column), so a tile that
+    hangs over the operand's end reads rows it has instead of past its buffer; what it
+    computes there, store() drops. Where the outer axis is the slow one that gives each
+    register a base of its own. Returns (lines before the loop, the addresses)."""
+    p = _TILE_OPERANDS[name]
+    base, origin, s_o, s_k, ext = p["base"], p["origin"], p["s_outer"], p["s_k"], p["extent"]
+    vec = fetch.endswith("vec4")
+    slow_outer = fetch.startswith("k")   # k-vec4, k-scalar: registers step along the outer axis
+    div = (lambda x: f"({x} >> 2u)" if x.isidentifier() else f"(({x}) >> 2u)") if vec else (lambda x: x)
+    k_part = {"k-vec4": ("(kb >> 2u)", f"({name}k0 >> 2u)"), "outer-vec4": (f"kb * ({s_k} >> 2u)", None)}
+    kb_term, k0_term = k_part.get(fetch, (f"kb * {s_k}", None))
+    k0_term = k0_term or f"{name}k0 * {div(s_k)}"
+    if slow_outer and clamp:
+        first = [f"    let {name}p{i} = {div(base)} + min({origin} + {name}o{i}, {ext} - 1u) * {div(s_o)} + {k0_term};"
+                 for i in range(count)]
+        return first, [f"{name}p{i} + {kb_term}" for i in range(count)]
+    if slow_outer:
+        outer = f"({origin} + {name}o0) * {div(s_o)}"
+        step = div(s_o)
+    else:
+        row = f"min({origin} + {name}o0, {ext} - {4 if vec else 1}u)" if clamp else f"{origin} + {name}o0"
+        outer = div(row) if vec else f"({row}) * {s_o}"
+        step = div(s_k)
+    first = [f"    let {name}p = {div(base)} + {outer} + {k0_term};", f"    let {name}q = {rows}u * {step};"]
+    return first, [f"{name}p + {kb_term} + {i}u * {name}q" for i in range(count)]
+
+
+def _store_tiled(name: str, fetch: str, regs) -> list[str]:
+    """Stores of the fetched registers into buffer ``buf`` of the f32 kernel's k-major
+    vec4 tile."""
+    p = _TILE_OPERANDS[name]
+    slot = lambda k: f"{p['smem']}[buf * {p['slots']} * BK + ({k}) * {p['slots']}"
+    out = []
+    for r, o, k in regs:
+        if fetch == "outer-vec4":
+            out.append(f"        {slot(k)} + {o} / 4u] = {r};")
+        elif fetch == "k-vec4":
+            out += [f"        {slot(f'{k} + {j}u')} + {o} / 4u][{o} % 4u] = {r}.{c};" for j, c in enumerate("xyzw")]
+        else:
+            out.append(f"        {slot(k)} + {o} / 4u][{o} % 4u] = {r};")
+    return out
+
+
+def _coop_layout(fetch: str) -> str:
+    """How the cooperative kernel lays an operand's f16 tile out: along the axis it is
+    fetched along, so that a thread's 4 fetched elements land side by side ("k-major":
+    element (o, k) at k * slots + o; "outer-major": at o * slots + k)."""
+    return "k-major" if fetch.startswith("outer") else "outer-major"
+
+
+def _store_coop(name: str, fetch: str, regs, scale: str = "") -> list[str]:
+    """Stores of the fetched registers, times ``scale`` (a WGSL expression) if given and
+    rounded to f16, into buffer ``buf`` of the cooperative kernel's f16 tile
+    (``_coop_layout``)."""
+    times = f" * {scale}" if scale else ""
+    p = _TILE_OPERANDS[name]
+    tile, slots = f"{p['smem'][0]}h", p["slots"]
+    one = "ABUF" if name == "a" else "BBUF"
+    if _coop_layout(fetch) == "k-major":
+        at = lambda k, o: f"{tile}[buf * {one} + ({k}) * {slots} + {o}]"
+    else:
+        at = lambda k, o: f"{tile}[buf * {one} + ({o}) * {slots} + {k}]"
+    out = []
+    for r, o, k in regs:
+        if fetch.endswith("vec4"):
+            place = (lambda j: (k, f"{o} + {j}u")) if fetch.startswith("outer") else (lambda j: (f"{k} + {j}u", o))
+            out.append(f"        {{ let h = vec4<f16>({r}{times}); " +
+                       " ".join(f"{at(*place(j))} = h.{c};" for j, c in enumerate("xyzw")) + " }")
+        else:
+            out.append(f"        {at(k, o)} = f16({r}{times});")
+    return out
+
+
+def _coop_prescan(names, loads, regs, fetches, warps: int) -> tuple[list[str], str]:
+    """Lines that find, before the main loop, the largest |value| of each named operand
+    over the workgroup's whole K range (its own fetches, a first pass), and from it a
+    power of two ``scale_{name}`` that puts that value in [2^14, 2^15): f16's range
+    (65504) and its precision both fit a gradient of any magnitude, and the scale is
+    exact to undo. The subgroups' maxima meet in the results' scratch (``Cs``, free until
+    the results leave). Returns (the lines, the exponents' sum the results are scaled by)."""
+    lines = []
+    for name, load, reg, fetch in zip(names, loads, regs, fetches):
+        absmax = [f"max(max(abs({r}).x, abs({r}).y), max(abs({r}).z, abs({r}).w))" if fetch.endswith("vec4")
+                  else f"abs({r})" for r, _, _ in reg]
+        lines += [f"    var amax_{name} = 0.0;",
+                  "    for (var kb = kbeg; kb < kend; kb = kb + BK) {", *load,
+                  *(f"        amax_{name} = max(amax_{name}, {m});" for m in absmax), "    }"]
+    for i, name in enumerate(names):
+        lines += [f"    {{ let top = subgroupMax(amax_{name}); if (lane == 0u) {{ Cs[sg * 2u + {i}u] = top; }} }}"]
+    lines.append("    workgroupBarrier();")
+    for i, name in enumerate(names):
+        lines += [f"    var wmax_{name} = 0.0;",
+                  f"    for (var w = 0u; w < {warps}u; w = w + 1u) {{ wmax_{name} = max(wmax_{name}, Cs[w * 2u + {i}u]); }}",
+                  f"    let ex_{name} = clamp(select(0.0, floor(log2(wmax_{name})), wmax_{name} > 0.0), -100.0, 100.0);",
+                  f"    let scale_{name} = exp2(14.0 - ex_{name});"]
+    return lines, " + ".join(f"(ex_{name} - 14.0)" for name in names)
+
+
+def _coop_fragment(name: str, fetch: str, outer: str, kk: int) -> str:
+    """subgroupMatrixLoad of one 16 x 16 f16 fragment: A's (left, rows m) or B's
+    (right, columns n) at outer offset ``outer`` and k step ``kk`` of the current buffer."""
+    f = COOP_FRAGMENT
+    kind, tile, base, slots = (("left", "Ah", "ab", "AS") if name == "a" else ("right", "Bh", "bb", "BS"))
+    if _coop_layout(fetch) == "k-major":
+        offset, along_k = f"{base} + {kk * f}u * {slots} + {outer}", name == "a"
+    else:
+        offset, along_k = f"{base} + ({outer}) * {slots} + {kk * f}u", name == "b"
+    return (f"subgroupMatrixLoad<subgroup_matrix_{kind}<f16, {f}, {f}>>(&{tile}, {offset}, "
+            f"{'true' if along_k else 'false'}, {slots})")
+
+
+def _coop_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=None, lets=(),
+               edges=(None, None), scaled=(False, False)) -> dict:
+    """matmul_tiled.wgsl's generated parts for a ``COOP`` preset: the operands are fetched
+    as for the f32 kernel (``_fetch_operand``), rounded to f16 into tiles laid out along
+    their fetch (``_coop_layout``), and each subgroup multiplies its fragments with
+    subgroupMatrixMultiplyAccumulate (each fragment loaded column- or row-major to
+    match its tile). The accumulators leave one fragment at a time through the
+    subgroup's 16 x 16 f32 scratch, each lane passing its share to store() (epilogue,
+    bounds). ``edges``: how A's and B's fetches meet their bounds (``_fetch_operand``;
+    None: only edge tiles check each element). ``scaled``: which operands are scaled by
+    a power of two into f16's range first (``_coop_prescan``; gradients), the results
+    scaled back in f32."""
+    c = COOP[preset]
+    f = COOP_FRAGMENT
+    fm, fn = c.bm // c.wm // f, c.bn // c.wn // f
+    frags = [(i, j) for i in range(fm) for j in range(fn)]
+    decl = [f"    var acc{i}_{j} = subgroup_matrix_result<f32, {f}, {f}>();" for i, j in frags]
+    decl += [f"    let wrow = sg / {c.wn}u * {c.bm // c.wm}u;", f"    let wcol = sg % {c.wn}u * {c.bn // c.wn}u;"]
+    comp = []
+    for kk in range(c.bk // f):
+        comp += [f"        let l{kk}_{i} = {_coop_fragment('a', fetch_a, f'wrow + {i * f}u', kk)};" for i in range(fm)]
+        comp += [f"        let r{kk}_{j} = {_coop_fragment('b', fetch_b, f'wcol + {j * f}u', kk)};" for j in range(fn)]
+        comp += [f"        acc{i}_{j} = subgroupMatrixMultiplyAccumulate(l{kk}_{i}, r{kk}_{j}, acc{i}_{j});"
+                 for i, j in frags]
+    edges = [mode or "tiles" for mode in edges]
+    ca, da, la, ra = _fetch_operand("a", fetch_a, c.bm, c.bk, gather_a, c.threads, edges[0])
+    cb, db, lb, rb = _fetch_operand("b", fetch_b, c.bn, c.bk, gather_b, c.threads, edges[1])
+    picked = [(n, ld, rg, fe) for n, ld, rg, fe, on in (("a", la, ra, fetch_a, scaled[0]),
+                                                       ("b", lb, rb, fetch_b, scaled[1])) if on]
+    prescan, exponents = _coop_prescan(*zip(*picked), warps=c.threads // 32) if picked else ([], "")
+    back = f" * exp2({exponents})" if picked else ""
+    store = []
+    for i, j in frags:
+        store += [f"    subgroupMatrixStore(&Cs, sg * {f * f}u, acc{i}_{j}, false, {f}u);",
+                  "    workgroupBarrier();",
+                  f"    for (var q = lane; q < {f * f}u; q = q + sg_size) {{",
+                  f"        store(b, wg.z, row0 + wrow + {i * f}u + q / {f}u, col0 + wcol + {j * f}u + q % {f}u,"
+                  f" Cs[sg * {f * f}u + q]{back});",
+                  "    }",
+                  "    workgroupBarrier();"]
+    # f16 slots per row of each tile, padded by 8 against bank conflicts (rows stay 16-byte aligned)
+    (a_slots, a_buf), (b_slots, b_buf) = (_coop_tile(fetch, tile, c.bk) for fetch, tile in ((fetch_a, c.bm),
+                                                                                           (fetch_b, c.bn)))
+    smem = (f"var<workgroup> Ah: array<f16, {2 * a_buf}>;\n"
+            f"var<workgroup> Bh: array<f16, {2 * b_buf}>;\n"
+            f"var<workgroup> Cs: array<f32, {c.threads // 32 * f * f}>;")
+    args = (",\n        @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32,"
+            " @builtin(subgroup_size) sg_size: u32")
+    return dict(BM=c.bm, BN=c.bn, BK=c.bk, TM=f, TN=f, AS=a_slots, BS=b_slots, ABUF=a_buf, BBUF=b_buf,
+                THREADS=c.threads, SMEM=smem, ARGS=args, THREAD_XY="", PRESCAN="\n".join(prescan),
+                ENABLES=COOP_ENABLES + (("subgroups",) if picked else ()),
+                ACC_DECL="\n".join(decl), COMPUTE="\n".join(comp), STORE_OUT="\n".join(store),
+                LOAD_DECL="\n".join([*lets, *ca, *cb, *da, *db]), LOAD="\n".join(la + lb),
+                STORE="\n".join(_store_coop("a", fetch_a, ra, "scale_a" if scaled[0] else "")
+                                + _store_coop("b", fetch_b, rb, "scale_b" if scaled[1] else "")))
+
+
+def _coop_tile(fetch: str, tile: int, bk: int) -> tuple[int, int]:
+    """(f16 slots a row, f16 elements a buffer) of one operand's tile."""
+    slots = (tile if _coop_layout(fetch) == "k-major" else bk) + 8
+    return slots, slots * (bk if _coop_layout(fetch) == "k-major" else tile)
+
+
+def coop_workgroup_bytes(preset: str) -> int:
+    """Workgroup memory of a cooperative kernel at most (the larger tile layout): two f16
+    buffers of each operand tile and the subgroups' f32 scratch."""
+    c = COOP[preset]
+    buf = lambda tile: max(_coop_tile(fetch, tile, c.bk)[1] for fetch in ("outer-vec4", "k-vec4"))
+    return 2 * 2 * (buf(c.bm) + buf(c.bn)) + 4 * c.threads // 32 * COOP_FRAGMENT ** 2
+
+
+def _tile_subs(variant: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=None, lets=(),
+               mnk=(0, 0, 0), scaled=(False, False)) -> dict:
+    """matmul_tiled.wgsl's generated parts for any tiled variant, f32 or cooperative, for
+    an m x n x k product (which operand tiles always lie inside their operand); a
+    cooperative kernel scales the ``scaled`` operands into f16's range."""
+    make = _coop_subs if variant in COOP else _tiled_subs
+    (bm, bn), bk = _tile_of(variant), (COOP[variant].bk if variant in COOP else TILED[variant].bk)
+    m_, n_, k_ = mnk
+    edges = [_edges(extent, tile, k_, bk) for extent, tile in ((m_, bm), (n_, bn))]
+    return make(variant, fetch_a, fetch_b, gather_a, gather_b, lets, edges, scaled)
+
+
+def _edges(extent: int, tile: int, k_: int, bk: int) -> str:
+    """How an operand of ``extent`` rows (columns) and reduction ``k_`` is fetched in tiles
+    of ``tile`` x ``bk`` without per-element checks where it can be (``_fetch_operand``):
+    "none" when both divide, "clamp" when only K does, else None (the kernel's choice)."""
+    if extent <= 0 or k_ <= 0 or k_ % bk:
+        return None
+    return "none" if extent % tile == 0 else "clamp"
+
+
+def _tiled_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=None, lets=(),
+                edges=(None, None), scaled=(False, False)) -> dict:
+    """The generated parts of matmul_tiled.wgsl for a ``TILED`` preset and the given
+    operand fetches (see ``operand_fetch`` and ``_fetch_operand``); ``lets`` are extra
+    lines at the top of the kernel (values the gathers read). ``edges``: how A's and B's
+    fetches meet their bounds (``_fetch_operand``; None: each element checked)."""
+    tm, tn, bk, unroll, ty = TILED[preset]
+    bm, bn = ty * tm, 16 * tn
+    gs, hs = range(tm // 4), range(tn // 4)
+    acc = [f"c{g}{i}_{h}" for g in gs for i in range(4) for h in hs]
+    decl = "\n".join(f"    var {c} = vec4<f32>(0.0);" for c in acc)
+    comp = []
+    for kk in (range(bk) if unroll else ["kk"]):
+        k = f"{kk}u" if unroll else kk
+        for g in gs:
+            comp.append(f"            let a{g}_{kk} = As[ab + {k} * AS + {ty * g}u + ty];")
+        for h in hs:
+            comp.append(f"            let b{h}_{kk} = Bs[bb + {k} * BS + {16 * h}u + tx];")
+        for g in gs:
+            for i, x in enumerate("xyzw"):
+                for h in hs:
+                    comp.append(f"            c{g}{i}_{h} = fma(vec4<f32>(a{g}_{kk}.{x}), b{h}_{kk}, c{g}{i}_{h});")
+    if not unroll:
+        comp = ["        for (var kk = 0u; kk < BK; kk = kk + 1u) {", *comp, "        }"]
+    store = []
+    for g in gs:
+        for i in range(4):
+            store.append(f"    let r{g}{i} = row0 + {4 * ty * g + i}u + ty * 4u;")
+            for h in hs:
+                for j, x in enumerate("xyzw"):
+                    store.append(f"    store(b, wg.z, r{g}{i}, col0 + {64 * h + j}u + tx * 4u, c{g}{i}_{h}.{x});")
+    threads = TILED[preset].threads
+    edges = [mode or "checked" for mode in edges]
+    ca, da, la, ra = _fetch_operand("a", fetch_a, bm, bk, gather_a, threads, edges[0])
+    cb, db, lb, rb = _fetch_operand("b", fetch_b, bn, bk, gather_b, threads, edges[1])
+    sa, sb = _store_tiled("a", fetch_a, ra), _store_tiled("b", fetch_b, rb)
+    smem = (f"var<workgroup> As: array<vec4<f32>, {2 * bk * (bm // 4 + 1)}>;\n"
+            f"var<workgroup> Bs: array<vec4<f32>, {2 * bk * (bn // 4 + 1)}>;")
+    return dict(BM=bm, BN=bn, BK=bk, TM=tm, TN=tn, AS=bm // 4 + 1, BS=bn // 4 + 1, THREADS=threads,
+                ABUF=bk * (bm // 4 + 1), BBUF=bk * (bn // 4 + 1), SMEM=smem, ARGS="", PRESCAN="",
+                ACC_DECL=decl, COMPUTE="\n".join(comp), STORE_OUT="\n".join(store),
+                LOAD_DECL="\n".join([*lets, *ca, *cb, *da, *db]), LOAD="\n".join(la + lb),
+                STORE="\n".join(sa + sb))

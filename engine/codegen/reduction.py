@@ -1,0 +1,283 @@
+"""Row reductions with a prologue/epilogue: reductions, softmax, norms, losses, sum_to
+and the row kernels of the backward pass (norm gradients, cross-entropy gradient).
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..graph.ir import Graph, Node
+from .common import Capabilities, Kernel, PLAIN, _finish, contiguous_strides, f32_bits, grid_1d, i32_bits
+
+
+# ---------------------------------------------------------------- reductions
+
+_ROW_MODES = {
+    "sum": """    var s = 0.0;
+    for (var i = t; i < N; i = i + 256u) { s = s + x[base + i]; }
+    s = wg_sum(s, t);
+    if (t == 0u) { out[row] = s; }""",
+    "mean": """    var s = 0.0;
+    for (var i = t; i < N; i = i + 256u) { s = s + x[base + i]; }
+    s = wg_sum(s, t);
+    if (t == 0u) { out[row] = s / f32(N); }""",
+    "max": """    var s = -3.4028234e38;
+    for (var i = t; i < N; i = i + 256u) { s = max(s, x[base + i]); }
+    s = wg_max(s, t);
+    if (t == 0u) { out[row] = s; }""",
+    "softmax": """    var mx = -3.4028234e38;
+    for (var i = t; i < N; i = i + 256u) { mx = max(mx, x[base + i]); }
+    mx = wg_max(mx, t);
+    var s = 0.0;
+    for (var i = t; i < N; i = i + 256u) { s = s + exp(x[base + i] - mx); }
+    s = wg_sum(s, t);
+    let inv = 1.0 / s;
+    for (var i = t; i < N; i = i + 256u) { out[base + i] = exp(x[base + i] - mx) * inv; }""",
+    "log_softmax": """    var mx = -3.4028234e38;
+    for (var i = t; i < N; i = i + 256u) { mx = max(mx, x[base + i]); }
+    mx = wg_max(mx, t);
+    var s = 0.0;
+    for (var i = t; i < N; i = i + 256u) { s = s + exp(x[base + i] - mx); }
+    s = wg_sum(s, t);
+    let lse = mx + log(s);
+    for (var i = t; i < N; i = i + 256u) { out[base + i] = x[base + i] - lse; }""",
+    "layer_norm": """    var s = 0.0;
+    for (var i = t; i < N; i = i + 256u) { s = s + x[base + i]; }
+    let mu = wg_sum(s, t) / f32(N);
+    var q = 0.0;
+    for (var i = t; i < N; i = i + 256u) { let d = x[base + i] - mu; q = q + d * d; }
+    let r = inverseSqrt(wg_sum(q, t) / f32(N) + eps);
+    for (var i = t; i < N; i = i + 256u) { out[base + i] = (x[base + i] - mu) * r * w[i] + bias[i]; }""",
+    "rms_norm": """    var q = 0.0;
+    for (var i = t; i < N; i = i + 256u) { let v = x[base + i]; q = q + v * v; }
+    let r = inverseSqrt(wg_sum(q, t) / f32(N) + eps);
+    for (var i = t; i < N; i = i + 256u) { out[base + i] = x[base + i] * r * w[i]; }""",
+}
+
+_ROW_OPERANDS = {"layer_norm": ["x", "w", "bias"], "rms_norm": ["x", "w"]}
+
+
+def _row_reduce(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    x = graph[node.inputs[0]]
+    if node.op in ("sum", "mean", "max") and node.attrs.get("axis") is None:
+        rows, n = 1, x.size
+    else:
+        n = x.shape[-1] if x.shape else 1
+        rows = x.size // max(n, 1)
+    eps = node.attrs.get("eps", 0.0)
+    names = _ROW_OPERANDS.get(node.op, ["x"])
+    return _finish(f"reduce:{node.op}", "reduction", "reduce_row.wgsl", names, ["f32"] * len(names),
+                   "f32", [rows, n, f32_bits(eps)], grid_1d(rows), caps, MODE=_ROW_MODES[node.op])
+
+
+# Losses reduce a whole tensor to one number. One workgroup doing it all was latency
+# bound (gpt-tiny's cross_entropy over 2048 x 257 logits: 0.27 ms; whisper's mse_loss
+# over 576k elements: 0.26 ms), so a loss runs in two dispatches: a row kernel
+# (reduce_row.wgsl: a workgroup per row of logits, or per chunk of elements) leaves a
+# pair (sum, count) per row in a scratch buffer, and loss_total.wgsl divides the sum of
+# the sums by the sum of the counts (at least 1: an all-ignored batch gives 0).
+LOSS_CHUNK = 4096  # elements per workgroup of the elementwise losses
+
+_LOSS_ROWS = {
+    "cross_entropy": """    let label = labels[row];
+    var mx = -3.4028234e38;
+    for (var i = t; i < N; i = i + 256u) { mx = max(mx, logits[base + i]); }
+    mx = wg_max(mx, t);
+    var s = 0.0;
+    for (var i = t; i < N; i = i + 256u) { s = s + exp(logits[base + i] - mx); }
+    s = wg_sum(s, t);
+    if (t == 0u) {
+        let kept = label != mi(3u);
+        let li = u32(clamp(label, 0, i32(N) - 1));
+        out[2u * row] = select(0.0, mx + log(s) - logits[base + li], kept);
+        out[2u * row + 1u] = select(0.0, 1.0, kept);
+    }""",
+    "soft_cross_entropy": """    var mx = -3.4028234e38;
+    for (var i = t; i < N; i = i + 256u) { mx = max(mx, logits[base + i]); }
+    mx = wg_max(mx, t);
+    var s = 0.0;
+    var ts = 0.0;
+    var tl = 0.0;
+    for (var i = t; i < N; i = i + 256u) {
+        s = s + exp(logits[base + i] - mx);
+        ts = ts + tgt[base + i];
+        tl = tl + tgt[base + i] * logits[base + i];
+    }
+    s = wg_sum(s, t);
+    ts = wg_sum(ts, t);
+    tl = wg_sum(tl, t);
+    if (t == 0u) { out[2u * row] = ts * (mx + log(s)) - tl; out[2u * row + 1u] = 1.0; }""",
+}
+
+# the elementwise losses: the term of element i, summed over each chunk of LOSS_CHUNK
+_LOSS_TERMS = {
+    "bce_loss": "max(logits[i], 0.0) - logits[i] * tgt[i] + log(1.0 + exp(-abs(logits[i])))",
+    "mse_loss": "(pred[i] - tgt[i]) * (pred[i] - tgt[i])",
+}
+
+
+def _chunk_sum(term: str) -> str:
+    return f"""    let total = m(3u);
+    let end = min(base + N, total);
+    var s = 0.0;
+    for (var i = base + t; i < end; i = i + 256u) {{ s = s + {term}; }}
+    s = wg_sum(s, t);
+    if (t == 0u) {{ out[2u * row] = s; out[2u * row + 1u] = f32(end - base); }}"""
+
+
+def _loss(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    x = graph[node.inputs[0]]
+    types = ["i32" if graph[i].dtype == "i32" else "f32" for i in node.inputs]
+    if node.op in _LOSS_ROWS:
+        n = x.shape[-1]
+        rows = x.size // n
+        names = ["logits", "labels" if node.op == "cross_entropy" else "tgt"]
+        meta = [rows, n, 0, i32_bits(node.attrs.get("ignore_index", -100))]
+        mode = _LOSS_ROWS[node.op]
+    else:
+        rows, n = max(1, -(-x.size // LOSS_CHUNK)), LOSS_CHUNK
+        names = ["logits", "tgt"] if node.op == "bce_loss" else ["pred", "tgt"]
+        meta = [rows, n, 0, x.size]
+        mode = _chunk_sum(_LOSS_TERMS[node.op])
+    k = _finish(f"loss:{node.op}", "reduction", "reduce_row.wgsl", names, types, "f32", meta, grid_1d(rows),
+                caps, MODE=mode)
+    k.partials = 2 * rows
+    k.finish = _finish("loss:total", "reduction", "loss_total.wgsl", ["partials"], ["f32"], "f32", [rows],
+                       (1, 1, 1), caps)
+    return k
+
+
+SUM_TO_WORKGROUPS = 132  # enough to fill an H100's SMs once
+
+
+def _sum_to(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    x = graph[node.inputs[0]]
+    r = len(x.shape)
+    out_p = (1,) * (r - len(node.shape)) + tuple(node.shape)
+    if r > 1 and out_p == tuple(x.shape[:-1]) + (1,) and x.shape[-1] > 1:
+        # only the last axis summed (layer-norm gradients): a row reduction reads it coalesced
+        n = x.shape[-1]
+        return _finish("sum_to", "reduction", "reduce_row.wgsl", ["x"], ["f32"], "f32", [x.size // n, n, 0],
+                       grid_1d(x.size // n), caps, MODE=_ROW_MODES["sum"])
+    xs = contiguous_strides(x.shape)
+    kept = [xs[d] if out_p[d] == x.shape[d] else 0 for d in range(r)]
+    red = [x.shape[d] if out_p[d] != x.shape[d] else 1 for d in range(r)]
+    meta = [node.size, math.prod(red)] + list(out_p) + kept
+    # Long reductions get more lanes per output, 64 when 16 would leave the GPU mostly
+    # idle (a bias gradient: 384 outputs made 24 workgroups); a short one keeps one lane
+    # per output.
+    count = math.prod(red)
+    outs = 256 if count <= 4 else 64 if count <= 64 else 16 if node.size >= 16 * SUM_TO_WORKGROUPS else 4
+    return _finish("sum_to", "reduction", "sum_to.wgsl", ["x"], ["f32"], "f32", meta,
+                   grid_1d(-(-node.size // outs)), RANK=r, OUTS=outs, REDUCED_OFFSET=_reduced_offset(red, xs))
+
+
+def _reduced_offset(extents, strides) -> str:
+    """WGSL adding to ``off`` the input offset of reduced element ``r`` (row-major over the
+    reduced axes' ``extents``), with every extent and stride a constant."""
+    axes = [d for d in range(len(extents)) if extents[d] > 1]
+    lines = []
+    for i, d in enumerate(reversed(axes)):
+        last = i == len(axes) - 1
+        index = "r" if last else f"r % {extents[d]}u"
+        lines.append(f"            off = off + ({index}) * {strides[d]}u;")
+        if not last:
+            lines.append(f"            r = r / {extents[d]}u;")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- row kernels with their own operands
+# Same template as the row reductions (one workgroup per row, tree reductions in
+# workgroup memory); meta words from 3 on are the op's own.
+
+# A norm's backward kernels start from the row's statistics: its mean (0 for an RMS
+# norm) and r = 1 / sqrt(variance + eps).
+_NORM_STATS = """    var s = 0.0;
+    if ({{CENTER}}) {
+        for (var i = t; i < N; i = i + 256u) { s = s + x[base + i]; }
+        s = wg_sum(s, t);
+    }
+    let mu = s / f32(N);
+    var q = 0.0;
+    for (var i = t; i < N; i = i + 256u) { let c = x[base + i] - mu; q = q + c * c; }
+    let r = inverseSqrt(wg_sum(q, t) / f32(N) + eps);"""
+
+_ROW_KERNELS = {
+    "group_norm": (["x", "w", "bias"], """    let S = m(3u);
+    let cpg = m(4u);
+    let G = m(5u);
+    var s = 0.0;
+    for (var i = t; i < N; i = i + 256u) { s = s + x[base + i]; }
+    let mu = wg_sum(s, t) / f32(N);
+    var q = 0.0;
+    for (var i = t; i < N; i = i + 256u) { let d = x[base + i] - mu; q = q + d * d; }
+    let r = inverseSqrt(wg_sum(q, t) / f32(N) + eps);
+    for (var i = t; i < N; i = i + 256u) {
+        let c = (row % G) * cpg + i / S;
+        let y = (x[base + i] - mu) * r * w[c] + bias[c];
+        out[base + i] = {{GN_ACT}};
+    }"""),
+    "norm_grad": (["dout", "x", "w"], _NORM_STATS + """
+    var sg = 0.0;
+    var sgx = 0.0;
+    for (var i = t; i < N; i = i + 256u) {
+        let g = dout[base + i] * w[i];
+        sg = sg + g;
+        sgx = sgx + g * (x[base + i] - mu) * r;
+    }
+    let mean_g = select(0.0, wg_sum(sg, t) / f32(N), {{CENTER}});
+    let mean_gx = wg_sum(sgx, t) / f32(N);
+    for (var i = t; i < N; i = i + 256u) {
+        out[base + i] = r * (dout[base + i] * w[i] - mean_g - (x[base + i] - mu) * r * mean_gx);
+    }"""),
+    "norm_grad_w": (["dout", "x"], _NORM_STATS + """
+    for (var i = t; i < N; i = i + 256u) { out[base + i] = dout[base + i] * (x[base + i] - mu) * r; }"""),
+    "max_grad": (["dout", "x"], """    var mx = -3.4028234e38;
+    for (var i = t; i < N; i = i + 256u) { mx = max(mx, x[base + i]); }
+    mx = wg_max(mx, t);
+    var ties = 0.0;
+    for (var i = t; i < N; i = i + 256u) { ties = ties + select(0.0, 1.0, x[base + i] == mx); }
+    let share = dout[row] / wg_sum(ties, t);
+    for (var i = t; i < N; i = i + 256u) { out[base + i] = select(0.0, share, x[base + i] == mx); }"""),
+    "cross_entropy_grad": (["logits", "labels", "dout"], """    let ignore = mi(3u);
+    var kept = 0.0;
+    for (var r = t; r < rows; r = r + 256u) { kept = kept + select(1.0, 0.0, labels[r] == ignore); }
+    kept = wg_sum(kept, t);
+    let label = labels[row];
+    var mx = -3.4028234e38;
+    for (var i = t; i < N; i = i + 256u) { mx = max(mx, logits[base + i]); }
+    mx = wg_max(mx, t);
+    var s = 0.0;
+    for (var i = t; i < N; i = i + 256u) { s = s + exp(logits[base + i] - mx); }
+    let scale = select(dout[0] / max(kept, 1.0), 0.0, label == ignore);
+    let inv = 1.0 / wg_sum(s, t);
+    for (var i = t; i < N; i = i + 256u) {
+        let onehot = select(0.0, 1.0, i32(i) == label);
+        out[base + i] = (exp(logits[base + i] - mx) * inv - onehot) * scale;
+    }"""),
+}
+
+
+def _row_kernel(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    names, mode = _ROW_KERNELS[node.op]
+    a = node.attrs
+    x = graph[node.inputs[1 if node.op == "max_grad" else 0]]
+    types = ["i32" if graph[i].dtype == "i32" else "f32" for i in node.inputs]
+    extra, act = [], "y"
+    if node.op == "group_norm":
+        groups = a["num_groups"]
+        rows, n = x.shape[0] * groups, x.size // (x.shape[0] * groups)
+        spatial = math.prod(x.shape[2:])
+        extra = [spatial, x.shape[1] // groups, groups]
+        act = "y * sigmoid_(y)" if a.get("activation") == "silu" else "y"
+    elif node.op == "max_grad" and a.get("axis") is None:
+        rows, n = 1, x.size
+    else:
+        n = x.shape[-1]
+        rows = x.size // n
+        if node.op == "cross_entropy_grad":
+            extra = [i32_bits(a.get("ignore_index", -100))]
+    meta = [rows, n, f32_bits(a.get("eps", 0.0))] + extra
+    return _finish(f"reduce:{node.op}", "reduction", "reduce_row.wgsl", names, types, "f32", meta,
+                   grid_1d(rows), caps,
+                   MODE=mode.replace("{{GN_ACT}}", act).replace("{{CENTER}}", str(a.get("center", True)).lower()))

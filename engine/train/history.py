@@ -1,0 +1,83 @@
+"""What a run leaves: ``LossHistory`` and ``TrainHistory`` (per-step rows, CSV), written atomically.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+
+# ---------------------------------------------------------------- history
+
+@dataclass
+class LossHistory:
+    """Loss per step."""
+
+    losses: list[float] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.losses)
+
+    @property
+    def last(self) -> float | None:
+        return self.losses[-1] if self.losses else None
+
+    def mean(self, last_n: int | None = None) -> float:
+        tail = self.losses[-last_n:] if last_n else self.losses
+        return float(np.mean(tail)) if tail else math.nan
+
+
+COLUMNS = ("step", "epoch", "loss", "lr", "grad_norm", "seconds")
+
+
+@dataclass
+class TrainHistory(LossHistory):
+    """Per step: loss, learning rate, gradient norm before clipping, wall seconds,
+    epoch; per epoch: mean loss. ``stopped`` says the run was cancelled."""
+
+    lrs: list[float] = field(default_factory=list)
+    grad_norms: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    epochs: list[int] = field(default_factory=list)
+    epoch_losses: list[float] = field(default_factory=list)
+    stopped: bool = False
+
+    def record(self, loss, lr, grad_norm, seconds, epoch) -> None:
+        self.losses.append(loss)
+        self.lrs.append(lr)
+        self.grad_norms.append(grad_norm)
+        self.seconds.append(seconds)
+        self.epochs.append(epoch)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_csv(self, path: str | os.PathLike | None = None) -> str:
+        """The per-step table as CSV text; with a path, also written there atomically."""
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(COLUMNS)
+        for i in range(len(self.losses)):
+            w.writerow([i, self.epochs[i], repr(self.losses[i]), repr(self.lrs[i]),
+                        repr(self.grad_norms[i]), repr(self.seconds[i])])
+        text = buf.getvalue()
+        if path is not None:
+            write_atomically(os.fspath(path), text)
+        return text
+
+
+def write_atomically(path: str, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
