@@ -33,3 +33,9 @@ class UnknownModelError(MeganeuraError):
 class TrainingError(MeganeuraError):
     """Training cannot go on: the loss or the gradients stopped being finite, or the
     training setup does not fit the model (unknown optimizer, schedule, data)."""
+
+
+class ModelImportError(MeganeuraError):
+    """A model file or checkpoint folder cannot be imported: not ONNX, truncated, an op
+    or attribute the importer does not handle (all of them named), a config it does not
+    know, weights that disagree with the config, an unbound dimension."""

@@ -165,3 +165,28 @@ class BuiltinModel:
         from ..weights import save_safetensors
         save_safetensors(self.to_file_layout(params), path, metadata={"model": self.name})
 
+
+    # ------------------------------------------------------------ running
+    def run(self, inputs: Mapping[str, np.ndarray], params: Mapping[str, np.ndarray] | None = None,
+            backend: str = "gpu") -> dict[str, np.ndarray]:
+        """One forward pass: output name -> array. ``params`` default to ``init_params()``
+        (an imported model's own weights); ``backend`` is "gpu" or "reference"."""
+        graph = self.build(train=False)
+        params = self.init_params() if params is None else params
+        missing = sorted(set(graph.inputs) - set(inputs))
+        if missing:
+            raise MeganeuraError(f"model {self.name!r}: no value for input(s) {', '.join(missing)}; "
+                                 f"its inputs are {', '.join(graph.inputs)}")
+        if backend == "reference":
+            from ..graph import reference
+            return reference.run(graph, dict(inputs), dict(params), dtype=np.float32)
+        if backend != "gpu":
+            raise MeganeuraError(f"backend {backend!r} is not one of gpu, reference")
+        from ..runtime.session import build_inference_session
+        session = build_inference_session(graph)
+        for name, value in params.items():
+            session.set_parameter(name, value)
+        for name, value in inputs.items():
+            session.set_input(name, value)
+        session.run()
+        return {name: session.read_output(name) for name in graph.outputs}

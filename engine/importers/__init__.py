@@ -1,0 +1,54 @@
+"""Opening a model from what a user has: a built-in name, an ``.onnx`` file or a Hugging
+Face checkpoint folder (``config.json`` + ``model.safetensors``).
+
+``load_model(source, overrides)`` returns an object with the built-in models' interface
+(``engine.models.base.BuiltinModel``): ``build(train=...)``, ``example_inputs``,
+``init_params`` (an imported model's own weights), ``run(inputs, backend=...)``.
+``onnx`` translates ONNX graphs op by op; ``hf`` builds the supported ``model_type``\\ s
+from their configs. Both refuse what they do not handle, by name, and never approximate.
+Imports ``engine.models``, ``engine.graph`` and ``engine.weights``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+from ..errors import ModelImportError
+from ..models import REGISTRY, BuiltinModel, create, parse_overrides
+
+
+def source_kind(source) -> str:
+    """"builtin", "onnx" or "checkpoint"; a path that is none of them is an error naming what was expected."""
+    text = str(source)
+    if text in REGISTRY:
+        return "builtin"
+    path = Path(text)
+    if path.is_dir():
+        return "checkpoint"
+    if path.suffix.lower() == ".onnx":
+        if not path.is_file():
+            raise ModelImportError(f"{text}: no such ONNX file")
+        return "onnx"
+    if path.exists():
+        raise ModelImportError(f"{text}: not a model: give a built-in name ({', '.join(REGISTRY)}), "
+                               f"an .onnx file or a checkpoint folder (config.json + model.safetensors)")
+    raise ModelImportError(f"{text!r} is not a built-in model ({', '.join(REGISTRY)}), "
+                           f"an .onnx file or a checkpoint folder")
+
+
+def load_model(source, overrides: Iterable[str] = (), **options) -> BuiltinModel:
+    """The model ``source`` names, configured by ``--set`` strings (``["batch=8"]``).
+    ``options`` go to the importer (ONNX: ``loss``, ``target``)."""
+    kind = source_kind(source)
+    if kind == "builtin":
+        return create(str(source), overrides)
+    settings = parse_overrides(overrides)
+    if kind == "onnx":
+        from .onnx import load_onnx
+        return load_onnx(Path(source), settings, **options)
+    from .hf import load_checkpoint
+    return load_checkpoint(Path(source), settings)
+
+
+__all__ = ["load_model", "source_kind"]
