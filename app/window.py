@@ -16,6 +16,7 @@ from PySide6.QtGui import QAction, QFontDatabase, QKeySequence
 from PySide6.QtWidgets import (QDockWidget, QFileDialog, QLabel, QMainWindow, QMessageBox,
                                QPlainTextEdit, QTabWidget)
 
+from engine import config
 from engine.errors import MeganeuraError
 
 from . import main_thread_gc
@@ -45,13 +46,10 @@ def doctor_text() -> tuple[str, str]:
     return adapter_line(report["adapter"]), format_doctor(report)
 
 
-SETTINGS_ENV = "MEGANEURA_STUDIO_SETTINGS"
-
-
 def default_settings() -> QSettings:
     """The user's settings, or the ini file named by $MEGANEURA_STUDIO_SETTINGS (tests,
     screenshots: never touch the real ones)."""
-    path = os.environ.get(SETTINGS_ENV)
+    path = config.current().studio_settings
     if path:
         return QSettings(path, QSettings.Format.IniFormat)
     return QSettings("Meganeura", "Studio")

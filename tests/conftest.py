@@ -16,3 +16,29 @@ if "MEGANEURA_STUDIO_SETTINGS" not in os.environ:
 
     os.environ["MEGANEURA_STUDIO_SETTINGS"] = os.path.join(
         tempfile.mkdtemp(prefix="meganeura-test-settings-"), "studio.ini")
+
+
+import dataclasses  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def configure():
+    """``configure(precision="f16", matmul="64")``: the process's engine configuration with
+    these fields (Config's, or its kernel Knobs') changed, restored after the test."""
+    from engine import config
+
+    previous = config.use(None)
+    config.use(previous)
+    knob_names = {f.name for f in dataclasses.fields(config.Knobs)}
+
+    def change(**fields):
+        base = config.current()
+        knobs = {k: v for k, v in fields.items() if k in knob_names}
+        rest = {k: v for k, v in fields.items() if k not in knob_names}
+        config.use(dataclasses.replace(base, knobs=dataclasses.replace(base.knobs, **knobs), **rest))
+        return config.current()
+
+    yield change
+    config.use(previous)

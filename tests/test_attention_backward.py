@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import Graph, codegen, models
+from engine import Graph, codegen, config, models
 from engine.graph import reference
 from engine.autodiff import gradients as autodiff
 from engine.autodiff.gradients import differentiate
@@ -93,11 +93,11 @@ CASES = {name: shape for name, shape in FORWARD_CASES.items() if name not in ("o
 
 @pytest.mark.parametrize("splits", [1, 3], ids=["whole", "split-3"])
 @pytest.mark.parametrize("case", CASES)
-def test_backward_kernels_match_the_reference(case, splits, monkeypatch):
+def test_backward_kernels_match_the_reference(case, splits, monkeypatch, configure):
     """Also with the streamed side split among three workgroups a block of fixed rows:
     dq, dk, dv add their parts up, lse takes their logsumexp (causal: some parts see no
     visible score and hold -inf)."""
-    monkeypatch.setenv("MEGANEURA_ATTENTION_SPLITS", str(splits))
+    configure(attention_splits=splits)
     assert_close(*run_backward(*CASES[case]))
 
 
@@ -376,14 +376,15 @@ def test_fixed_rows_follow_the_devices_workgroup_memory():
 
 
 @pytest.mark.parametrize("case", ["gqa-3-groups-causal", "cross-more-keys"])
-def test_staging_without_the_register_prefetch_matches_too(case, monkeypatch):
+def test_staging_without_the_register_prefetch_matches_too(case, monkeypatch, configure):
     """dq, dk and dv fetch a block's second operand into registers at its start (dv ran
     20% faster on the H100); MEGANEURA_ATTENTION_PREFETCH=0 stages it where it is used,
     for benchmarks, and must give the same results."""
     g = backward_graph(*CASES[case][:6], attention_attrs(*CASES[case][3:5], *CASES[case][6:]))
-    sources = lambda: {n.op: codegen.kernel_for(g, n).source for n in g.nodes if n.op in BACKWARD_OPS}
+    caps = lambda: codegen.Capabilities(knobs=config.current().knobs)  # noqa: E731
+    sources = lambda: {n.op: codegen.kernel_for(g, n, caps()).source for n in g.nodes if n.op in BACKWARD_OPS}
     prefetched = sources()
-    monkeypatch.setenv("MEGANEURA_ATTENTION_PREFETCH", "0")
+    configure(attention_prefetch=0)
     direct = sources()
     for op in ("attention_grad_q", "attention_grad_k", "attention_grad_v"):
         assert "let pre0 = fetch_element" in prefetched[op] and "let pre0" not in direct[op], op

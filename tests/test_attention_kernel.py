@@ -58,11 +58,11 @@ CASES = {
 
 @pytest.mark.parametrize("splits", [1, 3], ids=["whole", "keys-split-3"])
 @pytest.mark.parametrize("case", CASES)
-def test_tiled_attention_matches_reference(case, splits, monkeypatch):
+def test_tiled_attention_matches_reference(case, splits, monkeypatch, configure):
     """Also with the keys split among three workgroups a block of queries, whose partial
     rows the second dispatch combines (causal: the last parts of early query blocks see
     no key at all)."""
-    monkeypatch.setenv("MEGANEURA_ATTENTION_SPLITS", str(splits))
+    configure(attention_splits=splits)
     batch, t, s, heads, kv_heads, d, causal, scale = CASES[case]
     g = attention_graph(batch, t, s, heads, kv_heads, d, causal, scale)
     assert run_against_reference(g, random_inputs(g)) < TOL
@@ -70,7 +70,7 @@ def test_tiled_attention_matches_reference(case, splits, monkeypatch):
 
 @pytest.mark.parametrize("level", ["0", "1"])
 @pytest.mark.parametrize("case", ["gqa-3-groups-causal", "cross-more-keys", "head-dim-36-causal"])
-def test_prefetch_levels_give_the_same_attention(case, level, monkeypatch):
+def test_prefetch_levels_give_the_same_attention(case, level, monkeypatch, configure):
     """The forward fetches V before the scores and the next block's K before P . V (the
     default, MEGANEURA_ATTENTION_PREFETCH=2); levels 0 (each block where it is stored) and
     1 (V only) are kept for benchmarks and must compute the same, split or not."""
@@ -78,35 +78,38 @@ def test_prefetch_levels_give_the_same_attention(case, level, monkeypatch):
     g = attention_graph(batch, t, s, heads, kv_heads, d, causal, scale)
     (node,) = [n for n in g.nodes if n.op == "attention"]
     default = codegen.kernel_for(g, node).source
-    monkeypatch.setenv("MEGANEURA_ATTENTION_PREFETCH", level)
-    source = codegen.kernel_for(g, node).source
+    configure(attention_prefetch=int(level))
+    source = codegen.kernel_for(g, node, _configured()).source
     assert "kpre0 = fetch_k" in default and "let vpre0 = fetch_v" in default
     assert "kpre0" not in source and ("let vpre0 = fetch_v" in source) == (level == "1")
     for splits in ("1", "3"):
-        monkeypatch.setenv("MEGANEURA_ATTENTION_SPLITS", splits)
+        configure(attention_splits=int(splits))
         assert run_against_reference(g, random_inputs(g, seed=4)) < TOL
 
 
 @pytest.mark.parametrize("case", ["gqa-3-groups-causal", "head-dim-8"])
-def test_row_thread_layout_gives_the_same_attention(case, monkeypatch):
+def test_row_thread_layout_gives_the_same_attention(case, monkeypatch, configure):
     """Attention numbers its threads so that a warp is 8 x 4 of them; the 16 x 2 layout
     the matmul keeps (MEGANEURA_THREAD_LAYOUT=rows, for benchmarks) computes the same."""
     batch, t, s, heads, kv_heads, d, causal, scale = CASES[case]
     g = attention_graph(batch, t, s, heads, kv_heads, d, causal, scale)
     (node,) = [n for n in g.nodes if n.op == "attention"]
     assert codegen.THREAD_LAYOUTS["warp"] in codegen.kernel_for(g, node).source
-    monkeypatch.setenv("MEGANEURA_THREAD_LAYOUT", "rows")
-    assert codegen.THREAD_LAYOUTS["rows"] in codegen.kernel_for(g, node).source
+    configure(thread_layout="rows")
+    assert codegen.THREAD_LAYOUTS["rows"] in codegen.kernel_for(g, node, _configured()).source
     assert run_against_reference(g, random_inputs(g, seed=5)) < TOL
 
 
-@pytest.mark.parametrize("knob,value", [("MEGANEURA_ATTENTION_PREFETCH", "3"), ("MEGANEURA_THREAD_LAYOUT", "cols")])
-def test_unknown_knob_values_are_refused(knob, value, monkeypatch):
-    monkeypatch.setenv(knob, value)
+def test_unknown_knob_values_are_refused():
+    from engine.config import Config, ConfigError, Knobs
+    with pytest.raises(ConfigError, match="MEGANEURA_ATTENTION_PREFETCH='3' is not one of 0, 1, 2"):
+        Config.from_env({"MEGANEURA_ATTENTION_PREFETCH": "3"})
+    with pytest.raises(ConfigError, match="MEGANEURA_ATTENTION_SPLITS='two' is not a positive whole number"):
+        Config.from_env({"MEGANEURA_ATTENTION_SPLITS": "two"})
     g = attention_graph(1, 70, 70, 2, 2, 64)
     (node,) = [n for n in g.nodes if n.op == "attention"]
-    with pytest.raises(DeviceError, match=f"{knob}='{value}'"):
-        codegen.kernel_for(g, node)
+    with pytest.raises(DeviceError, match="MEGANEURA_THREAD_LAYOUT='cols'"):
+        codegen.kernel_for(g, node, codegen.Capabilities(knobs=Knobs(thread_layout="cols")))
 
 
 def test_tiled_attention_rescales_when_a_later_block_has_the_max():
@@ -137,10 +140,16 @@ def test_tiled_attention_over_100k_keys():
     assert run_against_reference(g, random_inputs(g, seed=2)) < TOL
 
 
+def _configured():
+    """Plain capabilities with the process's configured knobs (what a session would get)."""
+    from engine import config
+    return codegen.Capabilities(knobs=config.current().knobs)
+
+
 def variant_of(*shape, causal=False):
     g = attention_graph(*shape, causal=causal)
     (node,) = [n for n in g.nodes if n.op == "attention"]
-    return codegen.kernel_for(g, node).notes["variant"]
+    return codegen.kernel_for(g, node, _configured()).notes["variant"]
 
 
 def test_model_shapes_get_the_tiled_kernel():
@@ -167,8 +176,8 @@ def test_head_dims_the_tiled_kernel_lacks_fall_back_to_one_thread_per_query(d):
     assert variant_of(1, 40, 40, 2, 2, d) == "one thread per query"
 
 
-def test_env_forces_the_per_query_kernel(monkeypatch):
-    monkeypatch.setenv("MEGANEURA_ATTENTION", "per-query")
+def test_env_forces_the_per_query_kernel(monkeypatch, configure):
+    configure(attention="per-query")
     assert variant_of(1, 1500, 1500, 6, 6, 64) == "one thread per query"
     g = attention_graph(2, 70, 45, 6, 2, 64, causal=True)
     assert run_against_reference(g, random_inputs(g), variant="one thread per query") < TOL
@@ -182,11 +191,11 @@ def test_layers_of_one_head_dim_share_one_pipeline():
     assert ka.source == kb.source and ka.meta != kb.meta
 
 
-def test_profiler_counts_a_split_attention_once(monkeypatch):
+def test_profiler_counts_a_split_attention_once(monkeypatch, configure):
     """With its keys split, attention is two dispatches: the first does the attention's
     FLOPs, the second (the combine) about one per partial float it reads."""
     from engine.runtime.dispatches import estimate_flops, session_dispatches
-    monkeypatch.setenv("MEGANEURA_ATTENTION_SPLITS", "3")
+    configure(attention_splits=3)
     g = attention_graph(1, 130, 130, 2, 2, 64)
     s = build_inference_session(g, optimize=False)
     first, combine = session_dispatches(s)

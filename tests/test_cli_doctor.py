@@ -100,13 +100,13 @@ def test_no_adapter_is_a_device_error(monkeypatch):
         device.adapter_info()
 
 
-def test_no_adapter_through_dawn_says_how_to_run_without_it(monkeypatch):
+def test_no_adapter_through_dawn_says_how_to_run_without_it(monkeypatch, configure):
     import wgpudawn
 
     from engine.runtime import device
     from engine.errors import DeviceError
 
-    monkeypatch.setenv("MEGANEURA_WGPU", "dawn")
+    configure(wgpu="dawn")
     monkeypatch.setattr(wgpudawn.gpu, "request_adapter_sync", lambda **kw: None)
     with pytest.raises(DeviceError, match="through Dawn .*unset MEGANEURA_WGPU"):
         device.request_adapter()

@@ -60,10 +60,10 @@ def _rounded_reference(g, inputs, params):
     return reference.run(g, inputs, params, np.float64)
 
 
-def _run_f16(g, monkeypatch):
+def _run_f16(g, monkeypatch, configure):
     """(session, inputs, params, float64 reference) of ``g`` run once on the device with
     MEGANEURA_PRECISION=f16 (cooperative kernels where the device has them)."""
-    monkeypatch.setenv("MEGANEURA_PRECISION", "f16")
+    configure(precision="f16")
     inputs, params = feeds(g)
     s = build_inference_session(g, optimize=False, capabilities=device_capabilities())
     s.set_inputs(inputs)
@@ -72,13 +72,13 @@ def _run_f16(g, monkeypatch):
     return s, inputs, params, reference.run(g, inputs, params, np.float64)
 
 
-def test_f16_precision_runs_cooperative_kernels_where_offered_and_f32_elsewhere(monkeypatch):
+def test_f16_precision_runs_cooperative_kernels_where_offered_and_f32_elsewhere(monkeypatch, configure):
     """MEGANEURA_PRECISION=f16: on a device with subgroup matrices every product takes a
     cooperative kernel and matches the f16-rounded reference to f32 accuracy (and the
     exact one to f16's); without them (lavapipe) the plan keeps the f32 kernels and the
     f32 tolerance."""
     g = _matmul_graph()
-    s, inputs, params, exact = _run_f16(g, monkeypatch)
+    s, inputs, params, exact = _run_f16(g, monkeypatch, configure)
     caps = s.capabilities
     variants = [d.variant for d in s.plan.dispatches if not d.kernel.endswith(":total")]
     if caps.matmul_f16:
@@ -147,7 +147,7 @@ def test_training_plans_scale_the_gradient_operands():
     assert variants and all("cooperative" in v and "scaled" not in v for v in variants), variants
 
 
-def test_gradients_past_f16s_range_come_out_right(monkeypatch):
+def test_gradients_past_f16s_range_come_out_right(monkeypatch, configure):
     """A loss scaled by 1e20 gives gradients of about 1e17, far past f16's 65504: on a
     device with subgroup matrices the weight gradient's product scales its operand into
     range and matches the float64 reference to f16's precision; elsewhere the f32
@@ -159,22 +159,19 @@ def test_gradients_past_f16s_range_come_out_right(monkeypatch):
     y = g.matmul(x, w)
     g.output("loss", g.mean(g.mul(y, g.constant(np.full([96, 48], 1e20, np.float32), name="c"))))
     train, _ = differentiate(g, "loss")
-    s, _, _, ref = _run_f16(train, monkeypatch)
+    s, _, _, ref = _run_f16(train, monkeypatch, configure)
     got = s.read_output("grad:w")
     assert np.isfinite(got).all() and np.abs(ref["grad:w"]).max() > 1e15
     assert any("scaled" in d.variant for d in s.plan.dispatches) == s.capabilities.matmul_f16
     assert rel_err(got, ref["grad:w"]) < (5e-3 if s.capabilities.matmul_f16 else 1e-4), rel_err(got, ref["grad:w"])
 
 
-def test_bad_precision_and_backend_names_are_clear_errors(monkeypatch):
-    from engine.runtime import device
-    from engine.errors import DeviceError
-    monkeypatch.setenv("MEGANEURA_PRECISION", "bf16")
-    with pytest.raises(DeviceError, match="MEGANEURA_PRECISION='bf16' is not one of f32, f16"):
-        codegen.precision()
-    monkeypatch.setenv("MEGANEURA_WGPU", "metal")
-    with pytest.raises(DeviceError, match="MEGANEURA_WGPU='metal' is not one of native, dawn"):
-        device.backend()
+def test_bad_precision_and_backend_names_are_clear_errors():
+    from engine.config import Config, ConfigError
+    with pytest.raises(ConfigError, match="MEGANEURA_PRECISION='bf16' is not one of f32, f16"):
+        Config.from_env({"MEGANEURA_PRECISION": "bf16"})
+    with pytest.raises(ConfigError, match="MEGANEURA_WGPU='metal' is not one of native, dawn"):
+        Config.from_env({"MEGANEURA_WGPU": "metal"})
 
 
 TINT_CHECK = textwrap.dedent("""

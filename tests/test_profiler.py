@@ -217,9 +217,9 @@ def test_fallback_without_timestamp_query(session, monkeypatch, tmp_path):
         profiler.profile_session(session, 1, mode=profiler.MODE_PER_PASS)
 
 
-def test_meganeura_trace_env_writes_at_exit(session, monkeypatch, tmp_path):
+def test_meganeura_trace_env_writes_at_exit(session, monkeypatch, tmp_path, configure):
     path = tmp_path / "env.pftrace"
-    monkeypatch.setenv("MEGANEURA_TRACE", str(path))
+    configure(trace=str(path))
     session.profile(1, measure_overhead=False)
     assert profiler._ATEXIT  # the atexit hook is registered...
     profiler._write_env_trace()  # ...and this is what it runs

@@ -187,13 +187,13 @@ def test_fused_matmul_epilogue(activation):
 
 
 @pytest.mark.parametrize("kernel,layout", [*[(k, "rows") for k in codegen.TILED], ("64", "warp"), ("128k8", "warp")])
-def test_tiled_matmul_kernels(kernel, layout, monkeypatch):
+def test_tiled_matmul_kernels(kernel, layout, monkeypatch, configure):
     """Each register-blocked kernel on every operand layout: transposed or not, vec4
     loads (extents multiples of 4) and scalar ones (ragged), batches that broadcast, and
     the fused epilogue; shapes cross tile edges. Also with the warp-shaped thread layout
     that attention uses (MEGANEURA_THREAD_LAYOUT)."""
-    monkeypatch.setenv("MEGANEURA_MATMUL", kernel)
-    monkeypatch.setenv("MEGANEURA_THREAD_LAYOUT", layout)
+    configure(matmul=kernel)
+    configure(thread_layout=layout)
     g = Graph("tiled")
     outs = {}
     for ta, tb in [(False, False), (True, False), (False, True), (True, True)]:
@@ -221,13 +221,13 @@ def test_tiled_matmul_kernels(kernel, layout, monkeypatch):
 
 @pytest.mark.parametrize("kernel,ragged", [*[(k, False) for k in codegen.TILED], ("64", True), ("128k8u", True),
                                            ("64t128", True)])
-def test_matmuls_with_k_a_multiple_of_the_step_fetch_without_bounds_checks(kernel, ragged, monkeypatch):
+def test_matmuls_with_k_a_multiple_of_the_step_fetch_without_bounds_checks(kernel, ragged, monkeypatch, configure):
     """Products whose K is a multiple of the K step fetch their operands with no bounds
     checks (run 18: the checks, even never taken, cost registers): m and n multiples of
     the tile, or ragged (rows and columns past the operand clamped to its last one, their
     results dropped), on every operand layout, batched, broadcast, with the epilogue and
     cut into K slices."""
-    monkeypatch.setenv("MEGANEURA_MATMUL", kernel)
+    configure(matmul=kernel)
     tm, tn = _tile_of(kernel)
     m, n, k = (2 * tm + 5, tn - 4, 64) if ragged else (2 * tm, tn, 64)
     g = Graph("aligned")
@@ -242,18 +242,18 @@ def test_matmuls_with_k_a_multiple_of_the_step_fetch_without_bounds_checks(kerne
                                  activation="gelu", has_add=True, has_residual=True))
     s = check(g)
     assert all(" < K)" not in s.plan.kernels[d.key].source for d in s.plan.dispatches), "bounds checks left in"
-    monkeypatch.setenv("MEGANEURA_MATMUL_SPLITS", "3")    # K = 64 in 3 slices of whole steps: the last one empty
+    configure(matmul_splits=3)    # K = 64 in 3 slices of whole steps: the last one empty
     check(g)
 
 
 @pytest.mark.parametrize("kernel,splits", [("64", 2), ("64", 3), ("128k8", 2), ("64", 5), ("64", 40)])
-def test_split_k_matmuls_and_convolutions(kernel, splits, monkeypatch):
+def test_split_k_matmuls_and_convolutions(kernel, splits, monkeypatch, configure):
     """Split-K: K slices written as partials, then one dispatch that adds them and applies
     the epilogue (bias, activation, residual, a convolution's bias). K is not a multiple of
     the slice, batches broadcast, 5 splits of K = 100 (slices of 32) leave the last slice
     with no K at all, and 40 are cut to one BK step a slice."""
-    monkeypatch.setenv("MEGANEURA_MATMUL", kernel)
-    monkeypatch.setenv("MEGANEURA_MATMUL_SPLITS", str(splits))
+    configure(matmul=kernel)
+    configure(matmul_splits=splits)
     g = Graph("split-k")
     for ta, tb in [(False, False), (True, True)]:
         a = g.input(f"a{ta:d}", [100, 70] if ta else [70, 100])
@@ -282,11 +282,11 @@ def test_split_k_matmuls_and_convolutions(kernel, splits, monkeypatch):
 
 
 @pytest.mark.parametrize("kernel", ["simple", "64"])
-def test_batches_of_a_shared_weight_fold_into_rows(kernel, monkeypatch):
+def test_batches_of_a_shared_weight_fold_into_rows(kernel, monkeypatch, configure):
     """[5, 66, k] @ [k, n] runs as one [330, k] @ [k, n] (no half-empty tile a batch),
     with a bias and a residual of the output's shape folded along; a residual broadcast
     over the batch, a batched B or a transposed A keep the batch in the grid."""
-    monkeypatch.setenv("MEGANEURA_MATMUL", kernel)
+    configure(matmul=kernel)
     g = Graph("fold")
     x = g.input("x", [5, 66, 20])
     w = g.input("w", [20, 36])
@@ -325,7 +325,7 @@ def test_matmuls_cut_into_different_slice_counts_share_pipelines(monkeypatch):
     assert len({d.key for d in s.plan.dispatches}) == 2 == s.pipeline_count
 
 
-def test_split_k_choice(monkeypatch):
+def test_split_k_choice(monkeypatch, configure):
     """K is split only where the tiles leave room on the GPU and each slice stays long."""
     monkeypatch.delenv("MEGANEURA_MATMUL_SPLITS", raising=False)
     assert codegen.matmul_splits(1024, 4096, 8) == 1                    # 4096^3: 32 x 32 tiles of 128
@@ -336,9 +336,9 @@ def test_split_k_choice(monkeypatch):
     assert codegen.matmul_splits(576, 4096, 16) == 1                    # a full wave already
     assert codegen.matmul_splits(256, 1024, 16) == 1                    # 1024^3: two slices lost
     assert codegen.matmul_splits(1, 10**6, 16) == codegen.MATMUL_MAX_SPLITS
-    monkeypatch.setenv("MEGANEURA_MATMUL_SPLITS", "5")
-    assert codegen.matmul_splits(1024, 4096, 8) == 5
-    assert codegen.matmul_splits(1024, 20, 8) == 3                      # no more slices than K steps
+    knobs = configure(matmul_splits=5).knobs
+    assert codegen.matmul_splits(1024, 4096, 8, knobs) == 5
+    assert codegen.matmul_splits(1024, 20, 8, knobs) == 3                      # no more slices than K steps
 
 
 def test_matmul_operand_fetch_and_kernel_choice():
@@ -646,7 +646,7 @@ def test_attention(causal):
 
 
 @pytest.mark.parametrize("kernel", ["tiled", "per-query"])
-def test_attention_over_many_keys_with_whisper_head_dim(kernel, monkeypatch):
+def test_attention_over_many_keys_with_whisper_head_dim(kernel, monkeypatch, configure):
     """600 keys x head dim 64, on both attention kernels: nested per-key loops over the
     head dim ran past llvmpipe's cap of ~65535 loop iterations per invocation and silently
     cut the shader short (every row came out wrong at whisper-tiny's 1500 frames). Both
@@ -657,8 +657,7 @@ def test_attention_over_many_keys_with_whisper_head_dim(kernel, monkeypatch):
     k = g.input("k", [1, 600, 64])
     v = g.input("v", [1, 600, 64])
     g.output("o", g.attention(q, k, v, num_heads=1))
-    monkeypatch.setenv("MEGANEURA_ATTENTION", kernel)
-    assert codegen.attention_variant(64) == kernel
+    assert codegen.attention_variant(64, configure(attention=kernel).knobs) == kernel
     check(g)
 
 

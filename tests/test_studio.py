@@ -329,10 +329,10 @@ def test_bad_weights_file_keeps_previous(window, qtbot, tmp_path, monkeypatch, e
     assert len(node_items(window)) == len(opt.nodes)
 
 
-def test_settings_never_touch_the_users(window, monkeypatch, tmp_path):
-    from app.window import SETTINGS_ENV, default_settings
-    assert default_settings().fileName() == os.environ[SETTINGS_ENV]      # tests/conftest.py sets it
-    monkeypatch.setenv(SETTINGS_ENV, str(tmp_path / "other.ini"))
+def test_settings_never_touch_the_users(window, configure, tmp_path):
+    from app.window import default_settings
+    assert default_settings().fileName() == os.environ["MEGANEURA_STUDIO_SETTINGS"]   # tests/conftest.py sets it
+    configure(studio_settings=str(tmp_path / "other.ini"))
     qs = default_settings()
     qs.setValue("model/name", "gpt-tiny")
     qs.sync()

@@ -155,8 +155,8 @@ def test_fused_inference_of_each_builtin_model_matches_the_reference(name):
         assert np.abs(got - v).max() / max(np.abs(v).max(), 1e-6) < 1e-4, k
 
 
-def test_sessions_reuse_the_plan_cached_on_disk(tmp_path, monkeypatch):
-    monkeypatch.setenv("MEGANEURA_CACHE", str(tmp_path))
+def test_sessions_reuse_the_plan_cached_on_disk(tmp_path, monkeypatch, configure):
+    configure(cache_dir=str(tmp_path))
     g = small_mlp()
     first = build_session(g, TrainConfig(optimizer="sgd", lr=0.1), init(g))
     files = sorted((tmp_path / "plans").iterdir())

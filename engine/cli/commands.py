@@ -12,11 +12,12 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from .. import models
+from .. import config, models
 from .registry import register_command
 from ..errors import MeganeuraError
 
@@ -31,13 +32,13 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=("f32", "f16"),
                         help="matmul operands: f32 (default) or f16 on the GPU's cooperative-matrix units, "
                              "accumulating in f32 (needs MEGANEURA_WGPU=dawn and a GPU that has them; "
-                             "elsewhere f32); sets MEGANEURA_PRECISION")
+                             "elsewhere f32); overrides MEGANEURA_PRECISION")
 
 
 def load_model(args) -> tuple[models.BuiltinModel, dict[str, np.ndarray]]:
     """The configured model and its parameters (from --weights, else freshly initialised)."""
     if getattr(args, "precision", None):
-        os.environ["MEGANEURA_PRECISION"] = args.precision
+        config.use(replace(config.current(), precision=args.precision))
     model = models.create(args.model, args.settings)
     params = model.load_weights(args.weights) if args.weights else model.init_params(args.seed)
     return model, params

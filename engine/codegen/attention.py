@@ -5,21 +5,22 @@ streams and their combine, the log-sum-exp and the backward kernels.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
+from ..config import Knobs
 from ..errors import DeviceError
 from ..graph.ir import Graph, Node
 from ..graph.ops import tiled_attention_head_dim
-from .common import Capabilities, Kernel, MAX_WORKGROUPS, PLAIN, UnsupportedOpError, WG, _finish, _render, f32_bits, grid_1d
+from .common import (MAX_WORKGROUPS, PLAIN, WG, Capabilities, Kernel, UnsupportedOpError, _finish, _render, _thread_xy,
+                     f32_bits, grid_1d)
 
 
-def attention_variant(head_dim: int) -> str:
+def attention_variant(head_dim: int, knobs: Knobs = Knobs()) -> str:
     """Which attention kernel a head dim gets: ``"tiled"`` (flash attention, blocks of
     queries and keys in workgroup memory, a vec4 of output columns per thread) where D is a multiple of 4 up
     to 64, else ``"per-query"`` (one thread per query streaming over the keys).
-    ``MEGANEURA_ATTENTION=per-query`` forces the latter (benchmarks and tests)."""
-    if os.environ.get("MEGANEURA_ATTENTION") == "per-query":
+    ``knobs.attention`` (``MEGANEURA_ATTENTION=per-query``) forces the latter (benchmarks and tests)."""
+    if knobs.attention == "per-query":
         return "per-query"
     return "tiled" if tiled_attention_head_dim(head_dim) else "per-query"
 
@@ -38,7 +39,7 @@ def _attention_dims(node: Node, q: Node, k: Node):
 
 def _attention(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     bsz, t, s, h, hkv, d, causal, scale = _attention_dims(node, graph[node.inputs[0]], graph[node.inputs[1]])
-    if attention_variant(d) == "tiled":
+    if attention_variant(d, caps.knobs) == "tiled":
         return _attention_tiled(graph, node, bsz, t, s, h, hkv, d, causal, scale, caps)
     return _attention_per_query(graph, node, bsz, t, s, h, hkv, d, causal, scale)
 
@@ -62,7 +63,7 @@ ATTENTION_MIN_PART = 8     # streamed blocks a part keeps at least
 ATTENTION_MAX_SPLITS = 16
 
 
-def attention_splits(grid: int, streamed_blocks: int) -> int:
+def attention_splits(grid: int, streamed_blocks: int, knobs: Knobs = Knobs()) -> int:
     """How many parts an attention kernel with ``grid`` workgroups (blocks of fixed rows x
     heads x batch) splits each workgroup's ``streamed_blocks`` blocks into. Whisper's
     encoder at batch 1 has 47 x 6 blocks of 32 queries, 282 workgroups of 128 threads:
@@ -71,10 +72,9 @@ def attention_splits(grid: int, streamed_blocks: int) -> int:
     12, 32-row blocks), at the price of partial results and a second dispatch that
     combines them. Short streams lose: gpt-tiny's 256 causal keys ran 20% slower split
     in two.
-    ``MEGANEURA_ATTENTION_SPLITS=N`` forces N (benchmarks and tests)."""
-    forced = os.environ.get("MEGANEURA_ATTENTION_SPLITS")
-    if forced:
-        return max(1, min(int(forced), streamed_blocks))
+    ``knobs.attention_splits`` (``MEGANEURA_ATTENTION_SPLITS``) forces N (benchmarks and tests)."""
+    if knobs.attention_splits:
+        return max(1, min(knobs.attention_splits, streamed_blocks))
     if grid >= ATTENTION_FILL:
         return 1
     return max(1, min(-(-ATTENTION_FILL // grid), streamed_blocks // ATTENTION_MIN_PART, ATTENTION_MAX_SPLITS))
@@ -133,15 +133,12 @@ def attention_queries(head_dim: int, caps: Capabilities) -> int:
     return 32 if attention_workgroup_bytes(32, head_dim) <= caps.workgroup_storage else 16
 
 
-def attention_prefetch() -> int:
+def attention_prefetch(knobs: Knobs = Knobs()) -> int:
     """How far ahead the attention kernels fetch their staged blocks:
-    ``MEGANEURA_ATTENTION_PREFETCH`` 0 (each block where it is stored), 1 (a block's
-    second operand at the block's start) or 2, the default (the forward also fetches the
-    next block's keys before P . V; the backward as 1)."""
-    level = os.environ.get("MEGANEURA_ATTENTION_PREFETCH") or "2"
-    if level not in ("0", "1", "2"):
-        raise DeviceError(f"MEGANEURA_ATTENTION_PREFETCH={level!r} is not 0, 1 or 2")
-    return int(level)
+    ``knobs.attention_prefetch`` (``MEGANEURA_ATTENTION_PREFETCH``) 0 (each block where it
+    is stored), 1 (a block's second operand at the block's start) or 2, the default (the
+    forward also fetches the next block's keys before P . V; the backward as 1)."""
+    return knobs.attention_prefetch
 
 
 def _per_element(template: str, threads: int, steps: int, indent: int = 8) -> str:
@@ -150,12 +147,12 @@ def _per_element(template: str, threads: int, steps: int, indent: int = 8) -> st
     return "\n".join(" " * indent + template.format(n=n, e=f"tid + {n * threads}u") for n in range(steps))
 
 
-def _forward_staging(threads: int, steps: int) -> dict:
+def _forward_staging(threads: int, steps: int, knobs: Knobs) -> dict:
     """The staging lines of attention_tiled.wgsl's loop, element tid + n * threads each:
     with prefetch, V's registers vpre<n> are fetched before the scores and stored after
     them, and the next block's K (kpre<n>) before P . V, stored at the next block's
     start."""
-    level = attention_prefetch()
+    level = attention_prefetch(knobs)
     lines = lambda template, indent=8: _per_element(template, threads, steps, indent)  # noqa: E731
 
     stage_k = lines("put_k_element({e}, fetch_k({e}, b, hk, k0));")
@@ -174,16 +171,16 @@ def _forward_staging(threads: int, steps: int) -> dict:
 def _attention_tiled(graph, node, bsz, t, s, h, hkv, d, causal, scale, caps: Capabilities = PLAIN) -> Kernel:
     bq = attention_queries(d, caps)
     blocks = -(-t // bq)
-    splits = attention_splits(blocks * h * bsz, -(-s // ATTENTION_KEYS))
+    splits = attention_splits(blocks * h * bsz, -(-s // ATTENTION_KEYS), caps.knobs)
     grid = _split_grid(graph, node, blocks, h, bsz, splits)
     meta = [t, s, h, hkv, causal, f32_bits(scale * math.log2(math.e)), splits, bsz]
     vec4 = "vec4<f32>"
     threads = 4 * bq
     stage = -(-ATTENTION_KEYS * d // 4 // threads)
     kernel = _finish("attention", "attention", "attention_tiled.wgsl", ["q", "k", "v"], [vec4] * 3, vec4,
-                     meta, grid, D=d, BQ=bq, THREADS=threads,
+                     meta, grid, D=d, BQ=bq, THREADS=threads, THREAD_XY=_thread_xy("warp", caps.knobs),
                      ROWS=_render("attention_rows.wgsl", PARTIALS="red", STRIDE="PS"),
-                     SPLIT="true" if splits > 1 else "false", **_forward_staging(threads, stage),
+                     SPLIT="true" if splits > 1 else "false", **_forward_staging(threads, stage, caps.knobs),
                      SCORES="\n".join(f"        s = outer_step(s, Qs[{i}u * QV + ty], KVs[{i}u * KR + tx]);"
                                        for i in range(d)),
                      ACCUMULATE="\n".join(f"            o = outer_step(o, KVs[{j}u * D4 + tx], "
@@ -249,10 +246,10 @@ def attention_backward_rows(head_dim: int, mode: "_BackwardMode", caps: Capabili
     16) the device's workgroup memory holds. Each block of streamed rows staged serves
     that many fixed rows, and the kernels are bound by that staging (on the H100, 16 rows
     took twice as long as 32); only lse, which keeps no block of P, fits 64 at D = 64 in
-    NVIDIA's 48 KiB. ``MEGANEURA_ATTENTION_BACKWARD_ROWS=16|32|64`` forces it (benchmarks)."""
-    forced = os.environ.get("MEGANEURA_ATTENTION_BACKWARD_ROWS")
-    if forced in ("16", "32", "64"):
-        return int(forced)
+    NVIDIA's 48 KiB. ``caps.knobs.attention_backward_rows`` (``MEGANEURA_ATTENTION_BACKWARD_ROWS``)
+    forces it (benchmarks)."""
+    if caps.knobs.attention_backward_rows:
+        return caps.knobs.attention_backward_rows
     fits = [r for r in (64, 32) if attention_backward_bytes(r, head_dim, mode.has_dp, mode.accumulates)
             <= caps.workgroup_storage]
     return fits[0] if fits else 16
@@ -280,13 +277,13 @@ def _accumulate_lines(groups: int) -> str:
     return "\n".join(lines)
 
 
-def _staging(mode: _BackwardMode, threads: int, steps: int) -> dict:
+def _staging(mode: _BackwardMode, threads: int, steps: int, knobs: Knobs) -> dict:
     """The staging lines of attention_backward.wgsl's loop: the second operand of a block
     (dq, dk: X; dv: Y) fetched into registers pre0.. at its start and put into Ss where it
     is needed; lse, with one operand, stages X directly. ``MEGANEURA_ATTENTION_PREFETCH=0``
     stages both directly (benchmarks; see attention_prefetch)."""
     direct = {role: f"        stage_stream({role}, tid, b, stream_head, c0);" for role in ("ROLE_X", "ROLE_Y")}
-    if mode.index == 0 or attention_prefetch() == 0:
+    if mode.index == 0 or attention_prefetch(knobs) == 0:
         return dict(PREFETCH="", STAGE_X=direct["ROLE_X"], STAGE_Y=direct["ROLE_Y"])
     fetch = _per_element("let pre{n} = fetch_element(second, {e}, b, stream_head, c0);", threads, steps)
     put = _per_element("put_element({e}, pre{n});", threads, steps)
@@ -306,7 +303,7 @@ def _attention_backward(graph: Graph, node: Node, caps: Capabilities = PLAIN) ->
     threads = 4 * rows
     fixed, streamed = (t, s) if mode.fixed_queries else (s, t * (h // hkv))
     blocks, heads = -(-fixed // rows), h if mode.fixed_queries else hkv
-    splits = attention_splits(blocks * heads * bsz, -(-streamed // ATTENTION_STREAMED))
+    splits = attention_splits(blocks * heads * bsz, -(-streamed // ATTENTION_STREAMED), caps.knobs)
     grid = _split_grid(graph, node, blocks, heads, bsz, splits)
     meta = [t, s, h, hkv, causal, f32_bits(scale * math.log2(math.e)), f32_bits(scale), splits, node.size]
     groups = -(-d // 16)
@@ -314,14 +311,14 @@ def _attention_backward(graph: Graph, node: Node, caps: Capabilities = PLAIN) ->
     types = ["f32" if n in ("lse", "delta") else "vec4<f32>" for n in mode.operands]
     a, b, x, y = mode.roles
     kernel = _finish(node.op, "attention", "attention_backward.wgsl", list(mode.operands), types, "f32", meta,
-                     grid, D=d, R=rows, THREADS=threads, MODE=mode.index,
+                     grid, D=d, R=rows, THREADS=threads, MODE=mode.index, THREAD_XY=_thread_xy("warp", caps.knobs),
                      ROWS=_render("attention_rows.wgsl", PARTIALS="Ps", STRIDE="PR"), A=a, B=b, X=x, Y=y,
                      LSE_AT="lse[i] * LOG2E" if "lse" in mode.operands else "0.0",
                      DELTA_AT="delta[i]" if "delta" in mode.operands else "0.0",
                      BS_LEN="D * RV" if mode.has_dp else "1u", SS_ROWS=16 * groups,
                      PS_ROWS="C" if mode.accumulates else "16u",
                      STAGE=_per_element("stage_element(role, {e}, b, head, c0);", threads, stage_steps, 4),
-                     **_staging(mode, threads, stage_steps),
+                     **_staging(mode, threads, stage_steps, caps.knobs),
                      SCORES=_score_lines("As", "s", d, 8),
                      DP=_score_lines("Bs", "dp", d, 12) if mode.has_dp else "",
                      ACCUMULATE=_accumulate_lines(groups) if mode.accumulates else "")

@@ -10,19 +10,14 @@ not in the source, so nodes of the same kind share one compiled pipeline.
 from __future__ import annotations
 
 import functools
-import os
 import struct
 from dataclasses import dataclass, field
 
+from ..config import Knobs, current
 from ..errors import DeviceError
 from ..graph.ir import Graph
 from ..paths import shader_dir
 
-
-# Environment variables that force a kernel variant or plan layout (benchmarks and tests;
-# compile's plan cache keys on them).
-KNOBS = ("MEGANEURA_MATMUL", "MEGANEURA_MATMUL_SPLITS", "MEGANEURA_ATTENTION", "MEGANEURA_ATTENTION_SPLITS",
-         "MEGANEURA_ATTENTION_BACKWARD_ROWS", "MEGANEURA_ATTENTION_PREFETCH", "MEGANEURA_POOL", "MEGANEURA_THREAD_LAYOUT")
 
 MAX_WORKGROUPS = 65535
 WG = 256          # threads per workgroup of the 1-D archetypes
@@ -52,10 +47,11 @@ class Capabilities:
     workgroup_storage: int = 32768   # bytes of workgroup memory a kernel may use (lavapipe: 32 KiB)
     dialect: str = field(default_factory=lambda: default_dialect())   # "naga" or "tint"
     matmul_f16: bool = False
+    knobs: Knobs = field(default_factory=Knobs)   # choices forced for benchmarks and tests (engine.config)
 
     @classmethod
     def from_features(cls, features, workgroup_storage: int | None = None, dialect: str | None = None,
-                      precision: str = "f32", fragments: bool = True) -> "Capabilities":
+                      precision: str = "f32", fragments: bool = True, knobs: Knobs | None = None) -> "Capabilities":
         """The capabilities a device with these wgpu feature names (and this much
         workgroup memory, default 32 KiB) gives, for kernels compiled by ``dialect``'s
         compiler; ``precision`` "f16" takes the cooperative-matrix matmul where offered
@@ -67,26 +63,22 @@ class Capabilities:
                 and fragments)
         return cls(subgroups=bool(names & {"subgroup", "subgroups"}),
                    workgroup_storage=int(workgroup_storage or cls.workgroup_storage),
-                   dialect=dialect, matmul_f16=coop and precision == "f16")
+                   dialect=dialect, matmul_f16=coop and precision == "f16", knobs=knobs or Knobs())
 
 
 SUBGROUP_MATRIX_FEATURE = "chromium-experimental-subgroup-matrix"
-PRECISIONS = ("f32", "f16")
 
 
 def default_dialect() -> str:
     """The WGSL dialect of the process's wgpu backend (``MEGANEURA_WGPU``): Tint's for
     Dawn, naga's otherwise; what capabilities written without one compile for."""
-    return "tint" if os.environ.get("MEGANEURA_WGPU") == "dawn" else "naga"
+    return "tint" if current().wgpu == "dawn" else "naga"
 
 
 def precision() -> str:
     """The matmul precision asked for: ``MEGANEURA_PRECISION`` ("f32", the default, or
     "f16": f16 operands on the cooperative-matrix units where the device has them)."""
-    value = os.environ.get("MEGANEURA_PRECISION") or "f32"
-    if value not in PRECISIONS:
-        raise DeviceError(f"MEGANEURA_PRECISION={value!r} is not one of {', '.join(PRECISIONS)}")
-    return value
+    return current().precision
 
 
 PLAIN = Capabilities()
@@ -185,14 +177,14 @@ THREAD_LAYOUTS = {
 }
 
 
-def _thread_xy(default: str) -> str:
+def _thread_xy(default: str, knobs: Knobs) -> str:
     """How a register-blocked kernel numbers its 16 x n thread grid (tx, ty): "rows" puts
     a warp's 32 threads on 16 x 2 of it, "warp" on 8 x 4, so that a warp's vec4 reads of
     its two workgroup-memory tiles touch 8 + 4 distinct vec4s instead of 16 + 2. The
     attention kernels take "warp" (5-11% faster on the H100, run 17); the matmul keeps
-    "rows" (no difference beyond noise there). ``MEGANEURA_THREAD_LAYOUT`` forces one for
-    every kernel (benchmarks)."""
-    layout = os.environ.get("MEGANEURA_THREAD_LAYOUT") or default
+    "rows" (no difference beyond noise there). ``knobs.thread_layout``
+    (``MEGANEURA_THREAD_LAYOUT``) forces one for every kernel (benchmarks)."""
+    layout = knobs.thread_layout or default
     if layout not in THREAD_LAYOUTS:
         raise DeviceError(f"MEGANEURA_THREAD_LAYOUT={layout!r} is not one of {', '.join(THREAD_LAYOUTS)}")
     return THREAD_LAYOUTS[layout]
@@ -213,7 +205,7 @@ def _finish(name, archetype, template, operand_names, operand_types, out_type, m
         if caps.dialect == "tint":
             enables.append("subgroups")
     if "{{THREAD_XY}}" in text:
-        subs.setdefault("THREAD_XY", _thread_xy("warp" if archetype == "attention" else "rows"))
+        subs.setdefault("THREAD_XY", _thread_xy("warp" if archetype == "attention" else "rows", caps.knobs))
     source = _render(template, PRELUDE=prelude, WG_REDUCE=_template(reduce),
                      BINDINGS=_bindings(operand_names, operand_types, out_type), **sg, **subs)
     if enables:

@@ -128,4 +128,4 @@ def _conv(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     return _tiled_kernel(f"conv:{node.op}", "conv", names, types, meta, grid, k_,
                          f"implicit GEMM {m_}x{n_}x{k_}, {_tile_note(preset, scaled)}", common,
                          _tile_subs(preset, fetch_a, fetch_b, gather_a, gather_b, lets, (m_, n_, k_), scaled),
-                         extras=int(has_bias))
+                         caps, extras=int(has_bias))

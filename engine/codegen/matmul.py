@@ -6,12 +6,13 @@ fetches shared with the convolutions (implicit GEMM).
 from __future__ import annotations
 
 import math
-import os
 from typing import NamedTuple
 
+from ..config import Knobs
 from ..errors import DeviceError
 from ..graph.ir import Graph, Node
-from .common import Capabilities, Kernel, MAX_WORKGROUPS, PLAIN, TILE, WG, _finish, _render, contiguous_strides, f32_bits, forward_nodes, grid_1d
+from .common import (MAX_WORKGROUPS, PLAIN, TILE, WG, Capabilities, Kernel, _finish, _render, _thread_xy,
+                     contiguous_strides, f32_bits, forward_nodes, grid_1d)
 from .pointwise import ACTIVATION_EXPR
 
 
@@ -137,7 +138,7 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     note = f"{_tile_note(variant, scaled)}, A {fetch_a}, B {fetch_b}"
     return _tiled_kernel(f"matmul:{node.op}", "matmul", names, types, meta, (gx, gy, max(nbatch, 1)), k_, note,
                          common, _tile_subs(variant, fetch_a, fetch_b, mnk=(m_, n_, k_), scaled=scaled),
-                         extras=len(extras))
+                         caps, extras=len(extras))
 
 
 def _scaled_operands(graph: Graph, node: Node, variant: str, a: int, b: int) -> tuple[bool, bool]:
@@ -167,7 +168,8 @@ def _tile_note(variant: str, scaled=(False, False)) -> str:
             f"{', unrolled' if unroll else ''}")
 
 
-def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, subs, extras=0) -> Kernel:
+def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, subs, caps: Capabilities,
+                  extras=0) -> Kernel:
     """A matmul_tiled.wgsl kernel over ``grid`` (column tiles, row tiles, batch); where
     its tiles are too few to fill the GPU (``matmul_splits``), the first stage of a split-K
     node: its K slices write raw sums to partials (the epilogue left out) and a second
@@ -175,13 +177,14 @@ def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, s
     the output) adds them and applies the epilogue."""
     subs = dict(subs)
     enables = subs.pop("ENABLES", ())
-    splits = matmul_splits(grid[0] * grid[1] * grid[2], k_, subs["BK"])
+    splits = matmul_splits(grid[0] * grid[1] * grid[2], k_, subs["BK"], caps.knobs)
     if grid[2] * splits > MAX_WORKGROUPS:
         splits = 1
     first = common if splits == 1 else dict(common, EPILOGUE="",
                                             OPERANDS=_render("matmul_operands.wgsl", ACTIVATION="x"))
     k = _finish(name, archetype, "matmul_tiled.wgsl", names, types, "f32", meta,
-                (grid[0], grid[1], grid[2] * splits), enables=enables, **first, **subs)
+                (grid[0], grid[1], grid[2] * splits), enables=enables,
+                **{"THREAD_XY": _thread_xy("rows", caps.knobs), **first, **subs})
     k.notes["variant"] = note
     k.guarded = True
     if splits > 1:
@@ -204,13 +207,12 @@ MATMUL_MIN_SLICE = 256      # K a slice keeps at least: K = 384 lost at every sp
 MATMUL_MAX_SPLITS = 16
 
 
-def matmul_splits(tiles: int, k: int, bk: int) -> int:
+def matmul_splits(tiles: int, k: int, bk: int, knobs: Knobs = Knobs()) -> int:
     """How many K slices a tiled matmul (or convolution) with ``tiles`` workgroups,
     reduction length ``k`` and K step ``bk`` is cut into (``split_rule``).
-    ``MEGANEURA_MATMUL_SPLITS=N`` forces N (benchmarks and tests)."""
-    forced = os.environ.get("MEGANEURA_MATMUL_SPLITS")
-    if forced:
-        return max(1, min(int(forced), -(-k // bk)))
+    ``knobs.matmul_splits`` (``MEGANEURA_MATMUL_SPLITS``) forces N (benchmarks and tests)."""
+    if knobs.matmul_splits:
+        return max(1, min(knobs.matmul_splits, -(-k // bk)))
     return split_rule(tiles, k)
 
 
@@ -257,10 +259,12 @@ def matmul_variant(m_: int, n_: int, nbatch: int, k_: int = 0, transpose_a: bool
     0.206 ms on it, 0.115 ms on the 64 tile with K in 4 slices).
     With ``caps.matmul_f16`` every product of at least 16 x 16 x 16 takes a
     cooperative-matrix kernel (``coop_variant``).
-    ``MEGANEURA_MATMUL`` forces one of ``MATMUL_KERNELS`` (benchmarks and tests; a
-    cooperative one only where ``caps`` allow it)."""
+    ``caps.knobs.matmul`` (``MEGANEURA_MATMUL``) forces one of ``MATMUL_KERNELS``
+    (benchmarks and tests; a cooperative one only where ``caps`` allow it)."""
     caps = caps or PLAIN
-    forced = os.environ.get("MEGANEURA_MATMUL", "auto")
+    forced = caps.knobs.matmul
+    if forced != "auto" and forced not in MATMUL_KERNELS:
+        raise DeviceError(f"MEGANEURA_MATMUL={forced!r} is not one of auto, {', '.join(MATMUL_KERNELS)}")
     if forced in MATMUL_KERNELS and (forced not in COOP or caps.matmul_f16):
         return forced
     if caps.matmul_f16 and min(m_, n_, k_) >= COOP_FRAGMENT:

@@ -13,18 +13,21 @@ from dataclasses import asdict
 from functools import lru_cache
 from pathlib import Path
 
+import platformdirs
+
 from .. import codegen
-from ..version import __version__
+from ..config import Config, current
 from ..graph.ir import Graph
 from ..paths import shader_dir
+from ..version import __version__
 from .plan import ExecutionPlan, OptimizerSpec, capabilities_dict, compile_plan
 
 
 # ---------------------------------------------------------------- the on-disk cache
 
-def default_cache_dir() -> Path:
-    base = os.environ.get("MEGANEURA_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "meganeura")
+def default_cache_dir(config: Config | None = None) -> Path:
+    """``MEGANEURA_CACHE``/plans, else the user cache folder's (platformdirs)."""
+    base = (config or current()).cache_dir or platformdirs.user_cache_dir("meganeura", appauthor=False)
     return Path(base) / "plans"
 
 
@@ -42,10 +45,10 @@ def _codegen_fingerprint() -> str:
 
 def _cache_key(graph: Graph, gradients, loss, capabilities: codegen.Capabilities,
                optimizer: OptimizerSpec | None) -> str:
-    # the knobs force kernel variants at codegen time (benchmarks), so they are part of the key
+    # the capabilities hold the knobs, which force kernel variants at codegen time
     key = json.dumps([graph.structural_hash(), sorted((gradients or {}).items()), loss, asdict(capabilities),
-                      optimizer.to_dict() if optimizer is not None else None, _codegen_fingerprint(),
-                      [os.environ.get(knob, "") for knob in codegen.KNOBS]], sort_keys=True)
+                      optimizer.to_dict() if optimizer is not None else None, _codegen_fingerprint()],
+                     sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 

@@ -25,7 +25,6 @@ loss copied next to it, then the updates.
 from __future__ import annotations
 import hashlib
 import json
-import os
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from .. import codegen
@@ -472,9 +471,9 @@ def _pooled_buffer(b: _PlanBuilder, free: list[int], size: int, fresh: bool = Fa
     fixed when the plan is done, and the tensors it held before still fit), so a larger
     tensor does not leave a smaller free buffer idle beside a new one; with none free,
     or ``fresh`` (a buffer untouched so far in the step), a new buffer.
-    ``MEGANEURA_POOL=0`` gives every tensor a buffer of its own (an experiment: does
-    reuse put barriers between dispatches that could overlap?)."""
-    if fresh or not free or os.environ.get("MEGANEURA_POOL") == "0":
+    ``knobs.pool`` off (``MEGANEURA_POOL=0``) gives every tensor a buffer of its own (an
+    experiment: does reuse put barriers between dispatches that could overlap?)."""
+    if fresh or not free or not b.caps.knobs.pool:
         return b.new_buffer(size, "intermediate")
     fits = [buf for buf in free if b.buffers[buf].nbytes >= size]
     size_of = lambda buf: b.buffers[buf].nbytes  # noqa: E731

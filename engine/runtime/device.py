@@ -19,13 +19,13 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import importlib
-import os
 import platform
 import re
 import threading
 from importlib import metadata
 
-from ..codegen.common import SUBGROUP_MATRIX_FEATURE, Capabilities, precision
+from ..codegen.common import SUBGROUP_MATRIX_FEATURE, Capabilities
+from ..config import Config, current
 from ..errors import DeviceError
 
 # Features the engine can use when the adapter offers them, by each backend's names
@@ -41,7 +41,6 @@ _INTERESTING_EXACT = ("timestamp-query", "shader-f16", *INSIDE_PASSES)
 _INTERESTING_PREFIXES = ("subgroup", "cooperative-matri", "cooperative_matri", "coop-matri",
                          SUBGROUP_MATRIX_FEATURE)
 
-BACKENDS = ("native", "dawn")
 # Dawn's toggles: its experimental features (subgroup matrices, timestamps inside
 # passes) need allow_unsafe_apis, and it keeps f16 off on NVIDIA's Vulkan driver unless asked.
 DAWN_INSTANCE_TOGGLES = ("allow_unsafe_apis", "vulkan_enable_f16_on_nvidia")
@@ -75,11 +74,8 @@ _device = None
 
 def backend() -> str:
     """The wgpu implementation this process runs on: ``MEGANEURA_WGPU`` ("native", the
-    default: wgpu-py on wgpu-native; or "dawn": wgpudawn)."""
-    name = os.environ.get("MEGANEURA_WGPU") or "native"
-    if name not in BACKENDS:
-        raise DeviceError(f"MEGANEURA_WGPU={name!r} is not one of {', '.join(BACKENDS)}")
-    return name
+    default: wgpu-py on wgpu-native; or "dawn": wgpudawn), from the process's configuration."""
+    return current().wgpu
 
 
 def wgpu_module():
@@ -233,7 +229,7 @@ def get_device():
                     limits[name.replace("_", "-")] = value
             try:
                 if backend() == "dawn":
-                    robust = os.environ.get("MEGANEURA_SHADER_CHECKS") in ("checked", "no-loop-bounding")
+                    robust = current().shader_checks in ("checked", "no-loop-bounding")
                     _device = native_extras().request_device_sync(
                         adapter, label="meganeura", required_features=features, required_limits=limits,
                         enable_toggles=[] if robust else ["disable_robustness"],
@@ -286,11 +282,7 @@ def shader_checks(guarded: bool = False) -> str:
     """The runtime checks compiled into a kernel: ``MEGANEURA_SHADER_CHECKS`` when set,
     else "unchecked" for a kernel that guards every access itself (``guarded``), else
     "no-loop-bounding"."""
-    import os
-    mode = os.environ.get("MEGANEURA_SHADER_CHECKS") or ("unchecked" if guarded else "no-loop-bounding")
-    if mode not in SHADER_CHECKS:
-        raise DeviceError(f"MEGANEURA_SHADER_CHECKS={mode!r} is not one of {', '.join(SHADER_CHECKS)}")
-    return mode
+    return current().shader_checks or ("unchecked" if guarded else "no-loop-bounding")
 
 
 def shader_module(device, label: str, code: str, checks: str | None = None):
@@ -371,14 +363,16 @@ def versions() -> dict:
     return out
 
 
-def device_capabilities(device=None) -> Capabilities:
+def device_capabilities(device=None, config: Config | None = None) -> Capabilities:
     """The capabilities plans for ``device`` (default: the process's) are compiled with:
-    every feature of it that a kernel path uses, and its workgroup memory."""
+    every feature of it that a kernel path uses, its workgroup memory, and ``config``'s
+    precision and knobs (default: the process's configuration)."""
+    config = config or current()
     device = device if device is not None else get_device()
     return Capabilities.from_features(device.features,
                                               _limit(device.limits, "max_compute_workgroup_storage_size"),
                                               dialect="tint" if backend() == "dawn" else "naga",
-                                              precision=precision(),
+                                              precision=config.precision, knobs=config.knobs,
                                               fragments=backend() == "dawn" and has_coop_fragments(get_adapter()))
 
 

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import atexit
 import math
-import os
 import statistics
 import time
 from pathlib import Path
 from typing import Callable
 
+from ..config import current
 from ..errors import MeganeuraError
 from .dispatches import DispatchInfo, session_dispatches
 from .report import DispatchRecord, FALLBACK_NOTE, MAX_QUERIES, MODE_CPU, MODE_INSIDE, MODE_PER_PASS, ProfileReport, SpanRecorder, StepRecord, _fmt_ns, add_build_spans
@@ -376,13 +376,13 @@ _ATEXIT = False
 def _remember(report: ProfileReport) -> None:
     global _ATEXIT
     _LAST[:] = [report]
-    if os.environ.get("MEGANEURA_TRACE") and not _ATEXIT:
+    if current().trace and not _ATEXIT:
         atexit.register(_write_env_trace)
         _ATEXIT = True
 
 
 def _write_env_trace() -> None:
-    path = os.environ.get("MEGANEURA_TRACE")
+    path = current().trace
     if not path or not _LAST:
         return
     try:
