@@ -74,3 +74,19 @@ def test_run_gpu_matches_reference(capsys, tmp_path):
         outs[backend] = np.load(path)["logits"]
     scale = np.abs(outs["reference"]).max()
     assert np.abs(outs["gpu"] - outs["reference"]).max() / scale < 1e-4
+
+
+def test_unwritable_output_paths_are_refused_before_any_work(capsys, tmp_path):
+    """Every path a command writes is checked first: one line, status 2, nothing run."""
+    missing = tmp_path / "no" / "such"
+    cases = [("run", "mlp", "--output", str(missing / "out.npz")),
+             ("train", "mlp", "--steps", "1", "--save", str(missing / "w.safetensors")),
+             ("train", "mlp", "--steps", "1", "--loss-csv", str(tmp_path)),
+             ("profile", "mlp", "--steps", "1", "--trace", str(missing / "t.pftrace"))]
+    for argv in cases:
+        code, out, err = run_cli(capsys, *argv)
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1, (argv, err)
+        assert lines[0].startswith("meganeura: error: --") and str(argv[-1]) in lines[0], lines
+        assert out == ""
+    assert not any(tmp_path.rglob("*.tmp")) and not missing.exists()

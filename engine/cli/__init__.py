@@ -15,7 +15,7 @@ import sys
 from ..errors import MeganeuraError
 from . import commands, doctor, profile  # noqa: F401  (each registers its subcommands)
 from .doctor import doctor_report, format_doctor
-from .registry import COMMANDS, Command, register_command
+from .registry import COMMANDS, Command, check_writable, register_command
 
 __all__ = ["main", "build_parser", "COMMANDS", "Command", "register_command", "doctor_report", "format_doctor"]
 
@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, cmd in COMMANDS.items():
         p = sub.add_parser(name, help=cmd.help, description=cmd.help)
         cmd.add_arguments(p)
-        p.set_defaults(_handler=cmd.handler)
+        p.set_defaults(_handler=cmd.handler, _outputs=cmd.outputs)
     return parser
 
 
@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        for option in args._outputs:
+            if getattr(args, option, None):
+                check_writable(getattr(args, option), option)
         status = args._handler(args)
     except MeganeuraError as exc:
         print(f"meganeura: error: {exc}", file=sys.stderr)

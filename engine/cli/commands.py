@@ -148,7 +148,8 @@ def _run(args):
     return 0
 
 
-register_command("run", "one forward pass on given (or the dataset's) inputs", _run_arguments, _run)
+register_command("run", "one forward pass on given (or the dataset's) inputs", _run_arguments, _run,
+                 outputs=("output",))
 
 
 # ------------------------------------------------------------------ optimize
@@ -265,4 +266,5 @@ def _train(args):
     return 130 if interrupted else 0
 
 
-register_command("train", "train a model and report its loss per step", _train_arguments, _train)
+register_command("train", "train a model and report its loss per step", _train_arguments, _train,
+                 outputs=("save", "loss_csv"))

@@ -109,4 +109,4 @@ def _profile(args) -> int:
 
 
 register_command("profile", "per-dispatch GPU times of a model's step, and a Perfetto trace",
-                 _profile_arguments, _profile)
+                 _profile_arguments, _profile, outputs=("trace",))

@@ -1,11 +1,18 @@
-"""The subcommand registry: each command module calls ``register_command`` when imported.
+"""The subcommand registry: each command module calls ``register_command`` when imported,
+naming the options that are paths it will write, so that ``main`` checks them before any
+work is done.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
+
+from ..errors import MeganeuraError
 
 
 @dataclass(frozen=True)
@@ -13,11 +20,32 @@ class Command:
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
     handler: Callable[[argparse.Namespace], int | None]
+    outputs: tuple[str, ...] = ()   # argparse destinations of paths the command writes
 
 
 COMMANDS: dict[str, Command] = {}
 
-def register_command(name, help, add_arguments, handler):
+def register_command(name, help, add_arguments, handler, outputs=()):
     """Add subcommand ``name``: ``add_arguments(parser)`` declares its options,
-    ``handler(args)`` runs it and returns the exit status (None means 0)."""
-    COMMANDS[name] = Command(help, add_arguments, handler)
+    ``handler(args)`` runs it and returns the exit status (None means 0); ``outputs``
+    names the options (argparse destinations) that are paths it writes."""
+    COMMANDS[name] = Command(help, add_arguments, handler, tuple(outputs))
+
+
+def check_writable(path, option: str) -> None:
+    """Refuse, before any work, a path the command could not write: its folder missing
+    or not writable, or the path itself a folder."""
+    target = Path(path).expanduser()
+    folder = target.parent
+    flag = "--" + option.replace("_", "-")
+    if target.is_dir():
+        raise MeganeuraError(f"{flag} {path}: is a folder; give a file name")
+    if not folder.is_dir():
+        raise MeganeuraError(f"{flag} {path}: folder {folder} does not exist")
+    try:  # the file is written to a temporary one beside it, then renamed: try that much
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".meganeura-check-"):
+            pass
+    except OSError as e:
+        raise MeganeuraError(f"{flag} {path}: folder {folder} is not writable ({e.strerror})") from None
+    if target.exists() and not os.access(target, os.W_OK):
+        raise MeganeuraError(f"{flag} {path}: the file exists and is not writable")

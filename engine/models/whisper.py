@@ -31,12 +31,12 @@ LINEAR_INIT = nn.normal(0.02)
 
 
 class WhisperEncoderLayer(nn.Module):
-    def __init__(self):
-        self.self_attn = nn.MultiHeadAttention(WIDTH, HEADS, k_bias=False, init=LINEAR_INIT)
-        self.self_attn_layer_norm = nn.LayerNorm(WIDTH, LN_EPS)
-        self.fc1 = nn.Linear(WIDTH, FFN, init=LINEAR_INIT)
-        self.fc2 = nn.Linear(FFN, WIDTH, init=LINEAR_INIT)
-        self.final_layer_norm = nn.LayerNorm(WIDTH, LN_EPS)
+    def __init__(self, width=WIDTH, heads=HEADS, ffn=FFN):
+        self.self_attn = nn.MultiHeadAttention(width, heads, k_bias=False, init=LINEAR_INIT)
+        self.self_attn_layer_norm = nn.LayerNorm(width, LN_EPS)
+        self.fc1 = nn.Linear(width, ffn, init=LINEAR_INIT)
+        self.fc2 = nn.Linear(ffn, width, init=LINEAR_INIT)
+        self.final_layer_norm = nn.LayerNorm(width, LN_EPS)
 
     def forward(self, g, x):
         x = g.add(x, self.self_attn(g, self.self_attn_layer_norm(g, x)))
@@ -45,13 +45,18 @@ class WhisperEncoderLayer(nn.Module):
 
 
 class WhisperEncoder(nn.Module):
-    def __init__(self):
-        self.conv1 = nn.Conv1d(N_MELS, WIDTH, 3, padding=1)
-        self.conv2 = nn.Conv1d(WIDTH, WIDTH, 3, stride=2, padding=1)
-        self.embed_positions = nn.Embedding(MAX_POSITIONS, WIDTH, init=nn.sinusoidal())
+    """Whisper-tiny's sizes by default; the Hugging Face importer passes a config's
+    (num_mel_bins, d_model, encoder_attention_heads, encoder_layers, encoder_ffn_dim,
+    max_source_positions)."""
+
+    def __init__(self, n_mels=N_MELS, width=WIDTH, heads=HEADS, layers=LAYERS, ffn=FFN,
+                 max_positions=MAX_POSITIONS):
+        self.conv1 = nn.Conv1d(n_mels, width, 3, padding=1)
+        self.conv2 = nn.Conv1d(width, width, 3, stride=2, padding=1)
+        self.embed_positions = nn.Embedding(max_positions, width, init=nn.sinusoidal())
         self.embed_positions.weight.trainable = False
-        self.layers = [WhisperEncoderLayer() for _ in range(LAYERS)]
-        self.layer_norm = nn.LayerNorm(WIDTH, LN_EPS)
+        self.layers = [WhisperEncoderLayer(width, heads, ffn) for _ in range(layers)]
+        self.layer_norm = nn.LayerNorm(width, LN_EPS)
 
     def forward(self, g, mel, capture=False):
         x = g.gelu(self.conv1(g, mel))
