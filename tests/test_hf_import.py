@@ -9,11 +9,11 @@ import json
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+import torch
+import transformers
 
-from engine.errors import MeganeuraError, ModelImportError  # noqa: E402
-from engine.importers import load_model  # noqa: E402
+from engine.errors import MeganeuraError, ModelImportError
+from engine.importers import load_model
 
 B, T = 2, 8
 TOL = 1e-4

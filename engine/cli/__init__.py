@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from ..errors import MeganeuraError
-from . import commands, doctor, profile  # noqa: F401  (each registers its subcommands)
+from . import commands, doctor, inspect, profile  # noqa: F401  (each registers its subcommands)
 from .doctor import doctor_report, format_doctor
 from .registry import COMMANDS, Command, check_writable, register_command
 

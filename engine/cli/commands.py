@@ -23,7 +23,9 @@ from ..errors import MeganeuraError
 
 
 def _model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="built-in model name (see `meganeura models`)")
+    parser.add_argument("model", metavar="SOURCE",
+                        help="a built-in model name (see `meganeura models`), an .onnx file or a Hugging Face "
+                             "checkpoint folder (config.json + model.safetensors)")
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="NAME=VALUE",
                         help="model setting, e.g. --set batch=8 (repeatable)")
     parser.add_argument("--weights", metavar="FILE", help="weights (.safetensors) to load")
@@ -35,11 +37,19 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
                              "elsewhere f32); overrides MEGANEURA_PRECISION")
 
 
-def load_model(args) -> tuple[models.BuiltinModel, dict[str, np.ndarray]]:
-    """The configured model and its parameters (from --weights, else freshly initialised)."""
+def open_model(args) -> models.BuiltinModel:
+    """The model SOURCE names, configured by --set (and --precision, --loss, --target)."""
+    from ..importers import load_model as import_model
     if getattr(args, "precision", None):
         config.use(replace(config.current(), precision=args.precision))
-    model = models.create(args.model, args.settings)
+    options = {k: getattr(args, k) for k in ("loss", "target") if getattr(args, k, None)}
+    return import_model(args.model, args.settings, **options)
+
+
+def load_model(args) -> tuple[models.BuiltinModel, dict[str, np.ndarray]]:
+    """The configured model and its parameters: from --weights, else an imported model's
+    own, else freshly initialised with --seed."""
+    model = open_model(args)
     params = model.load_weights(args.weights) if args.weights else model.init_params(args.seed)
     return model, params
 
@@ -163,7 +173,7 @@ def _optimize_arguments(parser):
 def _optimize(args):
     from ..autodiff.gradients import differentiate
     from ..optimize import optimize
-    model = models.create(args.model, args.settings)
+    model = open_model(args)
     if args.weights:
         model.load_weights(args.weights)  # validates the file against the model
     graph = model.build(train=args.train)
@@ -200,6 +210,9 @@ def _train_arguments(parser):
     parser.add_argument("--save", metavar="FILE", help="write the trained weights (.safetensors)")
     parser.add_argument("--loss-csv", metavar="FILE", help="write the loss history as CSV")
     parser.add_argument("--backend", choices=("gpu", "reference"), default="gpu")
+    parser.add_argument("--loss", choices=("mse", "cross-entropy"),
+                        help="an ONNX model's loss, on the output named by --target")
+    parser.add_argument("--target", metavar="OUTPUT", help="the ONNX output --loss compares with the targets")
 
 
 def train_config(model, args):

@@ -1005,6 +1005,195 @@ defop("conv_input_grad", CONV, _conv_input_grad_shape, conv_input_grad_ref,
 defop("conv_weight_grad", CONV, _conv_weight_grad_shape, conv_weight_grad_ref,
       doc="d conv / d w: correlation of the padded input with dout", stride=(1,), padding=(0,), kernel=())
 
+# ---------------------------------------------------------------- ONNX import ops
+# Ops the ONNX importer (engine/importers/onnx.py) needs that have no exact equivalent
+# above. Reference implementations only: no GPU kernels yet (the runtime refuses them by
+# name). Boolean tensors are f32 masks of 0.0 / 1.0.
+
+def _any_binary_shape(ts, a):
+    if ts[0].dtype != ts[1].dtype:
+        _fail(f"operands have different dtypes {ts[0].dtype} and {ts[1].dtype}")
+    return TensorType(broadcast_shapes(ts[0].shape, ts[1].shape), ts[0].dtype)
+
+
+def _compare_shape(ts, a):
+    if ts[0].dtype != ts[1].dtype:
+        _fail(f"operands have different dtypes {ts[0].dtype} and {ts[1].dtype}")
+    return TensorType(broadcast_shapes(ts[0].shape, ts[1].shape))
+
+
+ONNX_UNARY: dict[str, Callable] = {
+    "erf": special.erf,
+    "softplus": lambda x: np.logaddexp(0, x),
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "sign": np.sign,
+    "logical_not": lambda x: (x == 0).astype(x.dtype),
+}
+for _name, _fn in ONNX_UNARY.items():
+    defop(_name, POINTWISE, _unary_shape, (lambda fn: lambda x: fn(x))(_fn), elementwise=True)
+defop("leaky_relu", POINTWISE, _unary_shape, lambda x, alpha=0.01: np.where(x < 0, alpha * x, x),
+      elementwise=True, doc="x if x >= 0 else alpha * x", alpha=0.01)
+
+for _name, _fn in (("maximum", np.maximum), ("minimum", np.minimum)):
+    defop(_name, POINTWISE, _any_binary_shape, (lambda fn: lambda x, y: fn(x, y))(_fn), elementwise=True,
+          doc="elementwise, f32 or i32 operands of one dtype")
+defop("power", POINTWISE, _binary_shape, lambda x, y: np.power(x, y), elementwise=True,
+      doc="x ** y elementwise (pow takes a constant exponent)")
+
+for _name, _fn in (("equal", np.equal), ("less", np.less), ("greater", np.greater),
+                   ("less_equal", np.less_equal), ("greater_equal", np.greater_equal)):
+    defop(_name, POINTWISE, _compare_shape,
+          (lambda fn: lambda x, y: fn(x, y).astype(np.float32))(_fn), elementwise=True,
+          doc="comparison of f32 or i32 operands of one dtype -> f32 mask (1.0 true, 0.0 false)")
+
+
+def _where_shape(ts, a):
+    cond, x, y = ts
+    if cond.dtype != "f32":
+        _fail(f"condition must be an f32 mask, found {cond.dtype}")
+    if x.dtype != y.dtype:
+        _fail(f"branches have different dtypes {x.dtype} and {y.dtype}")
+    return TensorType(broadcast_shapes(cond.shape, x.shape, y.shape), x.dtype)
+
+
+defop("where", POINTWISE, _where_shape, lambda c, x, y: np.where(c != 0, x, y), elementwise=True,
+      doc="x where the mask is non-zero, else y (broadcast)")
+
+
+def _cast_shape(ts, a):
+    if a["dtype"] not in ("f32", "i32"):
+        _fail(f"dtype must be f32 or i32, found {a['dtype']!r}")
+    return TensorType(ts[0].shape, a["dtype"])
+
+
+def cast_ref(x, dtype="f32"):
+    return np.trunc(x).astype(np.int32) if dtype == "i32" else x.astype(np.float64 if x.dtype == np.float64 else np.float32)
+
+
+defop("cast", POINTWISE, _cast_shape, cast_ref, doc="convert to f32 or i32 (i32: truncation toward zero)",
+      dtype="f32")
+
+
+def _index_wrap_shape(ts, a):
+    if ts[0].dtype != "i32":
+        _fail(f"indices must be i32, found {ts[0].dtype}")
+    return TensorType(ts[0].shape, "i32")
+
+
+defop("index_wrap", POINTWISE, _index_wrap_shape,
+      lambda i, size: np.where(i < 0, i + size, i).astype(np.int32), elementwise=True,
+      doc="negative indices counted from the end of an axis of length size", size=1)
+
+
+def _conv_general_shape(ts, a):
+    _require_float(ts)
+    x, w = ts[0], ts[1]
+    nd = len(x.shape) - 2
+    stride, pads, dil, groups = a["stride"], a["pads"], a["dilation"], a["groups"]
+    if nd < 1 or len(w.shape) != nd + 2:
+        _fail(f"needs x [N, C, ...] and weight of the same rank, found {list(x.shape)} and {list(w.shape)}")
+    if len(stride) != nd or len(dil) != nd or len(pads) != 2 * nd or min(stride) <= 0 or min(dil) <= 0 \
+            or min(pads) < 0:
+        _fail(f"bad stride {list(stride)}, dilation {list(dil)} or pads {list(pads)} for {nd}-d")
+    if groups <= 0 or x.shape[1] != w.shape[1] * groups or w.shape[0] % groups:
+        _fail(f"input channels {x.shape[1]} and weight {list(w.shape)} do not fit {groups} groups")
+    if len(ts) == 3 and ts[2].shape != (w.shape[0],):
+        _fail(f"bias {list(ts[2].shape)} must be [{w.shape[0]}]")
+    out = []
+    for i in range(nd):
+        eff = dil[i] * (w.shape[2 + i] - 1) + 1
+        n = (x.shape[2 + i] + pads[i] + pads[nd + i] - eff) // stride[i] + 1
+        if n <= 0:
+            _fail(f"kernel {list(w.shape[2:])} does not fit input {list(x.shape[2:])}")
+        out.append(n)
+    return TensorType((x.shape[0], w.shape[0], *out))
+
+
+def conv_general_ref(x, w, b=None, stride=(1,), pads=(0, 0), dilation=(1,), groups=1):
+    nd = x.ndim - 2
+    xp = np.pad(x, [(0, 0), (0, 0)] + [(pads[i], pads[nd + i]) for i in range(nd)])
+    k = w.shape[2:]
+    eff = [dilation[i] * (k[i] - 1) + 1 for i in range(nd)]
+    out = [(xp.shape[2 + i] - eff[i]) // stride[i] + 1 for i in range(nd)]
+    win = np.lib.stride_tricks.sliding_window_view(xp, eff, axis=tuple(range(2, 2 + nd)))
+    win = win[(slice(None), slice(None)) + tuple(slice(None, out[i] * stride[i], stride[i]) for i in range(nd))
+              + tuple(slice(None, None, dilation[i]) for i in range(nd))]
+    n, c = x.shape[:2]
+    cg, og = c // groups, w.shape[0] // groups
+    letters, kl = "defg"[:nd], "hijk"[:nd]
+    ys = [np.einsum(f"nc{letters}{kl},oc{kl}->no{letters}", win[:, gi * cg:(gi + 1) * cg],
+                    w[gi * og:(gi + 1) * og], optimize=True) for gi in range(groups)]
+    y = np.concatenate(ys, axis=1)
+    if b is not None:
+        y = y + b.reshape((1, -1) + (1,) * nd)
+    return np.ascontiguousarray(y)
+
+
+defop("conv_general", CONV, _conv_general_shape, conv_general_ref,
+      doc="N-d convolution with stride, begin/end zero pads, dilation and groups "
+          "(x [N, C, ...], w [O, C/groups, ...], b [O])",
+      stride=(1,), pads=(0, 0), dilation=(1,), groups=1)
+
+
+def _pool_shape(ts, a):
+    _require_float(ts)
+    x = ts[0]
+    nd = len(x.shape) - 2
+    k, stride, pads, dil = a["kernel"], a["stride"], a["pads"], a["dilation"]
+    if nd < 1 or len(k) != nd or len(stride) != nd or len(dil) != nd or len(pads) != 2 * nd:
+        _fail(f"kernel {list(k)}, stride {list(stride)}, pads {list(pads)} do not fit input {list(x.shape)}")
+    if min(k) <= 0 or min(stride) <= 0 or min(dil) <= 0 or min(pads) < 0:
+        _fail("kernel, stride and dilation must be positive, pads non-negative")
+    out = []
+    for i in range(nd):
+        eff = dil[i] * (k[i] - 1) + 1
+        span = x.shape[2 + i] + pads[i] + pads[nd + i] - eff
+        n = (-(-span // stride[i]) if a["ceil_mode"] else span // stride[i]) + 1
+        if a["ceil_mode"] and (n - 1) * stride[i] >= x.shape[2 + i] + pads[i]:
+            n -= 1
+        if span < 0 or n <= 0:
+            _fail(f"kernel {list(k)} does not fit input {list(x.shape[2:])}")
+        out.append(n)
+    return TensorType(x.shape[:2] + tuple(out))
+
+
+def pool_ref(x, kernel, stride, pads, dilation, ceil_mode, mode, count_include_pad=False):
+    nd = x.ndim - 2
+    out = _pool_shape([TensorType(x.shape)], dict(kernel=kernel, stride=stride, pads=pads, dilation=dilation,
+                                                  ceil_mode=ceil_mode)).shape[2:]
+    eff = [dilation[i] * (kernel[i] - 1) + 1 for i in range(nd)]
+    extra = [max(0, (out[i] - 1) * stride[i] + eff[i] - x.shape[2 + i] - pads[i] - pads[nd + i]) for i in range(nd)]
+    fill = -np.inf if mode == "max" else 0.0
+    width = [(0, 0), (0, 0)] + [(pads[i], pads[nd + i] + extra[i]) for i in range(nd)]
+    xp = np.pad(x, width, constant_values=fill)
+    inside = np.pad(np.ones(x.shape[2:], dtype=x.dtype), width[2:])
+    declared = np.ones([x.shape[2 + i] + pads[i] + pads[nd + i] for i in range(nd)], dtype=x.dtype)
+    declared = np.pad(declared, [(0, e) for e in extra])
+    axes = tuple(range(2, 2 + nd))
+
+    def windows(arr, axes_):
+        win = np.lib.stride_tricks.sliding_window_view(arr, eff, axis=axes_)
+        lead = (slice(None),) * (arr.ndim - nd)
+        return win[lead + tuple(slice(None, out[i] * stride[i], stride[i]) for i in range(nd))
+                   + tuple(slice(None, None, dilation[i]) for i in range(nd))]
+    win = windows(xp, axes)
+    red = tuple(range(-nd, 0))
+    if mode == "max":
+        return np.ascontiguousarray(win.max(axis=red))
+    counts = windows(declared if count_include_pad else inside, tuple(range(nd))).sum(axis=red)
+    return np.ascontiguousarray(win.sum(axis=red) / counts)
+
+
+defop("max_pool", REDUCTION, _pool_shape, lambda x, **a: pool_ref(x, mode="max", **a),
+      doc="N-d max pooling with stride, begin/end pads (-inf), dilation, ceil_mode",
+      kernel=(1,), stride=(1,), pads=(0, 0), dilation=(1,), ceil_mode=False)
+defop("avg_pool", REDUCTION, _pool_shape, lambda x, **a: pool_ref(x, mode="avg", **a),
+      doc="N-d average pooling with stride, begin/end pads, dilation, ceil_mode; the divisor counts "
+          "padding when count_include_pad", kernel=(1,), stride=(1,), pads=(0, 0), dilation=(1,),
+      ceil_mode=False, count_include_pad=False)
+# ---------------------------------------------------------------- end of ONNX import ops
+
 # Ops above that exist only for gradients; autodiff does not differentiate them again.
 BACKWARD_OPS = ("relu_grad", "abs_grad", "gelu_grad", "max_grad", "norm_grad", "norm_grad_w", "cross_entropy_grad",
                 "embedding_grad", "conv_input_grad", "conv_weight_grad",

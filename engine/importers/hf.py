@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -241,20 +240,7 @@ class HFModel(BuiltinModel):
 
     # description
     def summary(self) -> dict[str, Any]:
-        g = self.build(train=False)
-        shapes = self.parameter_shapes()
-        count = sum(math.prod(s) for s in shapes.values())
-        skip = {"input", "parameter", "constant"}
-        return {
-            "model_type": self.model_type,
-            "name": self.name,
-            "inputs": [{"name": k, "shape": list(g.shape(n)), "dtype": g[n].dtype} for k, n in g.inputs.items()],
-            "outputs": [{"name": k, "shape": list(g.shape(n)), "dtype": g[n].dtype} for k, n in g.outputs.items()],
-            "parameters": int(count),
-            "parameter_bytes": int(count * 4),
-            "ops": dict(Counter(n.op for n in g.nodes if n.op not in skip)),
-            "ignored_tensors": list(self.ignored_tensors),
-        }
+        return {"model_type": self.model_type, **super().summary(), "ignored_tensors": list(self.ignored_tensors)}
 
 
 class CausalLM(HFModel):

@@ -11,6 +11,8 @@ one parameter dict (``init_params(seed)`` or ``load_weights(path)``) feeds both.
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
@@ -165,6 +167,19 @@ class BuiltinModel:
         from ..weights import save_safetensors
         save_safetensors(self.to_file_layout(params), path, metadata={"model": self.name})
 
+
+    # ------------------------------------------------------------ what it is
+    def summary(self) -> dict[str, Any]:
+        """What ``meganeura inspect`` prints: inputs and outputs (name, shape, dtype) of the
+        inference graph, the parameter count and bytes, and its op histogram."""
+        g = self.build(train=False)
+        count = sum(math.prod(s) for s in self.parameter_shapes().values())
+        tensor = lambda name, i: {"name": name, "shape": list(g.shape(i)), "dtype": g[i].dtype}  # noqa: E731
+        return {"name": self.name,
+                "inputs": [tensor(k, i) for k, i in g.inputs.items()],
+                "outputs": [tensor(k, i) for k, i in g.outputs.items()],
+                "parameters": int(count), "parameter_bytes": int(count * 4),
+                "ops": dict(Counter(n.op for n in g.nodes if n.op not in ("input", "parameter", "constant")))}
 
     # ------------------------------------------------------------ running
     def run(self, inputs: Mapping[str, np.ndarray], params: Mapping[str, np.ndarray] | None = None,
