@@ -1,4 +1,4 @@
-"""``meganeura-studio [MODEL] [--weights F] [--set NAME=VALUE ...]``: the Studio.
+"""``meganeura-studio [SOURCE] [--weights F] [--set NAME=VALUE ...]``: the Studio.
 
 With no model it opens on the last one used (first time: audio-align).
 ``--screenshot PATH`` renders the window, saves it as an image and exits (for tests
@@ -18,7 +18,9 @@ from .window import DEFAULT_MODEL, MainWindow
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="meganeura-studio", description="Meganeura Studio")
-    parser.add_argument("model", nargs="?", metavar="MODEL", help=f"built-in model to open (default {DEFAULT_MODEL})")
+    parser.add_argument("model", nargs="?", metavar="SOURCE",
+                        help=f"a built-in model name, an .onnx file or a Hugging Face checkpoint folder "
+                             f"(default: the last one opened; first time {DEFAULT_MODEL})")
     parser.add_argument("--weights", metavar="F", help="safetensors weights for the model")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="a model setting, e.g. --set batch=8 (repeatable)")

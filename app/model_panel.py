@@ -1,9 +1,12 @@
-"""Model panel: pick a built-in model and its settings, Load; weights and recent files."""
+"""Model panel: pick a model (built-in, or an .onnx file or checkpoint folder opened
+before) and its settings, Load; what the open model takes and gives; weights and recent files."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QLabel,
+import os
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
                                QLineEdit, QListWidget, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from engine import models
@@ -12,7 +15,8 @@ MAX_RECENT = 8
 
 
 class ModelPanel(QWidget):
-    loadRequested = Signal(str, dict)       # model name, settings
+    loadRequested = Signal(str, dict)       # model source, settings
+    openModelRequested = Signal(str)        # "file" (.onnx) or "folder" (checkpoint): the window's dialogs
     openWeightsRequested = Signal()         # the file dialog (the window owns it)
     recentRequested = Signal(str)           # a recent weights file
 
@@ -22,7 +26,7 @@ class ModelPanel(QWidget):
         self.model_box = QComboBox()
         self.model_box.setObjectName("modelBox")
         self.model_box.addItems(models.names())
-        self.model_box.currentTextChanged.connect(self._rebuild_settings)
+        self.model_box.currentIndexChanged.connect(lambda _: self._rebuild_settings(self.source()))
         self.description = QLabel("")
         self.description.setWordWrap(True)
         self.form = QFormLayout()
@@ -31,8 +35,16 @@ class ModelPanel(QWidget):
         settings_box.setLayout(self.form)
         self.load_button = QPushButton("Load model")
         self.load_button.setObjectName("loadModelButton")
-        self.load_button.clicked.connect(lambda: self.loadRequested.emit(self.model_box.currentText(),
-                                                                         self.values()))
+        self.load_button.clicked.connect(lambda: self.loadRequested.emit(self.source(), self.values()))
+        self.open_onnx_button = QPushButton("Open .onnx…")
+        self.open_onnx_button.setObjectName("openOnnxButton")
+        self.open_onnx_button.setToolTip("an ONNX model file (or drop one on the window)")
+        self.open_onnx_button.clicked.connect(lambda: self.openModelRequested.emit("file"))
+        self.open_folder_button = QPushButton("Open checkpoint…")
+        self.open_folder_button.setObjectName("openCheckpointButton")
+        self.open_folder_button.setToolTip("a Hugging Face checkpoint folder: config.json + model.safetensors "
+                                           "(or drop one on the window)")
+        self.open_folder_button.clicked.connect(lambda: self.openModelRequested.emit("folder"))
         self.weights_button = QPushButton("Open weights… (Ctrl+O)")
         self.weights_button.clicked.connect(self.openWeightsRequested)
         self.info = QLabel("")
@@ -45,6 +57,10 @@ class ModelPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.addWidget(QLabel("<b>Model</b>"))
         layout.addWidget(self.model_box)
+        opens = QHBoxLayout()
+        opens.addWidget(self.open_onnx_button)
+        opens.addWidget(self.open_folder_button)
+        layout.addLayout(opens)
         layout.addWidget(self.description)
         layout.addWidget(settings_box)
         layout.addWidget(self.load_button)
@@ -52,17 +68,54 @@ class ModelPanel(QWidget):
         layout.addWidget(self.info)
         layout.addWidget(QLabel("<b>Recent weights</b> (double-click; or drop a .safetensors file)"))
         layout.addWidget(self.recent, 1)
-        self._rebuild_settings(self.model_box.currentText())
+        self._rebuild_settings(self.source())
         state.modelChanged.connect(self.refresh)
         state.paramsChanged.connect(self.refresh)
 
-    def _rebuild_settings(self, name: str, values: dict | None = None) -> None:
+    def source(self) -> str:
+        """The selected model: a built-in name, or the path of a model file or folder."""
+        return self.model_box.currentData() or self.model_box.currentText()
+
+    def set_recent_models(self, paths: list[str]) -> None:
+        """Built-in models first, then the model files and folders opened before."""
+        current = self.source()
+        self.model_box.blockSignals(True)
+        self.model_box.clear()
+        self.model_box.addItems(models.names())
+        for path in paths:
+            self.model_box.addItem(os.path.basename(path.rstrip("/")) or path, path)
+            self.model_box.setItemData(self.model_box.count() - 1, path, Qt.ItemDataRole.ToolTipRole)
+        self._select(current)
+        self.model_box.blockSignals(False)
+
+    def _select(self, source: str) -> None:
+        index = self.model_box.findData(source)
+        if index < 0:
+            index = self.model_box.findText(source)
+        if index < 0 and source:
+            self.model_box.addItem(os.path.basename(source.rstrip("/")) or source, source)
+            index = self.model_box.count() - 1
+        self.model_box.setCurrentIndex(max(index, 0))
+
+    def _settings_of(self, source: str):
+        """(description, settings table) of ``source``: a built-in's class, else the open
+        model when it is that file (an imported model's settings come from the file)."""
+        if source in models.names():
+            cls = models.get(source)
+            return cls.description, cls.describe_settings()
+        model = self.state.model
+        if model is not None and self.state.source == source:
+            return model.description, {k: {"default": s.default, "type": s.type.__name__, "help": s.help}
+                                       for k, s in model.SETTINGS.items()}
+        return f"{source}: press Load model to open it.", {}
+
+    def _rebuild_settings(self, source: str, values: dict | None = None) -> None:
         while self.form.rowCount():
             self.form.removeRow(0)
         self.editors = {}
-        cls = models.get(name)
-        self.description.setText(cls.description)
-        for key, meta in cls.describe_settings().items():
+        description, table = self._settings_of(source)
+        self.description.setText(description)
+        for key, meta in table.items():
             value = (values or {}).get(key, meta["default"])
             if meta["type"] == "int":
                 w = QSpinBox()
@@ -86,11 +139,11 @@ class ModelPanel(QWidget):
             out[key] = w.value() if hasattr(w, "value") else w.text()
         return out
 
-    def set_model(self, name: str, settings: dict) -> None:
+    def set_model(self, source: str, settings: dict) -> None:
         self.model_box.blockSignals(True)
-        self.model_box.setCurrentText(name)
+        self._select(source)
         self.model_box.blockSignals(False)
-        self._rebuild_settings(name, settings)
+        self._rebuild_settings(source, settings)
 
     def refresh(self) -> None:
         s = self.state
@@ -100,9 +153,14 @@ class ModelPanel(QWidget):
         n = sum(int(v.size) for v in s.params.values())
         settings = ", ".join(f"{k}={v}" for k, v in s.settings.items())
         g = s.graphs.get("original")
+        tensors = lambda names: "<br>".join(  # noqa: E731
+            f"&nbsp;&nbsp;{k} {list(g.shape(i))} {g[i].dtype}" for k, i in names.items()) if g else ""
+        origin = ("initialised (seed 0) or trained in this session" if s.source in models.names()
+                  else f"from {s.source}")
         self.info.setText(f"<b>{s.model_name}</b> ({settings})<br>{len(g.nodes) if g else 0} nodes · "
-                          f"{len(s.params)} tensors · {n:,} parameters<br>weights: "
-                          f"{s.weights_path or 'initialised (seed 0) or trained in this session'}")
+                          f"{len(s.params)} tensors · {n:,} parameters<br>"
+                          f"inputs<br>{tensors(g.inputs) if g else ''}<br>outputs<br>{tensors(g.outputs) if g else ''}"
+                          f"<br>weights: {s.weights_path or origin}")
 
     def set_recent(self, paths: list[str]) -> None:
         self.recent.clear()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from PySide6.QtCore import QObject, Signal
 
-from engine import models
+from engine.importers import load_model, source_kind
 from engine.errors import MeganeuraError
 
 GRAPH_KINDS = ("original", "optimized", "training")
@@ -58,6 +58,7 @@ class StudioState(QObject):
 
     def __init__(self, parent=None):
         super().__init__(parent)
+        self.source: str | None = None    # what was opened: a built-in name, an .onnx file or a checkpoint folder
         self.model_name: str | None = None
         self.model = None
         self.settings: dict = {}
@@ -71,12 +72,15 @@ class StudioState(QObject):
 
     # ------------------------------------------------------------ model and weights
 
-    def load_model(self, name: str, settings: dict | None = None, seed: int = 0) -> None:
-        """Configure and build ``name``; replaces everything only when all of it worked."""
-        model = models.get(name)(**(settings or {}))
+    def load_model(self, source: str, settings: dict | None = None, seed: int = 0) -> None:
+        """Open and build ``source`` (a built-in name, an .onnx file or a checkpoint
+        folder); replaces everything only when all of it worked."""
+        overrides = [f"{k}={v}" for k, v in (settings or {}).items()]
+        options = {"default_dims": 1} if source_kind(str(source)) == "onnx" else {}   # editable in the panel
+        model = load_model(str(source), overrides, **options)
         graph = model.build(train=False)
         params = model.init_params(seed)
-        self.model_name, self.model, self.settings = name, model, dict(model.settings)
+        self.source, self.model_name, self.model, self.settings = str(source), model.name, model, dict(model.settings)
         self.graphs = {"original": graph}
         self.report = None
         self.profile = None

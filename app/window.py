@@ -13,10 +13,10 @@ import os
 
 from PySide6.QtCore import QSettings, Qt
 from PySide6.QtGui import QAction, QFontDatabase, QKeySequence
-from PySide6.QtWidgets import (QDockWidget, QFileDialog, QLabel, QMainWindow, QMessageBox,
+from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QLabel, QMainWindow, QMessageBox,
                                QPlainTextEdit, QTabWidget)
 
-from engine import config
+from engine import config, models
 from engine.errors import MeganeuraError
 
 from . import main_thread_gc
@@ -101,6 +101,7 @@ class MainWindow(QMainWindow):
         self._actions()
         self.model_panel.loadRequested.connect(self.load_model)
         self.model_panel.openWeightsRequested.connect(self.open_weights)
+        self.model_panel.openModelRequested.connect(self.open_model)
         self.model_panel.recentRequested.connect(self.load_weights)
         self.graph_view.kindRequested.connect(self.show_graph)
         self.fusion_panel.ruleSelected.connect(self.highlight_rule)
@@ -118,6 +119,7 @@ class MainWindow(QMainWindow):
         self.state.modelChanged.connect(self._model_changed)
         self.state.optimizedChanged.connect(self._optimized_ready)
         self.model_panel.set_recent(self.recent_files())
+        self.model_panel.set_recent_models(self.recent_models())
         self.training_panel.restore_settings(self.qsettings)
         self.resize(1400, 860)
 
@@ -152,6 +154,9 @@ class MainWindow(QMainWindow):
             return a
 
         file_menu = self.menuBar().addMenu("&File")
+        self.open_model_action = action(file_menu, "Open ONNX model…", lambda: self.open_model("file"), "Ctrl+M")
+        self.open_folder_action = action(file_menu, "Open checkpoint folder…", lambda: self.open_model("folder"),
+                                         "Ctrl+Shift+M")
         self.open_action = action(file_menu, "Open weights…", self.open_weights, "Ctrl+O")
         self.save_action = action(file_menu, "Save weights…", self.save_weights, "Ctrl+S")
         self.export_action = action(file_menu, "Export loss history (CSV)…", self.export_csv, "Ctrl+E")
@@ -189,17 +194,45 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------ model and weights
 
-    def load_model(self, name: str, settings: dict) -> bool:
+    def load_model(self, source: str, settings: dict) -> bool:
+        """Open ``source`` (a built-in name, an .onnx file or a checkpoint folder); on an
+        error, a dialog, and the model open before stays open."""
         if self.training_panel.running() or self.profiler_panel.running():
             self.show_error("Cannot load a model", MeganeuraError("stop the training run or the profile first"))
             return False
+        QApplication.setOverrideCursor(Qt.CursorShape.WaitCursor)
         try:
-            self.state.load_model(name, settings)
+            self.state.load_model(source, settings)
         except MeganeuraError as exc:
-            self.show_error(f"Cannot load model {name}", exc)
+            QApplication.restoreOverrideCursor()
+            self.show_error(f"Cannot open {os.path.basename(str(source).rstrip('/')) or source}", exc)
             return False
-        self.qsettings.setValue("model/name", name)
+        QApplication.restoreOverrideCursor()
+        self.qsettings.setValue("model/name", str(source))
+        if str(source) not in models.names():
+            self.add_recent_model(str(source))
         return True
+
+    def open_model(self, kind: str = "file") -> None:
+        """The dialog for an .onnx file (``kind`` "file") or a checkpoint folder ("folder")."""
+        recent = self.recent_models()
+        start = os.path.dirname(recent[0].rstrip("/")) if recent else ""
+        if kind == "folder":
+            path = QFileDialog.getExistingDirectory(self, "Open a Hugging Face checkpoint folder", start)
+        else:
+            path, _ = QFileDialog.getOpenFileName(self, "Open an ONNX model", start, "ONNX (*.onnx);;All files (*)")
+        if path:
+            self.load_model(path, {})
+
+    def recent_models(self) -> list[str]:
+        value = self.qsettings.value("recent_models", []) or []
+        return [value] if isinstance(value, str) else list(value)
+
+    def add_recent_model(self, path: str) -> None:
+        path = os.path.abspath(path)
+        paths = [path] + [p for p in self.recent_models() if p != path]
+        self.qsettings.setValue("recent_models", paths[:MAX_RECENT])
+        self.model_panel.set_recent_models(paths[:MAX_RECENT])
 
     def open_weights(self) -> None:
         start = os.path.dirname(self.recent_files()[0]) if self.recent_files() else ""
@@ -221,7 +254,8 @@ class MainWindow(QMainWindow):
     def save_weights(self) -> None:
         if self.state.model is None:
             return
-        path, _ = QFileDialog.getSaveFileName(self, "Save weights", f"{self.state.model_name}.safetensors",
+        stem = "".join(c if c.isalnum() or c in "-_." else "-" for c in self.state.model_name)
+        path, _ = QFileDialog.getSaveFileName(self, "Save weights", f"{stem}.safetensors",
                                               "safetensors (*.safetensors)")
         if not path:
             return
@@ -259,23 +293,38 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------ drag and drop
 
+    @staticmethod
+    def _dropped(path: str) -> str | None:
+        """What a dropped path is: "weights", "model" (an .onnx file or a folder), or None."""
+        if path.endswith(".safetensors"):
+            return "weights"
+        if path.lower().endswith(".onnx") or os.path.isdir(path):
+            return "model"
+        return None
+
     def dragEnterEvent(self, event) -> None:
-        if any(u.toLocalFile().endswith(".safetensors") for u in event.mimeData().urls()):
+        if any(self._dropped(u.toLocalFile()) for u in event.mimeData().urls()):
             event.acceptProposedAction()
 
     def dropEvent(self, event) -> None:
         for url in event.mimeData().urls():
-            if url.toLocalFile().endswith(".safetensors"):
-                self.load_weights(url.toLocalFile())
+            path = url.toLocalFile()
+            kind = self._dropped(path)
+            if kind:
                 event.acceptProposedAction()
+                if kind == "weights":
+                    self.load_weights(path)
+                else:
+                    self.load_model(path, {})
                 return
 
     # ------------------------------------------------------------ graphs
 
     def _model_changed(self) -> None:
         s = self.state
-        self.model_panel.set_model(s.model_name, s.settings)
+        self.model_panel.set_model(s.source, s.settings)
         self.model_label.setText(f"{s.model_name} · {len(s.graphs['original'].nodes)} nodes")
+        self.setWindowTitle(f"{s.model_name} — Meganeura Studio")
         self.graph_view.graph = None
         self.show_graph(self.graph_view.kind)     # "optimized" (the default): optimizes in a worker
 

@@ -46,7 +46,7 @@ def wait_optimized(w, qtbot):
 
 
 def test_launch(window, qtbot):
-    assert window.windowTitle() == "Meganeura Studio"
+    assert window.windowTitle() == "mlp — Meganeura Studio"
     assert window.state.model_name == "mlp"
     assert "·" in window.adapter_label.text()
     assert window.memory_label.text() == "GPU memory: no session"
@@ -348,3 +348,84 @@ def test_graph_refits_on_resize(window, qtbot):
     qtbot.waitUntil(lambda: canvas.viewport().width() < 600, timeout=2000)
     rect = canvas.mapFromScene(canvas.scene().itemsBoundingRect()).boundingRect()
     assert canvas.viewport().rect().adjusted(-2, -2, 2, 2).contains(rect)
+
+
+# ---------------------------------------------------------------- opening model files
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    import torch
+    import transformers
+    torch.manual_seed(5)
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    path = tmp_path_factory.mktemp("tiny-llama")
+    transformers.LlamaForCausalLM(cfg).save_pretrained(path)
+    return str(path)
+
+
+def tiny_onnx(path):
+    """A two-layer MLP written with onnx.helper: x [batch, 6] -> y [batch, 3]."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+             for n, s in (("w1", (6, 8)), ("b1", (8,)), ("w2", (8, 3)))]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+             helper.make_node("Add", ["h", "b1"], ["hb"], name="bias1"),
+             helper.make_node("Relu", ["hb"], ["r"], name="act"),
+             helper.make_node("MatMul", ["r", "w2"], ["y"], name="fc2")]
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return str(path)
+
+
+def test_open_a_checkpoint_folder_and_find_it_again_after_a_restart(window, qtbot, monkeypatch, checkpoint,
+                                                                    tmp_path):
+    monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda *a, **k: checkpoint)
+    window.open_folder_action.trigger()
+    assert not window.errors and window.state.source == checkpoint
+    assert window.state.model_name.startswith("llama") and window.windowTitle().startswith("llama")
+    info = window.model_panel.info.text()
+    assert "input_ids" in info and "logits" in info and f"from {checkpoint}" in info
+    assert "seq" in window.model_panel.editors          # the checkpoint's settings, editable
+    opt = wait_optimized(window, qtbot)
+    assert any(n.op == "attention" for n in opt.nodes)
+    assert window.model_panel.source() == checkpoint
+    # a second window on the same settings: the folder is among the recent models and opens again
+    again = MainWindow(settings=QSettings(str(tmp_path / "studio.ini"), QSettings.Format.IniFormat))
+    qtbot.addWidget(again)
+    assert again.recent_models()[0] == os.path.abspath(checkpoint)
+    assert again.model_panel.model_box.findData(os.path.abspath(checkpoint)) >= 0
+    assert again.state.source == checkpoint           # the last model opened
+    again.wait_for_workers(30)
+
+
+def test_a_bad_model_file_is_a_dialog_and_the_open_model_stays(window, qtbot, monkeypatch, tmp_path, errors):
+    bad = tmp_path / "broken.onnx"
+    bad.write_bytes(b"this is not a protobuf")
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (str(bad), ""))
+    window.open_model_action.trigger()
+    assert errors and "broken.onnx" in errors[-1][0] + errors[-1][1]
+    assert window.state.model_name == "mlp" and window.state.source == "mlp"
+    empty = tmp_path / "empty-folder"
+    empty.mkdir()
+    assert not window.load_model(str(empty), {})
+    assert "config.json" in errors[-1][1] and window.state.model_name == "mlp"
+    assert window.recent_models() == []
+
+
+def test_dropping_an_onnx_file_opens_it(window, qtbot, tmp_path):
+    from PySide6.QtCore import QMimeData, QPointF, QUrl
+    from PySide6.QtGui import QDropEvent
+    path = tiny_onnx(tmp_path / "tiny.onnx")
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(path)])
+    event = QDropEvent(QPointF(10, 10), Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton,
+                       Qt.KeyboardModifier.NoModifier)
+    window.dropEvent(event)
+    assert not window.errors and window.state.source == path
+    assert set(window.state.graphs["original"].inputs) == {"x"}
+    assert "batch" in window.model_panel.editors and "y [" in window.model_panel.info.text()
+    wait_optimized(window, qtbot)

@@ -1162,7 +1162,10 @@ def _read(path: Path):
 
 
 def load_onnx(path: Path, settings: dict[str, str], loss: str | None = None,
-              target: str | None = None) -> OnnxModel:
+              target: str | None = None, default_dims: int | None = None) -> OnnxModel:
+    """The model in ``path``; its symbolic dimensions take their values from ``settings``,
+    else ``default_dims`` (the Studio, which shows them as editable settings), else an
+    error names them."""
     path = Path(path)
     model = _read(path)
     graph = model.graph
@@ -1248,6 +1251,9 @@ def load_onnx(path: Path, settings: dict[str, str], loss: str | None = None,
             raise ModelImportError(f"{path}: training needs --loss mse|cross-entropy --target OUTPUT with OUTPUT one "
                                    f"of {', '.join(outputs)}; found loss={loss!r}, target={target!r}")
     missing = [s for s in symbols if s not in settings]
+    if missing and default_dims:
+        settings = {**{s: str(default_dims) for s in missing}, **settings}
+        missing = []
     if missing:
         raise ModelImportError(f"{path}: symbolic dimension(s) {', '.join(missing)} (of input(s) "
                                f"{', '.join(symbols[s] for s in missing)}) need a value: give "
