@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout
 from superqt.utils import thread_worker
 
 from engine.errors import MeganeuraError
+from engine.runtime.device import choose_backend
 from engine.train.config import OPTIMIZERS, SCHEDULES, TrainConfig
 from engine.train.data import DataLoader
 from engine.train.trainer import Trainer
@@ -37,6 +38,15 @@ def smooth(values, alpha=SMOOTHING):
         acc = v if acc is None else alpha * acc + (1 - alpha) * v
         out.append(acc)
     return out
+
+
+def default_backend() -> str:
+    """A new user's backend: the GPU, or the reference executor where the adapter is a
+    software renderer (several times faster there)."""
+    try:
+        return choose_backend("auto")[0]
+    except MeganeuraError:        # no adapter at all: the reference still trains
+        return "reference"
 
 
 @thread_worker
@@ -204,7 +214,7 @@ class TrainingPanel(QWidget):
             qs.setValue(f"training/{key}", value)
 
     def restore_settings(self, qs) -> None:
-        self.set_backend(str(qs.value("training/backend", "gpu")))
+        self.set_backend(str(qs.value("training/backend", default_backend())))
         self.optimizer.setCurrentText(str(qs.value("training/optimizer", "adamw")))
         self.lr.setValue(float(qs.value("training/lr", 1e-3)))
         self.schedule.setCurrentText(str(qs.value("training/schedule", "constant")))
@@ -324,6 +334,9 @@ class TrainingPanel(QWidget):
             left = (self.total_steps - n) / rate if rate > 0 else math.inf
             self.stats.setText(f"step {n}/{self.total_steps} · loss {self.losses[-1]:.4g} · "
                                f"{rate:.1f} steps/s · ETA {left:.0f} s")
+        trainer = self.holder.get("trainer")
+        if trainer is not None and trainer.history.warning:
+            self.stats.setText(self.stats.text() + f"\nWarning: {trainer.history.warning}")
 
     def _update_buttons(self) -> None:
         running = self.worker is not None

@@ -17,6 +17,7 @@ process of its own since the mode is read when pipelines are built.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import subprocess
@@ -33,11 +34,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 import torch  # noqa: E402
 
 from bench_vs_torch import TorchTimer, adapter_desc, fmt, log, markdown_table  # noqa: E402
-from engine import codegen  # noqa: E402
+from engine import codegen, config  # noqa: E402
 from engine.runtime.device import adapter_info, get_device, shader_checks  # noqa: E402
 from engine.graph import reference  # noqa: E402
 from engine.graph.ir import Graph  # noqa: E402
-from engine.runtime.session import Session
+from engine.runtime.session import Session  # noqa: E402
 from engine.runtime.device import device_capabilities  # noqa: E402
 
 # (label, m, n, k, transpose_a, transpose_b, batch)
@@ -139,8 +140,8 @@ def time_torch(inputs, ta, tb, timer, steps):
 
 
 def matmul_rows(cases, steps, rng, timer, variants, splits=("auto",)):
-    """One row per case, kernel variant (MEGANEURA_MATMUL) and K split
-    (MEGANEURA_MATMUL_SPLITS; "auto": codegen's choice)."""
+    """One row per case, kernel variant (knob ``matmul``, MEGANEURA_MATMUL) and K split
+    (``matmul_splits``; "auto": codegen's choice)."""
     caps = device_capabilities()
     rows = []
     for label, m, n, k, ta, tb, batch in cases:
@@ -151,14 +152,11 @@ def matmul_rows(cases, steps, rng, timer, variants, splits=("auto",)):
         shape = f"{'x'.join(map(str, batch))}{'x' if batch else ''}{m}x{n}x{k}{' tA' if ta else ''}{' tB' if tb else ''}"
         for v in variants:
             for split in splits:
-                os.environ["MEGANEURA_MATMUL"] = v
-                os.environ.pop("MEGANEURA_MATMUL_SPLITS", None)
-                if split != "auto":
-                    os.environ["MEGANEURA_MATMUL_SPLITS"] = split
+                knobs = dataclasses.replace(caps.knobs, matmul=v, matmul_splits=0 if split == "auto" else int(split))
                 name = v if split == "auto" else f"{v}, split {split}"
                 log(f"matmul {label} {shape} {name}")
                 try:
-                    ms, err, variant, stamped = time_ours(g, inputs, caps, steps)
+                    ms, err, variant, stamped = time_ours(g, inputs, dataclasses.replace(caps, knobs=knobs), steps)
                 except Exception as exc:  # a variant that fails to build is a finding, not a crash
                     rows.append([label, shape, name, "-", "-", "-", "-", "-", "-", f"FAILED: {str(exc)[:300]}"])
                     continue
@@ -167,8 +165,6 @@ def matmul_rows(cases, steps, rng, timer, variants, splits=("auto",)):
                              fmt(flops / t["tf32"] / 1e9) if "tf32" in t else "-",
                              fmt(flops / t["fp16"] / 1e9) if "fp16" in t else "-",
                              f"err {err:.1e}; timestamped {stamped:.3g} ms; {variant}"])
-        os.environ.pop("MEGANEURA_MATMUL", None)
-        os.environ.pop("MEGANEURA_MATMUL_SPLITS", None)
     return rows
 
 
@@ -184,23 +180,21 @@ ATTENTION_BACKWARD_OPS = {"attention_lse": 1, "attention_grad_q": 3, "attention_
 
 
 def _attention_variants(splits: str) -> list[tuple[str, dict]]:
-    """(label, environment) of each forward variant to time: the per-query kernel, and
-    the tiled one with each forced key split ("auto": codegen's choice)."""
-    out = [("per-query", {"MEGANEURA_ATTENTION": "per-query"})]
+    """(label, knobs) of each forward variant to time: the per-query kernel, and the
+    tiled one with each forced key split ("auto": codegen's choice)."""
+    out = [("per-query", {"attention": "per-query"})]
     for n in splits.split(","):
-        out.append((f"tiled, splits {n}", {} if n == "auto" else {"MEGANEURA_ATTENTION_SPLITS": n}))
+        out.append((f"tiled, splits {n}", {} if n == "auto" else {"attention_splits": int(n)}))
     return out
 
 
-def _timed_session(g, inputs, env, steps):
-    """(session, GPU ms back to back, profile) of graph ``g`` built under ``env``."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
+def _timed_session(g, inputs, knobs, steps):
+    """(session, GPU ms back to back, profile) of graph ``g`` built with ``knobs`` forced."""
+    saved = config.use(config.current().with_knobs(**knobs))
     try:
         sess = Session(g)
     finally:
-        for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        config.use(saved)
     sess.set_inputs(inputs)
     sess.run()
     rep = sess.profile(steps=steps, measure_overhead=False, include_build_spans=False)
@@ -229,9 +223,9 @@ def attention_rows(cases, steps, rng, timer, splits="auto"):
         ref = reference.run(g, inputs, {}, np.float64)["c"]
         tq, tk, tv = _torch_heads(timer, inputs, b, d, h, hkv)
         t_ms = timer.median_ms(lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal), max(steps, 10))
-        for variant, env in _attention_variants(splits):
+        for variant, knobs in _attention_variants(splits):
             log(f"attention {label} {variant}")
-            sess, ms, _ = _timed_session(g, inputs, env, steps)
+            sess, ms, _ = _timed_session(g, inputs, knobs, steps)
             err = float(np.linalg.norm(sess.read_output("c") - ref) / np.linalg.norm(ref))
             rows.append([label, f"{b}x{t}x{s_} h{h}/{hkv} d{d}", variant, fmt(ms, " ms"), fmt(flops / ms / 1e9),
                          fmt(t_ms, " ms"), fmt(ms / t_ms), f"err {err:.1e}; {sess.plan.dispatches[0].variant}"])
@@ -261,9 +255,9 @@ def attention_backward_rows(cases, steps, rng, timer, splits="auto"):
         grad = torch.randn_like(o)
         t_ms = timer.median_ms(lambda: torch.autograd.grad(o, (tq, tk, tv), grad, retain_graph=True), max(steps, 10))
         for n in splits.split(","):
-            env = {} if n == "auto" else {"MEGANEURA_ATTENTION_SPLITS": n}
+            knobs = {} if n == "auto" else {"attention_splits": int(n)}
             log(f"attention backward {label} splits {n}")
-            sess, ms, rep = _timed_session(g, inputs, env, steps)
+            sess, ms, rep = _timed_session(g, inputs, knobs, steps)
             per_op = {}
             for r in rep.dispatches:
                 op = r.ops[0] if r.ops else r.kernel

@@ -30,6 +30,11 @@ class UnknownModelError(MeganeuraError):
     """No built-in model has the requested name."""
 
 
+class MeganeuraWarning(UserWarning):
+    """Something the user should know that does not stop the work (the CLI prints it as
+    one ``meganeura: warning:`` line; the Studio shows it in the status bar)."""
+
+
 class TrainingError(MeganeuraError):
     """Training cannot go on: the loss or the gradients stopped being finite, or the
     training setup does not fit the model (unknown optimizer, schedule, data)."""

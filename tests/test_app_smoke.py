@@ -14,7 +14,7 @@ def test_window_shows_adapter(qtbot):
     window = create_window()
     qtbot.addWidget(window)
     window.show()
-    assert window.windowTitle() == "Meganeura Studio"
+    assert window.windowTitle() == f"{window.state.model_name} — Meganeura Studio"
     name = adapter_info()["name"]
     label = window.statusBar().findChild(QLabel, "adapterLabel")
     assert name in label.text()

@@ -30,7 +30,8 @@ from engine.train.trainer import Trainer
 
 
 def test_cli_train_audio_align_50_steps_lowers_the_loss(capsys):
-    assert cli.main(["train", "audio-align", "--steps", "50", "--backend", "reference", "--json"]) == 0
+    assert cli.main(["train", "audio-align", "--steps", "50", "--set", "mel_len=128", "--backend", "reference",
+                     "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     losses = out["losses"]
     assert out["model"] == "audio-align" and out["steps"] == 50 and len(losses) == 50

@@ -36,7 +36,7 @@ def test_optimize_training_graph_table(capsys):
 def test_train_gpu_lowers_the_loss_saves_weights_and_csv(capsys, tmp_path):
     save, csv = tmp_path / "mlp.safetensors", tmp_path / "loss.csv"
     code, out, err = run_cli(capsys, "train", "mlp", "--set", "batch=16", "--steps", "15", "--json",
-                             "--save", str(save), "--loss-csv", str(csv))
+                             "--backend", "gpu", "--save", str(save), "--loss-csv", str(csv))
     assert code == 0, err
     r = json.loads(out)
     assert r["backend"] == "gpu" and r["steps"] == 15 and len(r["losses"]) == 15
@@ -64,3 +64,40 @@ def test_train_user_errors(capsys):
     assert code == 2 and "--steps" in err
     code, _, err = run_cli(capsys, "train", "mlp", "--lr", "-1", "--backend", "reference")
     assert code == 2 and "lr" in err
+
+
+def test_a_diverging_loss_is_one_warning_and_training_goes_on(capsys):
+    code, out, err = run_cli(capsys, "train", "mlp", "--steps", "6", "--lr", "1e9", "--backend", "reference", "--json")
+    warnings = [line for line in err.splitlines() if line.startswith("meganeura: warning:")]
+    losses = json.loads(out)["losses"]
+    assert code == 0 and len(losses) == 6
+    assert len(warnings) == 1 and "learning rate (1e+09)" in warnings[0] and "100x" in warnings[0]
+    code, out, err = run_cli(capsys, "train", "mlp", "--steps", "6", "--backend", "reference", "--json")
+    assert code == 0 and "warning" not in err
+
+
+def test_the_divergence_warning_names_where_the_loss_grew():
+    from engine.train.history import TrainHistory
+    h = TrainHistory()
+    assert h.record(2.0, 0.1, 1.0, 0.01, 0) is None
+    assert h.record(150.0, 0.1, 1.0, 0.01, 0) is None          # 75x: not yet
+    first = h.record(250.0, 0.1, 1.0, 0.01, 0)
+    assert first and "step 2" in first and h.warning == first
+    assert h.record(1e6, 0.1, 1.0, 0.01, 0) is None             # once
+
+
+def test_auto_backend_takes_the_reference_on_a_software_adapter_and_says_so(capsys):
+    """On lavapipe the numpy executor is several times faster than the adapter; --backend
+    gpu still forces the adapter (a GPU takes the adapter either way)."""
+    from engine.runtime.device import adapter_info
+    software = adapter_info()["software"]
+    code, out, err = run_cli(capsys, "train", "mlp", "--steps", "2", "--json")
+    notes = [line for line in err.splitlines() if line.startswith("meganeura: note:")]
+    assert code == 0 and json.loads(out)["backend"] == ("reference" if software else "gpu")
+    assert len(notes) == (1 if software else 0)
+    if notes:
+        assert "software renderer" in notes[0] and "--backend gpu" in notes[0]
+    code, out, err = run_cli(capsys, "train", "mlp", "--steps", "2", "--backend", "gpu", "--json")
+    assert code == 0 and json.loads(out)["backend"] == "gpu" and "note:" not in err
+    code, out, err = run_cli(capsys, "run", "mlp", "--json")
+    assert code == 0 and json.loads(out)["backend"] == ("reference" if software else "gpu")

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 
-from ..errors import MeganeuraError
+from ..errors import MeganeuraError, MeganeuraWarning
 from . import commands, doctor, inspect, profile  # noqa: F401  (each registers its subcommands)
 from .doctor import doctor_report, format_doctor
 from .registry import COMMANDS, Command, check_writable, register_command
@@ -34,7 +35,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    if issubclass(category, MeganeuraWarning):
+        print(f"meganeura: warning: {message}", file=sys.stderr, flush=True)
+    else:
+        _python_showwarning(message, category, filename, lineno, file, line)
+
+
+_python_showwarning = warnings.showwarning
+
+
 def main(argv: list[str] | None = None) -> int:
+    warnings.showwarning = _show_warning
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -118,31 +118,28 @@ def _run_arguments(parser):
     parser.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
                         help="an input tensor (default: the model's dataset)")
     parser.add_argument("--output", metavar="OUT.npz", help="write the outputs here")
-    parser.add_argument("--backend", choices=("gpu", "reference"), default="gpu")
+    parser.add_argument("--backend", choices=("auto", "gpu", "reference"), default="auto",
+                        help="auto (default): the GPU, or the reference executor where the adapter is a "
+                             "software renderer; gpu forces the adapter")
 
 
-def run_forward(model, params, inputs, backend: str) -> dict[str, np.ndarray]:
-    graph = model.build(train=False)
-    if backend == "reference":
-        from ..graph import reference
-        return reference.run(graph, inputs, params, dtype=np.float32)
-    from ..runtime.session import build_inference_session
-    session = build_inference_session(graph)
-    for name, value in params.items():
-        session.set_parameter(name, value)
-    for name, value in inputs.items():
-        session.set_input(name, value)
-    session.run()
-    return {name: session.read_output(name) for name in graph.outputs}
+def resolve_backend(args) -> str:
+    """``--backend`` made concrete; a fallback from the GPU says so in one line."""
+    from ..runtime.device import choose_backend
+    backend, note = choose_backend(args.backend)
+    if note:
+        print(f"meganeura: note: {note}", file=sys.stderr, flush=True)
+    return backend
 
 
 def _run(args):
     model, params = load_model(args)
     inputs = model.example_inputs(train=False)
     inputs.update(_parse_input_files(args.input))
+    args.backend = resolve_backend(args)
     progress(f"running {model.name} forward on the {args.backend} backend")
     start = time.perf_counter()
-    outputs = run_forward(model, params, inputs, args.backend)
+    outputs = model.run(inputs, params, backend=args.backend)
     seconds = time.perf_counter() - start
     if args.output:
         write_npz(args.output, outputs)
@@ -209,7 +206,9 @@ def _train_arguments(parser):
     parser.add_argument("--clip", type=float, help="clip gradients to this global norm")
     parser.add_argument("--save", metavar="FILE", help="write the trained weights (.safetensors)")
     parser.add_argument("--loss-csv", metavar="FILE", help="write the loss history as CSV")
-    parser.add_argument("--backend", choices=("gpu", "reference"), default="gpu")
+    parser.add_argument("--backend", choices=("auto", "gpu", "reference"), default="auto",
+                        help="auto (default): the GPU, or the reference executor where the adapter is a "
+                             "software renderer; gpu forces the adapter")
     parser.add_argument("--loss", choices=("mse", "cross-entropy"),
                         help="an ONNX model's loss, on the output named by --target")
     parser.add_argument("--target", metavar="OUTPUT", help="the ONNX output --loss compares with the targets")
@@ -245,6 +244,7 @@ def _train(args):
     model, params = load_model(args)
     config = train_config(model, args)
     graph = model.build(train=True)
+    args.backend = resolve_backend(args)
     progress(f"building the {args.backend} training session for {model.name}")
     start = time.perf_counter()
     trainer = Trainer(graph, params, config, backend=args.backend)

@@ -10,14 +10,15 @@ from .common import Capabilities, Kernel, PLAIN, UnsupportedOpError
 from .convolution import _conv
 from .copies import _copy, _embedding, _embedding_grad, _rope
 from .matmul import _matmul
-from .pointwise import POINTWISE_EXPR, _pointwise
+from .pointwise import POINTWISE_OPS, _pointwise
+from .pooling import _conv_direct, _pool
 from .reduction import _LOSS_ROWS, _LOSS_TERMS, _ROW_KERNELS, _ROW_MODES, _loss, _row_kernel, _row_reduce, _sum_to
 
 
 # ---------------------------------------------------------------- dispatch table
 
 _BUILDERS = {}
-for _op in list(POINTWISE_EXPR) + ["gelu", "gelu_grad", "pow", "pointwise"]:
+for _op in list(POINTWISE_OPS) + ["pointwise"]:
     _BUILDERS[_op] = _pointwise
 for _op in ("matmul", "fused_matmul", "norm_matmul"):
     _BUILDERS[_op] = _matmul
@@ -38,6 +39,8 @@ for _op in _ROW_KERNELS:
     _BUILDERS[_op] = _row_kernel
 _BUILDERS["embedding_grad"] = _embedding_grad
 _BUILDERS["conv_input_grad"] = _BUILDERS["conv_weight_grad"] = _conv
+_BUILDERS["conv_general"] = _conv_direct
+_BUILDERS["max_pool"] = _BUILDERS["avg_pool"] = _pool
 
 
 def supported_ops() -> list[str]:
@@ -57,7 +60,7 @@ def kernel_for(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
             f"run it with the reference backend (--backend reference)")
     if node.op == "pointwise":
         for op, _, _ in node.attrs["program"]:
-            if op not in POINTWISE_EXPR and op not in ("gelu", "pow"):
+            if op not in POINTWISE_OPS:
                 raise UnsupportedOpError(f"no GPU kernel for op {op!r} inside the pointwise program "
                                          f"of {graph.format_node(node)} yet")
     return builder(graph, node, caps)

@@ -1,10 +1,16 @@
 """The pointwise archetype: a fused elementwise DAG, one thread per output element.
+
+Values are f32 unless an operand, a cast or an op on integers makes them i32 (the
+comparisons, ``where``, ``maximum``/``minimum``, ``cast`` and ``index_wrap`` take i32 operands);
+masks are f32 0.0 / 1.0. The ONNX import ops' helpers (``shaders/pointwise_onnx.wgsl``)
+are appended to a kernel whose program uses them, so other kernels keep their source.
 """
 
 from __future__ import annotations
 
 from ..graph.ir import Graph, Node
-from .common import Capabilities, Kernel, PLAIN, UnsupportedOpError, WG, _finish, broadcast_strides, f32_bits, grid_1d
+from .common import (Capabilities, Kernel, PLAIN, UnsupportedOpError, WG, _finish, _template, broadcast_strides,
+                     f32_bits, grid_1d, i32_bits)
 
 
 # ---------------------------------------------------------------- pointwise
@@ -31,13 +37,64 @@ POINTWISE_EXPR = {
     "swiglu": "({0} * sigmoid_({0}) * {1})",
     "relu_grad": "select(0.0, {0}, {1} > 0.0)",
     "abs_grad": "({0} * sign({1}))",
+    # ONNX import ops (helpers in shaders/pointwise_onnx.wgsl)
+    "erf": "erf_accurate_({0})",
+    "softplus": "softplus_({0})",
+    "floor": "floor({0})",
+    "ceil": "ceil({0})",
+    "sign": "sign_({0})",
+    "logical_not": "select(0.0, 1.0, !truthy_({0}))",
+    "power": "power_({0}, {1})",
+    "equal": "select(0.0, 1.0, {0} == {1})",
+    "less": "select(0.0, 1.0, {0} < {1})",
+    "greater": "select(0.0, 1.0, {0} > {1})",
+    "less_equal": "select(0.0, 1.0, {0} <= {1})",
+    "greater_equal": "select(0.0, 1.0, {0} >= {1})",
+    "where": "select({2}, {1}, truthy_({0}))",
 }
+
+# Ops whose expression _expr builds from attributes or operand types, beyond the table.
+POINTWISE_SPECIAL = ("gelu", "gelu_grad", "pow", "leaky_relu", "maximum", "minimum", "cast", "index_wrap")
+POINTWISE_OPS = tuple(POINTWISE_EXPR) + POINTWISE_SPECIAL
+
+# The ops whose kernels need shaders/pointwise_onnx.wgsl.
+_ONNX_HELPER_OPS = frozenset(("erf", "softplus", "sign", "logical_not", "power", "where", "leaky_relu",
+                              "maximum", "minimum"))
+
+# Result type of an instruction from its operands' types (f32 unless listed).
+_MASK_OPS = frozenset(("equal", "less", "greater", "less_equal", "greater_equal", "logical_not"))
+
+
+def _result_type(op: str, types: list[str], attrs: dict) -> str:
+    if op in _MASK_OPS:
+        return "f32"
+    if op == "cast":
+        return attrs.get("dtype", "f32")
+    if op == "index_wrap":
+        return "i32"
+    if op == "where":
+        return types[1]
+    return types[0] if types else "f32"
 
 ACTIVATION_EXPR = {"none": "x", "relu": "relu_(x)", "silu": "x * sigmoid_(x)",
                    "gelu": "gelu_(x)", "gelu_tanh": "gelu_tanh_(x)"}
 
 
-def _expr(op: str, args: list[str], attrs: dict, consts: list[float]) -> str:
+def _expr(op: str, args: list[str], attrs: dict, consts: list, types: list[str] | None = None) -> str:
+    """The WGSL expression of one instruction; appends the constants it reads to
+    ``consts`` (floats, or ("i32", value) for an integer one)."""
+    types = types or ["f32"] * len(args)
+    if op in ("maximum", "minimum"):
+        return f"{op[:3]}({args[0]}, {args[1]})" if types[0] == "i32" else f"{op}_({args[0]}, {args[1]})"
+    if op == "cast":
+        src, dst = types[0], attrs.get("dtype", "f32")
+        return args[0] if src == dst else f"{dst}({args[0]})"   # i32(f32) truncates toward zero
+    if op == "index_wrap":
+        consts.append(("i32", int(attrs["size"])))
+        return f"select({args[0]}, {args[0]} + c{len(consts) - 1}, {args[0]} < 0)"
+    if op == "leaky_relu":
+        consts.append(float(attrs["alpha"]))
+        return f"leaky_relu_({args[0]}, c{len(consts) - 1})"
     if op in ("gelu", "gelu_grad"):
         fn = op.replace("gelu", "gelu_tanh" if attrs.get("approximate") == "tanh" else "gelu")
         return f"{fn}_({', '.join(args)})"
@@ -89,24 +146,39 @@ def _pointwise(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
         for k in offsets:
             off_lines.append(f"        o{k} = o{k} + c * m({1 + rank * (k + 1)}u + u32(d));")
         off_lines.append("    }")
-    consts: list[float] = []
+    consts: list = []
     body = []
+    in_types = ["i32" if x.dtype == "i32" else "f32" for x in operands]
+    t_types: list[str] = []
     for j, (op, args, attrs) in enumerate(program):
-        vals = []
+        vals, types = [], []
         for kind, v in args:
             if kind == "in":
                 vals.append(f"a{v}")
+                types.append(in_types[v])
             elif kind == "t":
                 vals.append(f"t{v}")
+                types.append(t_types[v])
             else:
                 consts.append(float(v))
                 vals.append(f"c{len(consts) - 1}")
-        body.append(f"    let t{j}: f32 = {_expr(op, vals, dict(attrs), consts)};")
+                types.append("f32")
+        attrs = dict(attrs)
+        t_types.append(_result_type(op, types, attrs))
+        body.append(f"    let t{j}: {t_types[j]} = {_expr(op, vals, attrs, consts, types)};")
+    out_type = "i32" if node.dtype == "i32" else "f32"
+    if t_types[-1] != out_type:
+        raise UnsupportedOpError(f"pointwise program of {graph.format_node(node)} computes {t_types[-1]}, "
+                                 f"not its {out_type} output")
     cbase = len(meta)
-    const_lines = [f"    let c{i} = mf({cbase + i}u);" for i in range(len(consts))]
-    meta += [f32_bits(c) for c in consts]
+    const_lines = [f"    let c{i} = mi({cbase + i}u);" if isinstance(c, tuple) else f"    let c{i} = mf({cbase + i}u);"
+                   for i, c in enumerate(consts)]
+    meta += [i32_bits(c[1]) if isinstance(c, tuple) else f32_bits(c) for c in consts]
     names = [f"in{k}" for k in range(len(operands))]
-    return _finish(f"pointwise:{node.op}", "pointwise", "pointwise.wgsl", names,
-                   ["f32"] * len(operands), "f32", meta, grid_1d(-(-node.size // WG)),
-                   RANK=rank, OFFSETS="\n".join(off_lines), LOADS="\n".join(const_lines + loads),
-                   BODY="\n".join(body), RESULT=f"t{len(program) - 1}")
+    kernel = _finish(f"pointwise:{node.op}", "pointwise", "pointwise.wgsl", names,
+                     in_types, out_type, meta, grid_1d(-(-node.size // WG)),
+                     RANK=rank, OFFSETS="\n".join(off_lines), LOADS="\n".join(const_lines + loads),
+                     BODY="\n".join(body), RESULT=f"t{len(program) - 1}")
+    if any(op in _ONNX_HELPER_OPS for op, _, _ in program):
+        kernel.source += "\n" + _template("pointwise_onnx.wgsl")
+    return kernel

@@ -382,3 +382,17 @@ def adapter_summary() -> dict:
     info = adapter_info()
     return {**{k: info[k] for k in ("name", "backend", "software", "wgpu")},
             "matmul_precision": "f16" if device_capabilities().matmul_f16 else "f32"}
+
+
+def choose_backend(requested: str) -> tuple[str, str | None]:
+    """The backend a run takes and, when it is not the one asked for, a one-line note.
+    "auto" takes the GPU unless the adapter is a software renderer (lavapipe, llvmpipe),
+    where the numpy reference executor is several times faster; "gpu" and "reference"
+    are taken as asked."""
+    if requested != "auto":
+        return requested, None
+    info = adapter_info()
+    if not info["software"]:
+        return "gpu", None
+    return "reference", (f"the GPU adapter is a software renderer ({info['name']}): running on the reference "
+                         f"executor, which is faster there; --backend gpu forces the adapter")

@@ -34,12 +34,14 @@ class LossHistory:
 
 
 COLUMNS = ("step", "epoch", "loss", "lr", "grad_norm", "seconds")
+DIVERGENCE = 100   # a loss this many times its first value is worth a warning
 
 
 @dataclass
 class TrainHistory(LossHistory):
     """Per step: loss, learning rate, gradient norm before clipping, wall seconds,
-    epoch; per epoch: mean loss. ``stopped`` says the run was cancelled."""
+    epoch; per epoch: mean loss. ``stopped`` says the run was cancelled; ``warning``,
+    once the loss has grown a hundredfold over its first value, says so."""
 
     lrs: list[float] = field(default_factory=list)
     grad_norms: list[float] = field(default_factory=list)
@@ -47,13 +49,21 @@ class TrainHistory(LossHistory):
     epochs: list[int] = field(default_factory=list)
     epoch_losses: list[float] = field(default_factory=list)
     stopped: bool = False
+    warning: str | None = None
 
-    def record(self, loss, lr, grad_norm, seconds, epoch) -> None:
+    def record(self, loss, lr, grad_norm, seconds, epoch) -> str | None:
+        """Add a step; returns the divergence warning the first time there is one."""
         self.losses.append(loss)
         self.lrs.append(lr)
         self.grad_norms.append(grad_norm)
         self.seconds.append(seconds)
         self.epochs.append(epoch)
+        first = self.losses[0]
+        if self.warning is None and first > 0 and loss > DIVERGENCE * first:
+            self.warning = (f"the loss grew from {first:.4g} (step 0) to {loss:.4g} (step {len(self.losses) - 1}), "
+                            f"over {DIVERGENCE}x its first value: the learning rate ({lr:.3g}) may be too high")
+            return self.warning
+        return None
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -7,13 +7,14 @@ from __future__ import annotations
 import math
 import threading
 import time
+import warnings
 from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
 from ..graph import reference
 from ..autodiff.gradients import differentiate
-from ..errors import MeganeuraError, TrainingError
+from ..errors import MeganeuraError, MeganeuraWarning, TrainingError
 from ..graph.ir import Graph
 from .config import TrainConfig, clip_by_global_norm, freeze_by_multiplier, learning_rate
 from .data import DataLoader
@@ -80,7 +81,9 @@ class Trainer:
             raise TrainingError(f"gradient norm became {norm} at step {step}; lower the learning rate")
         if grads is not None:
             self.optimizer.step(self._params, grads, lr)
-        self.history.record(loss, lr, norm, time.perf_counter() - start, epoch)
+        warning = self.history.record(loss, lr, norm, time.perf_counter() - start, epoch)
+        if warning:
+            warnings.warn(warning, MeganeuraWarning, stacklevel=2)
         self.step_count += 1
         if self.on_step:
             self.on_step(step, loss)

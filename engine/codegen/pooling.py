@@ -1,0 +1,44 @@
+"""Pooling (``max_pool``, ``avg_pool``) and the direct N-d convolution (``conv_general``):
+one thread per output element walking its window, geometry in meta words.
+
+``conv_general`` (the ONNX importer's Conv: groups, dilations, begin/end pads, any
+rank) takes a direct kernel rather than the implicit GEMM of ``convolution``: it is
+exact for every attribute combination; the fast path stays with ``conv1d``/``conv2d``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..graph.ir import Graph, Node
+from .common import Capabilities, Kernel, PLAIN, WG, _finish, grid_1d
+
+
+def _pool(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    a = node.attrs
+    x = graph[node.inputs[0]].shape
+    nd = len(x) - 2
+    pads = list(a["pads"])
+    in_size = math.prod(x[2:])
+    meta = [node.size, math.prod(a["kernel"]), in_size, *node.shape[2:], *x[2:], *a["kernel"], *a["stride"],
+            *pads[:nd], *pads[nd:], *a["dilation"]]
+    mode_max = node.op == "max_pool"
+    include = bool(a.get("count_include_pad", False)) and not mode_max
+    return _finish(f"pool:{node.op}", "pool", "pool.wgsl", ["in0"], ["f32"], "f32", meta,
+                   grid_1d(-(-node.size // WG)), caps, ND=nd, MAX_MODE=str(mode_max).lower(),
+                   INCLUDE_PAD=str(include).lower())
+
+
+def _conv_direct(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    a = node.attrs
+    x, w = graph[node.inputs[0]].shape, graph[node.inputs[1]].shape
+    nd = len(x) - 2
+    groups = int(a["groups"])
+    o = w[0]
+    meta = [node.size, o, w[1], o // groups, x[1], math.prod(w[2:]), math.prod(x[2:]),
+            *node.shape[2:], *x[2:], *w[2:], *a["stride"], *list(a["pads"])[:nd], *a["dilation"]]
+    has_bias = len(node.inputs) == 3
+    names = ["x_in", "w_in"] + (["b_in"] if has_bias else [])
+    return _finish(f"conv:{node.op}", "conv", "conv_direct.wgsl", names, ["f32"] * len(names), "f32", meta,
+                   grid_1d(-(-node.size // WG)), caps, ND=nd,
+                   BIAS="    acc = acc + b_in[o];" if has_bias else "")
