@@ -29,6 +29,20 @@ def wait(app, condition, timeout=60.0):
     return condition()
 
 
+def tiny_llama_checkpoint() -> str:
+    """A Llama checkpoint folder written by transformers (grouped-query attention, tied
+    embeddings, 4 layers), as a user would open one."""
+    import torch
+    import transformers
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                   tie_word_embeddings=True)
+    path = os.path.join(tempfile.mkdtemp(), "tiny-llama")
+    transformers.LlamaForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
 def main(argv=None) -> int:
     from PySide6.QtCore import QSettings, Qt
     from PySide6.QtWidgets import QApplication, QMessageBox
@@ -62,6 +76,12 @@ def main(argv=None) -> int:
     w.graph_view.search.setText("attention")
     save(w.graph_view, "graph_original")
     w.graph_view.search.setText("")
+
+    # a Hugging Face checkpoint opened from its folder: a small Llama (random weights)
+    w.load_model(tiny_llama_checkpoint(), {"seq": 32})
+    wait(app, lambda: idle() and w.state.graphs.get("optimized") is not None, 120)
+    save(w, "studio_checkpoint")
+    save(w.model_panel, "model_panel_checkpoint")
 
     w.load_model("whisper-tiny", {"mel_len": 64})
     wait(app, idle, 120)
