@@ -2,7 +2,8 @@
 
 There is no shader per op. Each archetype is a module here on templates of its own
 (``pointwise``, ``matmul``, ``reduction``, ``copies``, ``convolution``, ``pooling``
-(max/avg pooling and the direct N-d ``conv_general``), ``attention``, ``training``), sharing ``common`` (``Capabilities``, ``Kernel``, template rendering).
+(max/avg pooling and the direct N-d ``conv_general``), ``attention``, ``training``),
+sharing ``common`` (``Capabilities``, ``Kernel``, template rendering).
 ``dispatch.kernel_for`` picks the builder of a node's op and returns a ``Kernel``: the
 WGSL source, the binding layout, the per-dispatch parameter words ("meta") and the
 workgroup counts. Imports ``engine.graph`` and ``engine.errors`` only.
