@@ -333,3 +333,23 @@ def test_fused_chain_of_new_ops():
     ops = {op for op, _, _ in fused[0].attrs["program"]}
     assert {"softplus", "leaky_relu", "erf", "minimum", "maximum", "where", "floor", "ceil", "sign", "power",
             "logical_not", "less_equal", "equal", "greater_equal"} <= ops, ops
+
+
+def test_a_comparison_of_integers_feeding_float_math_fuses_around_it():
+    """less(i32, i32) gives an f32 mask; the optimizer leaves the integer comparison out of
+    the pointwise program (which reads f32 values) and fuses what follows."""
+    from engine.optimize import optimize
+    g = Graph("int-mask")
+    a, b = g.input("a", [4, 9], "i32"), g.input("b", [4, 9], "i32")
+    x = g.input("x", [4, 9])
+    g.output("y", g.apply("exp", g.apply("mul", g.apply("less", a, b), x)))
+    rng = np.random.default_rng(0)
+    inputs = {"a": rng.integers(-5, 5, (4, 9)).astype(np.int32), "b": rng.integers(-5, 5, (4, 9)).astype(np.int32),
+              "x": rng.standard_normal((4, 9)).astype(np.float32)}
+    fused, _ = optimize(g)
+    assert any(n.op == "pointwise" for n in fused.nodes) and any(n.op == "less" for n in fused.nodes)
+    want = reference.run(g, inputs, {}, np.float64)["y"]
+    s = build_inference_session(g)
+    s.set_inputs(inputs)
+    s.run()
+    np.testing.assert_allclose(s.read_output("y"), want, rtol=1e-6)

@@ -15,8 +15,10 @@ from ..graph.ops import OPS
 MAX_GROUP = 64
 
 
-def fusible(node) -> bool:
+def fusible(g: Graph, node) -> bool:
+    """An f32 elementwise node of f32 operands (a pointwise program reads f32 values)."""
     return (OPS[node.op].elementwise and node.dtype == "f32"
+            and all(g[i].dtype == "f32" for i in node.inputs)
             and node.op not in ("pointwise", "stop_gradient"))
 
 
@@ -27,7 +29,7 @@ def find_groups(g: Graph) -> dict[int, list[int]]:
     owner: dict[int, int] = {}
     groups: dict[int, list[int]] = {}
     for n in reversed(g.nodes):
-        if not fusible(n):
+        if not fusible(g, n):
             continue
         us = users[n.id]
         if n.id not in outputs and len(us) == 1:
