@@ -66,7 +66,8 @@ class ModelPanel(QWidget):
         layout.addWidget(self.load_button)
         layout.addWidget(self.weights_button)
         layout.addWidget(self.info)
-        layout.addWidget(QLabel("<b>Recent weights</b> (double-click; or drop a .safetensors file)"))
+        layout.addWidget(QLabel("<b>Recent weights</b> (double-click; or drop a .safetensors file, an .onnx "
+                                "file or a checkpoint folder on the window)", wordWrap=True))
         layout.addWidget(self.recent, 1)
         self._rebuild_settings(self.source())
         state.modelChanged.connect(self.refresh)
@@ -159,7 +160,8 @@ class ModelPanel(QWidget):
                   else f"from {s.source}")
         self.info.setText(f"<b>{s.model_name}</b> ({settings})<br>{len(g.nodes) if g else 0} nodes · "
                           f"{len(s.params)} tensors · {n:,} parameters<br>"
-                          f"inputs<br>{tensors(g.inputs) if g else ''}<br>outputs<br>{tensors(g.outputs) if g else ''}"
+                          f"<i>inputs</i><br>{tensors(g.inputs) if g else ''}<br><i>outputs</i><br>"
+                          f"{tensors(g.outputs) if g else ''}"
                           f"<br>weights: {s.weights_path or origin}")
 
     def set_recent(self, paths: list[str]) -> None:

@@ -79,6 +79,7 @@ def main(argv=None) -> int:
 
     # a Hugging Face checkpoint opened from its folder: a small Llama (random weights)
     w.load_model(tiny_llama_checkpoint(), {"seq": 32})
+    w.graph_view.kind_box.setCurrentIndex(1)          # optimized
     wait(app, lambda: idle() and w.state.graphs.get("optimized") is not None, 120)
     save(w, "studio_checkpoint")
     save(w.model_panel, "model_panel_checkpoint")
