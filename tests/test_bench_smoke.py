@@ -7,11 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from engine import codegen
-
-pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parent.parent
 ROWS = ["matmul 64x64x64", "matmul 128x128x128", "matmul 8x128x128", "train mlp", "train whisper-tiny",
@@ -69,3 +66,17 @@ def test_bench_kernels_quick():
         assert math.isfinite(float(r[3].split()[0])) and float(r[3].split()[0]) > 0, r
         err = float(r[-1].split(";")[0].split()[1])
         assert err < 1e-5, r
+
+
+def test_bench_checkpoint_quick():
+    """A Llama checkpoint through save_pretrained and our importer, beside transformers."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_checkpoint.py"), "--quick"],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {cells[0]: cells for line in proc.stdout.splitlines() if line.startswith("| ")
+            for cells in [[c.strip() for c in line.strip("|").split("|")]]}
+    for name in ("ours (engine, f32)", "transformers fp32", "transformers bf16 autocast"):
+        assert float(rows[name][1].split()[0]) > 0 and float(rows[name][3].split()[0]) > 0, rows[name]
+    err = float(proc.stdout.split("max |diff| / max |ref| = ")[1].split()[0])
+    assert err < 1e-4, proc.stdout
