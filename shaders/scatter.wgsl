@@ -1,22 +1,41 @@
-// Embedding gradient (scatter-add without atomics): one thread per table element
-// [v, j] walks every id and sums the dout rows that picked row v. Deterministic.
-// meta: [total, dim, rows]
+// Embedding gradient (scatter-add without atomics): out[v, j] = sum of dout[r, j] over the
+// rows r whose id is v, in the order of r (deterministic, as the reference sums).
+// A workgroup owns ROWS rows of the table and 64 of its columns: it streams every id
+// through workgroup memory once, and a thread adds dout[r, j] into the one of its ROWS
+// accumulators that the id picks (a uniform test: no thread walks ids alone).
+// meta: [vocab, dim, rows of dout]
 
 {{PRELUDE}}
 
 {{BINDINGS}}
 
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_id) lid: vec3<u32>) {
-    let idx = flat_index(wg, nwg, lid, 256u);
-    if (idx >= m(0u)) { return; }
+const ROWS: u32 = {{ROWS}}u;
+var<workgroup> ids_s: array<i32, 64>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let vocab = m(0u);
     let dim = m(1u);
-    let v = i32(idx / dim);
-    let j = idx % dim;
-    var acc = 0.0;
-    for (var r = 0u; r < m(2u); r = r + 1u) {
-        if (ids[r] == v) { acc = acc + dout[r * dim + j]; }
+    let rows = m(2u);
+    let v0 = wg.x * ROWS;
+    let j = wg.y * 64u + lid.x;
+    var acc: array<f32, ROWS>;
+    for (var i = 0u; i < ROWS; i = i + 1u) { acc[i] = 0.0; }
+    for (var r0 = 0u; r0 < rows; r0 = r0 + 64u) {
+        workgroupBarrier();
+        if (r0 + lid.x < rows) { ids_s[lid.x] = ids[r0 + lid.x]; }
+        workgroupBarrier();
+        let n = min(64u, rows - r0);
+        for (var k = 0u; k < n; k = k + 1u) {
+            let d = ids_s[k] - i32(v0);
+            if (d >= 0 && d < i32(ROWS) && j < dim) {
+                acc[u32(d)] = acc[u32(d)] + dout[(r0 + k) * dim + j];
+            }
+        }
     }
-    out[idx] = acc;
+    if (j < dim) {
+        for (var i = 0u; i < ROWS; i = i + 1u) {
+            if (v0 + i < vocab) { out[(v0 + i) * dim + j] = acc[i]; }
+        }
+    }
 }

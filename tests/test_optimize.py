@@ -459,3 +459,18 @@ def test_optimize_frees_the_egraph_without_a_full_collection(monkeypatch):
     monkeypatch.setattr(gc, "collect", lambda *a: calls.append(a) or 0)
     optimize(matmul_bias(False))
     assert calls == []
+
+
+@pytest.mark.parametrize("columns,fused", [(257, True), (8192, False)])
+def test_norm_matmul_only_where_the_simple_kernel_keeps_up(columns, fused):
+    """rms_norm feeding a matmul fuses into norm_matmul (the simple kernel, the norm in its
+    prologue) for narrow outputs; a wide one (an LM head over a large vocabulary) keeps the
+    register-blocked matmul after the norm."""
+    from engine.optimize.rules import NORM_MATMUL_MAX_COLUMNS
+    assert 257 <= NORM_MATMUL_MAX_COLUMNS < 8192
+    g = Graph("head")
+    x, w = g.input("x", [8, 24]), g.parameter("w", [24])
+    g.output("y", g.matmul(g.apply("rms_norm", x, w), g.parameter("b", [24, columns])))
+    opt, report = optimize(g)
+    assert ({n.op for n in opt.nodes} >= {"norm_matmul"}) == fused
+    assert report.to_dict()["rules"]["norm_matmul"] == int(fused)

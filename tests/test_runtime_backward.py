@@ -45,14 +45,17 @@ def test_cross_entropy_grad_with_ignored_rows():
                      "d": np.float32(1.7)})
 
 
-def test_embedding_grad_sums_repeated_ids():
+@pytest.mark.parametrize("batch,seq,dim,vocab", [(2, 9, 13, 7), (3, 50, 150, 70)], ids=["small", "blocks"])
+def test_embedding_grad_sums_repeated_ids(batch, seq, dim, vocab):
+    """"blocks": ragged in every direction the kernel tiles (16 table rows and 64 columns a
+    workgroup, ids streamed 64 at a time), ids repeated, some table rows never picked."""
     g = Graph("emb-grad")
-    d = g.input("d", [2, 9, 13])
-    ids = g.input("ids", [2, 9], "i32")
-    g.output("dt", g.apply("embedding_grad", d, ids, vocab=7))
+    d = g.input("d", [batch, seq, dim])
+    ids = g.input("ids", [batch, seq], "i32")
+    g.output("dt", g.apply("embedding_grad", d, ids, vocab=vocab))
     rng = np.random.default_rng(5)
-    check(g, inputs={"d": rng.standard_normal((2, 9, 13)).astype(np.float32),
-                     "ids": rng.integers(0, 7, (2, 9)).astype(np.int32)})
+    picked = rng.integers(0, vocab - 3, (batch, seq)).astype(np.int32)   # the last rows stay zero
+    check(g, inputs={"d": rng.standard_normal((batch, seq, dim)).astype(np.float32), "ids": picked})
 
 
 @pytest.mark.parametrize("dims,stride,padding,wide", [(1, (2,), (1,), False), (1, (1,), (0,), False),

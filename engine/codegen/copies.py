@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import DeviceError
 from ..graph.ir import Graph, Node
-from .common import Capabilities, Kernel, PLAIN, WG, _finish, _wgsl_type, broadcast_strides, contiguous_strides, f32_bits, grid_1d
+from .common import (MAX_WORKGROUPS, PLAIN, WG, Capabilities, Kernel, _finish, _wgsl_type, broadcast_strides,
+                     contiguous_strides, f32_bits, grid_1d)
 
 
 # ---------------------------------------------------------------- copies
@@ -72,9 +74,20 @@ def _rope(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
                    grid_1d(-(-node.size // WG)))
 
 
+EMBEDDING_GRAD_ROWS = 16   # table rows a workgroup of the embedding gradient owns
+
+
 def _embedding_grad(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    """d table = scatter-add of dout's rows by id, on a (table rows / 16) x (columns / 64)
+    grid (scatter.wgsl): each workgroup streams the ids once instead of each table element
+    walking them alone (a 49,152 x 576 table from 1,024 ids: 9.7 ms before on the H100)."""
     dout = graph[node.inputs[0]]
-    dim = node.shape[1]
-    meta = [node.size, dim, dout.size // dim]
+    vocab, dim = node.shape
+    grid = (-(-vocab // EMBEDDING_GRAD_ROWS), -(-dim // 64), 1)
+    if max(grid) > MAX_WORKGROUPS:
+        raise DeviceError(f"{graph.format_node(node)}: embedding gradient grid {grid} exceeds {MAX_WORKGROUPS} "
+                          f"workgroups per dimension (a table of at most "
+                          f"{MAX_WORKGROUPS * EMBEDDING_GRAD_ROWS} rows)")
+    meta = [vocab, dim, dout.size // dim]
     return _finish("gather:embedding_grad", "gather", "scatter.wgsl", ["dout", "ids"], ["f32", "i32"],
-                   "f32", meta, grid_1d(-(-node.size // WG)))
+                   "f32", meta, grid, ROWS=EMBEDDING_GRAD_ROWS)
