@@ -119,8 +119,45 @@ CASES = [
     ("pad", "pad", lambda c: c.g.apply("pad", c.p(2, 3), axis=0, before=1, after=2)),
     ("broadcast_to", "broadcast_to", lambda c: c.g.apply("broadcast_to", c.p(3, 1), shape=(2, 3, 4))),
     ("embedding", "embedding", lambda c: c.g.embedding(c.p(5, 3), c.ids([[0, 3, 3], [4, 0, 1]]))),
+    # ONNX import ops
+    ("erf", "erf", lambda c: c.g.apply("erf", c.p(3, 4))),
+    ("softplus", "softplus", lambda c: c.g.apply("softplus", c.p(3, 4, low=-4.0, high=4.0))),
+    ("leaky_relu", "leaky_relu", lambda c: c.g.apply("leaky_relu", c.p(3, 4), alpha=0.2)),
+    ("maximum-broadcast", "maximum", lambda c: c.g.apply("maximum", c.p(2, 3, 4), c.p(3, 1))),
+    ("minimum-broadcast", "minimum", lambda c: c.g.apply("minimum", c.p(4), c.p(2, 3, 4))),
+    ("power-broadcast", "power", lambda c: c.g.apply("power", c.p(2, 3, 4, low=0.5, high=2.0), c.p(3, 1))),
+    ("where-broadcast", "where",
+     lambda c: c.g.apply("where", c.g.constant(c.rng.integers(0, 2, (3, 1)).astype(np.float32)), c.p(2, 3, 4),
+                         c.p(4))),
+    ("cast-f32", "cast", lambda c: c.g.apply("cast", c.p(3, 4), dtype="f32")),
+    ("conv_general-1d-groups-dilation-pads", "conv_general",
+     lambda c: c.g.apply("conv_general", c.p(2, 4, 9), c.p(6, 2, 3), c.p(6), stride=(2,), pads=(2, 1),
+                         dilation=(2,), groups=2)),
+    ("conv_general-2d-depthwise", "conv_general",
+     lambda c: c.g.apply("conv_general", c.p(1, 3, 5, 6), c.p(3, 1, 2, 3), stride=(1, 2), pads=(1, 0, 0, 2),
+                         dilation=(2, 1), groups=3)),
+    ("max_pool-2d-overlap-pads", "max_pool",
+     lambda c: c.g.apply("max_pool", c.p(2, 2, 5, 6), kernel=(3, 2), stride=(2, 1), pads=(1, 0, 1, 1),
+                         dilation=(1, 1))),
+    ("max_pool-1d-dilation-ceil", "max_pool",
+     lambda c: c.g.apply("max_pool", c.p(2, 3, 10), kernel=(3,), stride=(3,), pads=(1, 0), dilation=(2,),
+                         ceil_mode=True)),
+    ("avg_pool-2d-count-pad-ceil", "avg_pool",
+     lambda c: c.g.apply("avg_pool", c.p(1, 2, 5, 6), kernel=(3, 3), stride=(2, 2), pads=(1, 1, 1, 1), dilation=(1, 1),
+                         ceil_mode=True, count_include_pad=True)),
+    ("avg_pool-1d-exclude-pad-dilation", "avg_pool",
+     lambda c: c.g.apply("avg_pool", c.p(2, 2, 9), kernel=(3,), stride=(2,), pads=(2, 1), dilation=(2,),
+                         ceil_mode=True)),
 ]
-NOT_GRADCHECKED = {"stop_gradient": "its gradient is none by definition: test_stop_gradient_blocks"}
+_ZERO = "its gradient is zero almost everywhere (piecewise constant): the rule gives none"
+_BOOL = "a comparison: its f32 0/1 mask has a zero gradient almost everywhere; the rule gives none"
+NOT_GRADCHECKED = {
+    "stop_gradient": "its gradient is none by definition: test_stop_gradient_blocks",
+    "floor": _ZERO, "ceil": _ZERO, "sign": _ZERO,
+    "logical_not": "a boolean 0/1 mask: zero gradient almost everywhere; the rule gives none",
+    "equal": _BOOL, "less": _BOOL, "greater": _BOOL, "less_equal": _BOOL, "greater_equal": _BOOL,
+    "index_wrap": "i32 indices in and out: nothing to differentiate",
+}
 
 
 def project_to_loss(c: CaseBuilder, out: int) -> None:
@@ -213,6 +250,55 @@ def test_stop_gradient_blocks():
     got = reference.run(train, {}, {"w": value}, np.float64)["grad:w"]
     np.testing.assert_allclose(got, np.exp(value), rtol=1e-12)  # not exp(w) * (1 + w)
     assert "exp" not in [n.op for n in train.nodes if n.id > train.outputs["loss"]]
+
+
+def test_zero_gradient_ops_give_their_operands_none():
+    """floor, ceil, sign, logical_not and comparisons pass no gradient (torch: zeros),
+    cast to i32 leaves the gradient path, and where's condition gets none."""
+    g = Graph()
+    w = g.parameter("w", (4,))
+    blocked = [g.apply(op, w) for op in ("floor", "ceil", "sign", "logical_not")]
+    blocked += [g.apply(op, w, g.exp(w)) for op in ("equal", "less", "greater", "less_equal", "greater_equal")]
+    blocked.append(g.apply("cast", g.apply("cast", w, dtype="i32"), dtype="f32"))
+    loss = g.sum(g.apply("where", g.apply("greater", w, g.constant(np.float32(0))), w, g.neg(w)))
+    for b in blocked:
+        loss = g.add(loss, g.sum(g.mul(b, w)))
+    g.output("loss", loss)
+    train, _ = differentiate(g)
+    value = np.array([-1.5, -0.2, 0.3, 2.7])
+    got = reference.run(train, {}, {"w": value}, np.float64)["grad:w"]
+    t = torch.tensor(value, requires_grad=True)
+    tb = [torch.floor(t), torch.ceil(t), torch.sign(t), torch.logical_not(t).double()]
+    tb += [f(t, torch.exp(t)).double() for f in (torch.eq, torch.lt, torch.gt, torch.le, torch.ge)]
+    tb.append(t.int().double())
+    tl = torch.where(t > 0, t, -t).sum() + sum((b * t).sum() for b in tb)
+    tl.backward()
+    np.testing.assert_allclose(got, t.grad.numpy(), rtol=1e-12)
+
+
+def test_maximum_minimum_and_max_pool_ties_split_as_torch():
+    """Ties: maximum / minimum give half to each operand, max_pool all to the window's
+    first maximum, as torch autograd does."""
+    rng = np.random.default_rng(3)
+    a, b = rng.integers(0, 3, (3, 4)).astype(np.float64), rng.integers(0, 3, (4,)).astype(np.float64)
+    x = rng.integers(0, 3, (2, 2, 5, 6)).astype(np.float64)
+    g = Graph()
+    pa, pb, px = g.parameter("a", a.shape), g.parameter("b", b.shape), g.parameter("x", x.shape)
+    ra, rb, rx = (rng.standard_normal(s).astype(np.float32).astype(np.float64)  # constants are f32
+                  for s in ((3, 4), (3, 4), (2, 2, 3, 5)))
+    terms = [g.mul(g.apply("maximum", pa, pb), g.constant(ra)), g.mul(g.apply("minimum", pa, pb), g.constant(rb)),
+             g.mul(g.apply("max_pool", px, kernel=(3, 2), stride=(2, 1), pads=(1, 0, 1, 0),
+                                                  dilation=(1, 1)), g.constant(rx))]
+    g.output("loss", g.sum(g.add(g.sum(terms[0]), g.add(g.sum(terms[1]), g.sum(terms[2])))))
+    train, _ = differentiate(g)
+    got = reference.run(train, {}, {"a": a, "b": b, "x": x}, np.float64)
+    ta, tb, tx = (torch.tensor(v, requires_grad=True) for v in (a, b, x))
+    pooled = F.max_pool2d(F.pad(tx, (0, 0, 1, 1), value=-math.inf), (3, 2), (2, 1))
+    loss = ((torch.maximum(ta, tb) * torch.tensor(ra)).sum() + (torch.minimum(ta, tb) * torch.tensor(rb)).sum()
+            + (pooled * torch.tensor(rx)).sum())
+    loss.backward()
+    for name, t in (("a", ta), ("b", tb), ("x", tx)):
+        np.testing.assert_allclose(got["grad:" + name], t.grad.numpy(), rtol=1e-12, atol=1e-12, err_msg=name)
 
 
 def test_loss_must_exist_and_be_scalar():

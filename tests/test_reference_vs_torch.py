@@ -788,6 +788,240 @@ def conv_weight_grad_cases(rng):
     return out
 
 
+# ---------------------------------------------------------------- ONNX import ops
+
+def small_ints(rng, *shape, lo=-2, hi=2) -> np.ndarray:
+    """Integer-valued floats: comparisons, maximum/minimum and pooling see ties."""
+    return rng.integers(lo, hi + 1, shape).astype(np.float32)
+
+
+ONNX_UNARY_TORCH = {  # label: (op, attrs, torch function, input domain)
+    "erf": ("erf", {}, torch.special.erf, lambda rng, *s: normal(rng, *s, scale=2.0)),
+    "softplus": ("softplus", {}, F.softplus, lambda rng, *s: normal(rng, *s, scale=5.0)),
+    "softplus large": ("softplus", {}, F.softplus, lambda rng, *s: normal(rng, *s, scale=30.0)),
+    "floor": ("floor", {}, torch.floor, lambda rng, *s: np.concatenate([normal(rng, *s, scale=3.0), small_ints(rng, *s)])),
+    "ceil": ("ceil", {}, torch.ceil, lambda rng, *s: np.concatenate([normal(rng, *s, scale=3.0), small_ints(rng, *s)])),
+    "sign": ("sign", {}, torch.sign, lambda rng, *s: np.concatenate([normal(rng, *s), small_ints(rng, *s)])),
+    "logical_not": ("logical_not", {}, lambda x: torch.logical_not(x).to(x.dtype),
+                    lambda rng, *s: normal(rng, *s) * small_ints(rng, *s, lo=0, hi=1)),
+    "leaky_relu": ("leaky_relu", {}, F.leaky_relu, normal),
+    "leaky_relu alpha=0.2": ("leaky_relu", {"alpha": 0.2}, lambda x: F.leaky_relu(x, 0.2), normal),
+    "cast f32": ("cast", {"dtype": "f32"}, lambda x: x.clone(), normal),
+}
+
+
+@case
+def onnx_unary_cases(rng):
+    return [Case(label, {"x": domain(rng, *dims(rng, 3))},
+                 (lambda op, attrs: lambda g, x: g.apply(op, x, **attrs))(op, attrs),
+                 (lambda fn: lambda x: fn(x))(fn))
+            for label, (op, attrs, fn, domain) in ONNX_UNARY_TORCH.items()]
+
+
+@case
+def cast_and_index_cases(rng):
+    """i32 results come back through cast to f32, which the harness compares."""
+    ids = rng.integers(-5, 5, (3, 4)).astype(np.int32)
+    return [Case("f32 -> i32 truncates toward zero", {"x": normal(rng, 3, 5, scale=4.0)},
+                 lambda g, x: g.apply("cast", g.apply("cast", x, dtype="i32"), dtype="f32"),
+                 lambda x: x.to(torch.int32).to(x.dtype)),
+            Case("i32 -> f32", {"ids": ids}, lambda g, ids: g.apply("cast", ids, dtype="f32"),
+                 lambda ids: ids.double()),
+            Case("index_wrap", {"ids": ids},
+                 lambda g, ids: g.apply("cast", g.apply("index_wrap", ids, size=5), dtype="f32"),
+                 lambda ids: torch.where(ids < 0, ids + 5, ids).double())]
+
+
+ONNX_BINARY_TORCH = {"maximum": torch.maximum, "minimum": torch.minimum, "power": torch.pow,
+                     "equal": torch.eq, "less": torch.lt, "greater": torch.gt, "less_equal": torch.le,
+                     "greater_equal": torch.ge}
+
+
+@case
+def onnx_binary_cases(rng):
+    """Broadcast float operands (integer-valued for ties), and i32 operands where the op takes them."""
+    out = []
+    for op, fn in ONNX_BINARY_TORCH.items():
+        tf = (lambda fn: lambda a, b: fn(a, b).to(torch.float64 if a.dtype == torch.int64 else a.dtype))(fn)
+        build = (lambda op: lambda g, a, b: g.apply(op, a, b))(op)
+        if op == "power":
+            out.append(Case(f"{op} positive base", {"a": positive(rng, 2, 3, 4), "b": normal(rng, 3, 1)}, build, tf))
+            out.append(Case(f"{op} integer exponents", {"a": normal(rng, 3, 4), "b": small_ints(rng, 4, lo=-2, hi=3)},
+                            build, tf))
+            continue
+        out.append(Case(f"{op} normal", {"a": normal(rng, 2, 3, 4), "b": normal(rng, 3, 1)}, build, tf))
+        out.append(Case(f"{op} ties", {"a": small_ints(rng, 4), "b": small_ints(rng, 2, 3, 4)}, build, tf))
+        ints = {"a": rng.integers(-3, 4, (3, 4)).astype(np.int32), "b": rng.integers(-3, 4, (4,)).astype(np.int32)}
+        int_build = build if op not in ("maximum", "minimum") else \
+            (lambda op: lambda g, a, b: g.apply("cast", g.apply(op, a, b), dtype="f32"))(op)
+        out.append(Case(f"{op} i32", ints, int_build, tf))
+    return out
+
+
+@case
+def where_cases(rng):
+    out = []
+    for sc, sx, sy in (((3, 4), (3, 4), (3, 4)), ((3, 1), (2, 3, 4), (4,)), ((2, 1, 4), (), (3, 1))):
+        cond = small_ints(rng, *sc, lo=0, hi=1) * normal(rng, *sc)  # any non-zero value is true
+        out.append(Case(f"{list(sc)} {list(sx)} {list(sy)}", {"c": cond, "x": normal(rng, *sx), "y": normal(rng, *sy)},
+                        lambda g, c, x, y: g.apply("where", c, x, y),
+                        lambda c, x, y: torch.where(c != 0, x, y)))
+    return out
+
+
+def torch_pads(pads):
+    """ONNX order (begins, then ends; first axis first) -> F.pad's (last axis first)."""
+    nd = len(pads) // 2
+    return tuple(p for i in reversed(range(nd)) for p in (pads[i], pads[nd + i]))
+
+
+TORCH_CONV_ND = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+CONV_GENERAL_SETTINGS = (  # input shape, weight shape, stride, pads, dilation, groups
+    ((2, 4, 11), (6, 2, 3), (2,), (2, 1), (2,), 2),
+    ((1, 3, 9), (3, 1, 4), (1,), (0, 3), (1,), 3),
+    ((2, 4, 6, 7), (4, 2, 3, 2), (1, 2), (1, 0, 2, 1), (2, 1), 2),
+    ((1, 6, 5, 5), (6, 1, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 6),
+    ((1, 2, 4, 5, 4), (2, 2, 2, 3, 2), (1, 2, 1), (1, 0, 1, 0, 1, 1), (1, 1, 2), 1),
+)
+
+
+def torch_conv_general(stride, pads, dilation, groups):
+    return lambda x, w, b=None: TORCH_CONV_ND[len(stride)](F.pad(x, torch_pads(pads)), w, b, stride=stride,
+                                                           dilation=dilation, groups=groups)
+
+
+@case
+def conv_general_cases(rng):
+    out = []
+    for i, (xs, ws, stride, pads, dil, groups) in enumerate(CONV_GENERAL_SETTINGS):
+        arrays = {"x": normal(rng, *xs), "w": normal(rng, *ws)}
+        if i % 2 == 0:
+            arrays["b"] = normal(rng, ws[0])
+        attrs = dict(stride=stride, pads=pads, dilation=dil, groups=groups)
+        out.append(Case(f"{list(xs)}*{list(ws)} s={stride} p={pads} d={dil} g={groups} bias={'b' in arrays}", arrays,
+                        (lambda a: lambda g, x, w, b=None: g.apply("conv_general", *([x, w] if b is None else [x, w, b]),
+                                                                   **a))(attrs),
+                        torch_conv_general(stride, pads, dil, groups)))
+    return out
+
+
+def conv_general_out_shape(xs, ws, stride, pads, dil):
+    nd = len(stride)
+    return (xs[0], ws[0]) + tuple((xs[2 + i] + pads[i] + pads[nd + i] - dil[i] * (ws[2 + i] - 1) - 1) // stride[i] + 1
+                                  for i in range(nd))
+
+
+@case
+def conv_general_grad_cases(rng):
+    out = []
+    for xs, ws, stride, pads, dil, groups in CONV_GENERAL_SETTINGS:
+        attrs = dict(stride=stride, pads=pads, dilation=dil, groups=groups)
+        forward = torch_conv_general(stride, pads, dil, groups)
+        dout = normal(rng, *conv_general_out_shape(xs, ws, stride, pads, dil))
+        label = f"{list(xs)}*{list(ws)} s={stride} p={pads} d={dil} g={groups}"
+        out.append(Case(f"input {label}", {"dout": dout, "w": normal(rng, *ws)},
+                        (lambda a, s: lambda g, dout, w: g.apply("conv_general_input_grad", dout, w, input_shape=s,
+                                                                 **a))(attrs, xs),
+                        torch_vjp(forward, "x", shape=xs)))
+        out.append(Case(f"weight {label}", {"x": normal(rng, *xs), "dout": dout},
+                        (lambda a, k: lambda g, x, dout: g.apply("conv_general_weight_grad", x, dout, kernel=k,
+                                                                 **a))(attrs, ws[2:]),
+                        torch_vjp(forward, "w", shape=ws)))
+    return out
+
+
+POOL_SETTINGS = (  # input shape, kernel, stride, pads, dilation, ceil_mode; pads within torch's half-kernel limit
+    ((2, 3, 11), (3,), (2,), (1, 1), (1,), False),
+    ((2, 3, 10), (3,), (3,), (1, 1), (2,), True),
+    ((1, 2, 7, 8), (3, 2), (2, 1), (1, 0, 1, 0), (1, 1), False),
+    ((2, 2, 6, 7), (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), True),
+    ((1, 3, 7, 6), (2, 3), (2, 2), (0, 1, 0, 1), (2, 1), True),
+    ((1, 2, 6, 6), (2, 2), (2, 2), (0, 0, 0, 0), (1, 1), False),
+)
+TORCH_MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d}
+TORCH_AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d}
+
+
+def torch_max_pool(kernel, stride, pads, dilation, ceil_mode):
+    """Symmetric pads by torch's padding; other pads by F.pad with -inf first."""
+    nd = len(kernel)
+    pool = TORCH_MAX_POOL[nd]
+    if pads[:nd] == pads[nd:]:
+        return lambda x: pool(x, kernel, stride, pads[:nd], dilation, ceil_mode=ceil_mode)
+    assert not ceil_mode
+    return lambda x: pool(F.pad(x, torch_pads(pads), value=-torch.inf), kernel, stride, 0, dilation)
+
+
+def pool_attrs(kernel, stride, pads, dilation, ceil_mode):
+    return dict(kernel=kernel, stride=stride, pads=pads, dilation=dilation, ceil_mode=ceil_mode)
+
+
+@case
+def max_pool_cases(rng):
+    out = []
+    for xs, *setting in POOL_SETTINGS + (((1, 2, 6, 7), (3, 2), (1, 2), (2, 0, 0, 1), (1, 2), False),):
+        for values in ("normal", "ties"):
+            x = normal(rng, *xs) if values == "normal" else small_ints(rng, *xs)
+            out.append(Case(f"{list(xs)} k={setting[0]} s={setting[1]} p={setting[2]} d={setting[3]} "
+                            f"ceil={setting[4]} {values}", {"x": x},
+                            (lambda a: lambda g, x: g.apply("max_pool", x, **a))(pool_attrs(*setting)),
+                            torch_max_pool(*setting)))
+    return out
+
+
+@case
+def max_pool_grad_cases(rng):
+    """Small integers as values, so window maxima tie: torch routes dout to the first."""
+    out = []
+    for xs, *setting in POOL_SETTINGS + (((1, 2, 6, 7), (3, 2), (1, 2), (2, 0, 0, 1), (1, 2), False),):
+        attrs = pool_attrs(*setting)
+        x = small_ints(rng, *xs)
+        dout = normal(rng, *OPS["max_pool"].ref(x, **attrs).shape)
+        out.append(Case(f"{list(xs)} k={setting[0]} s={setting[1]} p={setting[2]} d={setting[3]} ceil={setting[4]}",
+                        {"dout": dout, "x": x},
+                        (lambda a: lambda g, dout, x: g.apply("max_pool_grad", dout, x, **a))(attrs),
+                        torch_vjp(torch_max_pool(*setting), "x")))
+    return out
+
+
+def torch_avg_pool(kernel, stride, pads, dilation, ceil_mode, count_include_pad):
+    """torch's avg_pool (symmetric pads, no dilation); dilated windows (pads not counted,
+    no ceil_mode) as window sums over window counts by depthwise convolutions with ones."""
+    nd = len(kernel)
+    if all(d == 1 for d in dilation):
+        assert pads[:nd] == pads[nd:]
+        return lambda x: TORCH_AVG_POOL[nd](x, kernel, stride, pads[:nd], ceil_mode=ceil_mode,
+                                            count_include_pad=count_include_pad)
+    assert not ceil_mode and not count_include_pad
+
+    def fn(x):
+        ones = torch.ones((x.shape[1], 1) + kernel, dtype=x.dtype)
+        conv = lambda t: TORCH_CONV_ND[nd](F.pad(t, torch_pads(pads)), ones, stride=stride, dilation=dilation,
+                                           groups=x.shape[1])
+        return conv(x) / conv(torch.ones_like(x))
+    return fn
+
+
+@case
+def avg_pool_cases(rng):
+    out = []
+    settings = [s for s in POOL_SETTINGS if all(d == 1 for d in s[4])]
+    for xs, *setting in settings:
+        for include in (False, True):
+            out.append(Case(f"{list(xs)} k={setting[0]} s={setting[1]} p={setting[2]} ceil={setting[4]} "
+                            f"count_include_pad={include}", {"x": normal(rng, *xs)},
+                            (lambda a: lambda g, x: g.apply("avg_pool", x, **a))(
+                                dict(pool_attrs(*setting), count_include_pad=include)),
+                            torch_avg_pool(*setting, include)))
+    for xs, *setting in (((2, 3, 11), (3,), (2,), (2, 1), (2,), False),
+                         ((1, 2, 7, 8), (2, 3), (2, 1), (1, 0, 0, 2), (2, 2), False)):
+        out.append(Case(f"{list(xs)} k={setting[0]} s={setting[1]} p={setting[2]} d={setting[3]}",
+                        {"x": normal(rng, *xs)},
+                        (lambda a: lambda g, x: g.apply("avg_pool", x, **a))(pool_attrs(*setting)),
+                        torch_avg_pool(*setting, False)))
+    return out
+
+
 # ---------------------------------------------------------------- the tests
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..errors import GraphError
 from ..graph.ir import Graph, Node
-from ..graph.ops import OPS, SOURCE, tiled_attention_head_dim
+from ..graph.ops import OPS, SOURCE, pool_divisor, tiled_attention_head_dim
 
 GradientRule = Callable[[Graph, Node, int], tuple]
 
@@ -359,6 +359,69 @@ def rope_grad(g, n, d):
     return (g.apply("rope", d, **{**n.attrs, "inverse": not n.attrs["inverse"]}),)
 
 
+# ---------------------------------------------------------------- rules of the ONNX import ops
+
+def no_gradient(g, n, d):
+    """Piecewise-constant, boolean or integer results (floor, comparisons, index_wrap):
+    the gradient is zero almost everywhere, so the operands get none."""
+    return (None,) * len(n.inputs)
+
+
+def extremum_grad(larger: bool) -> GradientRule:
+    """maximum (``larger``) and minimum: dout to the operand that won, half to each on
+    ties (as torch.maximum / torch.minimum)."""
+    def rule(g, n, d):
+        x, y = n.inputs
+        wins = g.apply("greater" if larger else "less", x, y)
+        share = g.add(wins, scaled(g, g.apply("equal", x, y), 0.5))
+        dx = g.mul(d, share)
+        return dx, g.sub(d, dx)
+    return rule
+
+
+def power_grad(g, n, d):
+    """x ** y: dx = dout y x^(y-1), dy = dout x^y log x, zero where x == 0 and y >= 0
+    (as torch.pow: there log x is -inf but x^y log x tends to 0)."""
+    x, y = n.inputs
+    dx = g.mul(d, g.mul(y, g.apply("power", x, g.sub(y, const(g, 1.0)))))
+    at_zero = g.mul(g.apply("equal", x, const(g, 0.0)), g.apply("greater_equal", y, const(g, 0.0)))
+    dy = g.apply("where", at_zero, const(g, 0.0), g.mul(d, g.mul(n.id, g.log(x))))
+    return dx, dy
+
+
+def where_grad(g, n, d):
+    c = n.inputs[0]
+    zero = const(g, 0.0)
+    return None, g.apply("where", c, d, zero), g.apply("where", c, zero, d)
+
+
+def conv_general_grad(g, n, d):
+    x, w = n.inputs[:2]
+    at = {k: n.attrs[k] for k in ("stride", "pads", "dilation", "groups")}
+    dx = g.apply("conv_general_input_grad", d, w, input_shape=g.shape(x), **at)
+    dw = g.apply("conv_general_weight_grad", x, d, kernel=g.shape(w)[2:], **at)
+    if len(n.inputs) == 2:
+        return dx, dw
+    out_ch, nd = g.shape(w)[0], len(at["stride"])
+    return dx, dw, g.reshape(g.apply("sum_to", d, shape=(1, out_ch) + (1,) * nd), (out_ch,))
+
+
+POOL_ATTRS = ("kernel", "stride", "pads", "dilation", "ceil_mode")
+
+
+def avg_pool_grad(g, n, d):
+    """dout / divisor spread evenly over each window: the transposed depthwise
+    convolution with a kernel of ones, taps in the padding dropped."""
+    x, at = n.inputs[0], n.attrs
+    shape = g.shape(x)
+    divisor = pool_divisor(shape[2:], at["kernel"], at["stride"], at["pads"], at["dilation"], at["ceil_mode"],
+                           at["count_include_pad"])
+    ones = g.constant(np.ones((shape[1], 1) + tuple(at["kernel"]), np.float32))
+    return (g.apply("conv_general_input_grad", g.div(d, g.constant(divisor.astype(np.float32))), ones,
+                    stride=at["stride"], pads=at["pads"], dilation=at["dilation"], groups=shape[1],
+                    input_shape=shape),)
+
+
 # ---------------------------------------------------------------- the table
 
 GRADIENTS: dict[str, GradientRule] = {
@@ -411,6 +474,28 @@ GRADIENTS: dict[str, GradientRule] = {
     "pad": pad_grad,
     "broadcast_to": lambda g, n, d: (d,),  # the walk's sum_to undoes the broadcast
     "embedding": lambda g, n, d: (g.apply("embedding_grad", d, n.inputs[1], vocab=g.shape(n.inputs[0])[0]), None),
+    "erf": unary(lambda g, x, y, d: g.mul(d, scaled(g, g.exp(g.neg(g.mul(x, x))), 2.0 / math.sqrt(math.pi)))),
+    "softplus": unary(lambda g, x, y, d: g.mul(d, g.sigmoid(x))),
+    "floor": no_gradient,
+    "ceil": no_gradient,
+    "sign": no_gradient,
+    "logical_not": no_gradient,
+    "leaky_relu": lambda g, n, d: (g.apply("where", g.apply("greater", n.inputs[0], const(g, 0.0)), d,
+                                           scaled(g, d, n.attrs["alpha"])),),
+    "maximum": extremum_grad(larger=True),
+    "minimum": extremum_grad(larger=False),
+    "power": power_grad,
+    "equal": no_gradient,
+    "less": no_gradient,
+    "greater": no_gradient,
+    "less_equal": no_gradient,
+    "greater_equal": no_gradient,
+    "where": where_grad,
+    "cast": lambda g, n, d: (d if n.attrs["dtype"] == "f32" else None,),
+    "index_wrap": no_gradient,
+    "conv_general": conv_general_grad,
+    "max_pool": lambda g, n, d: (g.apply("max_pool_grad", d, n.inputs[0], **{k: n.attrs[k] for k in POOL_ATTRS}),),
+    "avg_pool": avg_pool_grad,
 }
 
 for _name, _rule in GRADIENTS.items():

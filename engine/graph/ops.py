@@ -1158,30 +1158,49 @@ def _pool_shape(ts, a):
     return TensorType(x.shape[:2] + tuple(out))
 
 
+def pool_geometry(spatial, kernel, stride, pads, dilation, ceil_mode):
+    """Per axis: the output extent, the dilated kernel extent, and the padding past the
+    declared end pad that ceil_mode's last windows reach (it holds no data and counts for
+    no divisor)."""
+    nd = len(spatial)
+    out = _pool_shape([TensorType((1, 1) + tuple(spatial))], dict(kernel=kernel, stride=stride, pads=pads,
+                                                                  dilation=dilation, ceil_mode=ceil_mode)).shape[2:]
+    eff = [dilation[i] * (kernel[i] - 1) + 1 for i in range(nd)]
+    extra = [max(0, (out[i] - 1) * stride[i] + eff[i] - spatial[i] - pads[i] - pads[nd + i]) for i in range(nd)]
+    return out, eff, extra
+
+
+def _pool_windows(arr, nd, out, eff, stride, dilation):
+    """[..., *padded spatial] -> [..., *out, *kernel]: the window of every output position."""
+    win = np.lib.stride_tricks.sliding_window_view(arr, eff, axis=tuple(range(arr.ndim - nd, arr.ndim)))
+    lead = (slice(None),) * (arr.ndim - nd)
+    return win[lead + tuple(slice(None, out[i] * stride[i], stride[i]) for i in range(nd))
+               + tuple(slice(None, None, dilation[i]) for i in range(nd))]
+
+
+def pool_divisor(spatial, kernel, stride, pads, dilation, ceil_mode, count_include_pad=False, dtype=np.float64):
+    """avg_pool's divisor per output position [*out]: the window's elements inside the
+    input, or (count_include_pad) inside the input plus its declared pads."""
+    nd = len(spatial)
+    out, eff, extra = pool_geometry(spatial, kernel, stride, pads, dilation, ceil_mode)
+    if count_include_pad:
+        mask = np.ones([spatial[i] + pads[i] + pads[nd + i] for i in range(nd)], dtype=dtype)
+        mask = np.pad(mask, [(0, e) for e in extra])
+    else:
+        mask = np.pad(np.ones(spatial, dtype=dtype), [(pads[i], pads[nd + i] + extra[i]) for i in range(nd)])
+    return _pool_windows(mask, nd, out, eff, stride, dilation).sum(axis=tuple(range(-nd, 0)))
+
+
 def pool_ref(x, kernel, stride, pads, dilation, ceil_mode, mode, count_include_pad=False):
     nd = x.ndim - 2
-    out = _pool_shape([TensorType(x.shape)], dict(kernel=kernel, stride=stride, pads=pads, dilation=dilation,
-                                                  ceil_mode=ceil_mode)).shape[2:]
-    eff = [dilation[i] * (kernel[i] - 1) + 1 for i in range(nd)]
-    extra = [max(0, (out[i] - 1) * stride[i] + eff[i] - x.shape[2 + i] - pads[i] - pads[nd + i]) for i in range(nd)]
+    out, eff, extra = pool_geometry(x.shape[2:], kernel, stride, pads, dilation, ceil_mode)
     fill = -np.inf if mode == "max" else 0.0
     width = [(0, 0), (0, 0)] + [(pads[i], pads[nd + i] + extra[i]) for i in range(nd)]
-    xp = np.pad(x, width, constant_values=fill)
-    inside = np.pad(np.ones(x.shape[2:], dtype=x.dtype), width[2:])
-    declared = np.ones([x.shape[2 + i] + pads[i] + pads[nd + i] for i in range(nd)], dtype=x.dtype)
-    declared = np.pad(declared, [(0, e) for e in extra])
-    axes = tuple(range(2, 2 + nd))
-
-    def windows(arr, axes_):
-        win = np.lib.stride_tricks.sliding_window_view(arr, eff, axis=axes_)
-        lead = (slice(None),) * (arr.ndim - nd)
-        return win[lead + tuple(slice(None, out[i] * stride[i], stride[i]) for i in range(nd))
-                   + tuple(slice(None, None, dilation[i]) for i in range(nd))]
-    win = windows(xp, axes)
+    win = _pool_windows(np.pad(x, width, constant_values=fill), nd, out, eff, stride, dilation)
     red = tuple(range(-nd, 0))
     if mode == "max":
         return np.ascontiguousarray(win.max(axis=red))
-    counts = windows(declared if count_include_pad else inside, tuple(range(nd))).sum(axis=red)
+    counts = pool_divisor(x.shape[2:], kernel, stride, pads, dilation, ceil_mode, count_include_pad, x.dtype)
     return np.ascontiguousarray(win.sum(axis=red) / counts)
 
 
@@ -1192,9 +1211,120 @@ defop("avg_pool", REDUCTION, _pool_shape, lambda x, **a: pool_ref(x, mode="avg",
       doc="N-d average pooling with stride, begin/end pads, dilation, ceil_mode; the divisor counts "
           "padding when count_include_pad", kernel=(1,), stride=(1,), pads=(0, 0), dilation=(1,),
       ceil_mode=False, count_include_pad=False)
+
+
+# Their backward ops (autodiff builds them; listed in BACKWARD_OPS). avg_pool's gradient
+# needs none: it is conv_general_input_grad of dout / divisor with a depthwise kernel of ones.
+
+def _conv_general_input_grad_shape(ts, a):
+    _require_float(ts)
+    dout, w = ts
+    shape = tuple(a["input_shape"])
+    nd = len(shape) - 2
+    if nd < 1 or len(dout.shape) != nd + 2 or len(w.shape) != nd + 2 or dout.shape[:2] != (shape[0], w.shape[0]) \
+            or shape[1] != w.shape[1] * a["groups"] or len(a["pads"]) != 2 * nd:
+        _fail(f"dout {list(dout.shape)} and weight {list(w.shape)} do not fit input {list(shape)} "
+              f"with {a['groups']} groups")
+    return TensorType(shape)
+
+
+def _conv_general_weight_grad_shape(ts, a):
+    _require_float(ts)
+    x, dout = ts
+    if len(x.shape) != len(dout.shape) or x.shape[0] != dout.shape[0] or x.shape[1] % a["groups"] \
+            or dout.shape[1] % a["groups"] or len(a["kernel"]) != len(x.shape) - 2:
+        _fail(f"x {list(x.shape)} and dout {list(dout.shape)} do not fit kernel {list(a['kernel'])} "
+              f"with {a['groups']} groups")
+    return TensorType((dout.shape[1], x.shape[1] // a["groups"]) + tuple(a["kernel"]))
+
+
+def _conv_general_taps(out, kernel, stride, dilation):
+    """Each kernel offset and the slices of the padded input its taps read over the output grid."""
+    for k in np.ndindex(*kernel):
+        yield k, tuple(slice(k[i] * dilation[i], k[i] * dilation[i] + stride[i] * (out[i] - 1) + 1, stride[i])
+                       for i in range(len(kernel)))
+
+
+def conv_general_input_grad_ref(dout, w, stride, pads, dilation, groups, input_shape):
+    """dx[n, c, i] = sum of dout[n, o, j] * w[o, c', k] over i + pad_begin = j * stride + k * dilation,
+    o in c's group; taps past the input (pads, ceil-mode windows) are dropped."""
+    nd = len(stride)
+    n, c = input_shape[:2]
+    out, kernel = dout.shape[2:], w.shape[2:]
+    og, cg = w.shape[0] // groups, c // groups
+    size = [max(input_shape[2 + i] + pads[i] + pads[nd + i], (out[i] - 1) * stride[i] + dilation[i] * (kernel[i] - 1) + 1)
+            for i in range(nd)]
+    dx = np.zeros((n, groups, cg, *size), dtype=dout.dtype)
+    d = dout.reshape(n, groups, og, *out)
+    wg = w.reshape(groups, og, cg, *kernel)
+    for k, taps in _conv_general_taps(out, kernel, stride, dilation):
+        dx[(slice(None),) * 3 + taps] += np.einsum("ngo...,goc->ngc...", d, wg[(slice(None),) * 3 + k])
+    crop = tuple(slice(pads[i], pads[i] + input_shape[2 + i]) for i in range(nd))
+    return np.ascontiguousarray(dx.reshape(n, c, *size)[(slice(None),) * 2 + crop])
+
+
+def conv_general_weight_grad_ref(x, dout, stride, pads, dilation, groups, kernel):
+    """dw[o, c', k] = sum over n, j of dout[n, o, j] * x_padded[n, c, j * stride + k * dilation]."""
+    nd = len(stride)
+    n, c = x.shape[:2]
+    out, o = dout.shape[2:], dout.shape[1]
+    og, cg = o // groups, c // groups
+    xp = np.pad(x, [(0, 0), (0, 0)] + [(pads[i], pads[nd + i]) for i in range(nd)])
+    size = [max(xp.shape[2 + i], (out[i] - 1) * stride[i] + dilation[i] * (kernel[i] - 1) + 1) for i in range(nd)]
+    xp = np.pad(xp, [(0, 0), (0, 0)] + [(0, size[i] - xp.shape[2 + i]) for i in range(nd)])
+    xg = xp.reshape(n, groups, cg, *size)
+    d = dout.reshape(n, groups, og, *out)
+    dw = np.zeros((groups, og, cg, *kernel), dtype=dout.dtype)
+    for k, taps in _conv_general_taps(out, kernel, stride, dilation):
+        xs = xg[(slice(None),) * 3 + taps].reshape(n, groups, cg, -1)
+        dw[(slice(None),) * 3 + k] = np.einsum("ngop,ngcp->goc", d.reshape(n, groups, og, -1), xs)
+    return dw.reshape(o, cg, *kernel)
+
+
+_CONV_GENERAL_ATTRS = dict(stride=(1,), pads=(0, 0), dilation=(1,), groups=1)
+defop("conv_general_input_grad", CONV, _conv_general_input_grad_shape, conv_general_input_grad_ref,
+      doc="d conv_general / d x: the transposed grouped, dilated convolution of dout with w",
+      input_shape=(), **_CONV_GENERAL_ATTRS)
+defop("conv_general_weight_grad", CONV, _conv_general_weight_grad_shape, conv_general_weight_grad_ref,
+      doc="d conv_general / d w: per group, correlation of the padded input with dout", kernel=(),
+      **_CONV_GENERAL_ATTRS)
+
+
+def _max_pool_grad_shape(ts, a):
+    _require_float(ts)
+    dout, x = ts
+    if _pool_shape([x], a).shape != dout.shape:
+        _fail(f"dout {list(dout.shape)} is not the max_pool of {list(x.shape)}")
+    return TensorType(x.shape)
+
+
+def max_pool_grad_ref(dout, x, kernel, stride, pads, dilation, ceil_mode):
+    """Routes each window's dout to the first maximum of the window (row-major over the
+    kernel, as torch's max_pool); overlapping windows add up."""
+    nd = x.ndim - 2
+    out, eff, extra = pool_geometry(x.shape[2:], kernel, stride, pads, dilation, ceil_mode)
+    width = [(0, 0), (0, 0)] + [(pads[i], pads[nd + i] + extra[i]) for i in range(nd)]
+    xp = np.pad(x, width, constant_values=-np.inf)
+    win = _pool_windows(xp, nd, out, eff, stride, dilation)
+    arg = win.reshape(win.shape[:2 + nd] + (-1,)).argmax(axis=-1)
+    offsets = np.unravel_index(arg, tuple(kernel))
+    grid = np.indices(arg.shape, sparse=True)
+    at = tuple(grid[:2]) + tuple(grid[2 + i] * stride[i] + offsets[i] * dilation[i] for i in range(nd))
+    dx = np.zeros(xp.shape, dtype=dout.dtype)
+    np.add.at(dx, at, dout)
+    crop = tuple(slice(pads[i], pads[i] + x.shape[2 + i]) for i in range(nd))
+    return np.ascontiguousarray(dx[(slice(None),) * 2 + crop])
+
+
+defop("max_pool_grad", REDUCTION, _max_pool_grad_shape, max_pool_grad_ref,
+      doc="d max_pool / d x: each window's dout routed to its (first) maximum",
+      kernel=(1,), stride=(1,), pads=(0, 0), dilation=(1,), ceil_mode=False)
+
+
 # ---------------------------------------------------------------- end of ONNX import ops
 
 # Ops above that exist only for gradients; autodiff does not differentiate them again.
 BACKWARD_OPS = ("relu_grad", "abs_grad", "gelu_grad", "max_grad", "norm_grad", "norm_grad_w", "cross_entropy_grad",
                 "embedding_grad", "conv_input_grad", "conv_weight_grad",
+                "conv_general_input_grad", "conv_general_weight_grad", "max_pool_grad",
                 "attention_lse", "attention_grad_q", "attention_grad_k", "attention_grad_v")
