@@ -225,14 +225,10 @@ class MainWindow(QMainWindow):
             self.load_model(path, {})
 
     def recent_models(self) -> list[str]:
-        value = self.qsettings.value("recent_models", []) or []
-        return [value] if isinstance(value, str) else list(value)
+        return self._recent("recent_models")
 
     def add_recent_model(self, path: str) -> None:
-        path = os.path.abspath(path)
-        paths = [path] + [p for p in self.recent_models() if p != path]
-        self.qsettings.setValue("recent_models", paths[:MAX_RECENT])
-        self.model_panel.set_recent_models(paths[:MAX_RECENT])
+        self.model_panel.set_recent_models(self._remember("recent_models", path))
 
     def open_weights(self) -> None:
         start = os.path.dirname(self.recent_files()[0]) if self.recent_files() else ""
@@ -282,14 +278,22 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(f"Wrote {len(trainer.history)} steps to {path}", 5000)
 
     def recent_files(self) -> list[str]:
-        value = self.qsettings.value("recent", []) or []
-        return [value] if isinstance(value, str) else list(value)
+        return self._recent("recent")
 
     def add_recent(self, path: str) -> None:
+        self.model_panel.set_recent(self._remember("recent", path))
+
+    def _recent(self, key: str) -> list[str]:
+        """A list of paths kept in the settings under ``key``, most recent first."""
+        value = self.qsettings.value(key, []) or []
+        return [value] if isinstance(value, str) else list(value)
+
+    def _remember(self, key: str, path: str) -> list[str]:
+        """Put ``path`` first in the list under ``key`` (at most MAX_RECENT); returns the list."""
         path = os.path.abspath(path)
-        paths = [path] + [p for p in self.recent_files() if p != path]
-        self.qsettings.setValue("recent", paths[:MAX_RECENT])
-        self.model_panel.set_recent(paths[:MAX_RECENT])
+        paths = ([path] + [p for p in self._recent(key) if p != path])[:MAX_RECENT]
+        self.qsettings.setValue(key, paths)
+        return paths
 
     # ------------------------------------------------------------ drag and drop
 

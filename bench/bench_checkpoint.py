@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from bench_vs_torch import adapter_desc, fmt, log, markdown_table  # noqa: E402
+from bench_vs_torch import adapter_desc, back_to_back_run_ms, fmt, log, markdown_table  # noqa: E402
 from engine.importers import load_model  # noqa: E402
 from engine.runtime.session import build_inference_session  # noqa: E402
 from engine.train.config import TrainConfig  # noqa: E402
@@ -69,16 +69,7 @@ def ours_forward(folder, batch, seq, ids, steps):
     s.set_parameters(params)
     build_s = time.perf_counter() - t
     s.set_inputs({"input_ids": ids})
-    sync_buf = s.buffers[s.plan.outputs["logits"]]
-    q = s.device.queue
-    for _ in range(2):
-        s.run()
-    q.read_buffer(sync_buf, 0, 4)
-    t = time.perf_counter()
-    for _ in range(steps):
-        s.run()
-    q.read_buffer(sync_buf, 0, 4)
-    ms = (time.perf_counter() - t) * 1e3 / steps
+    ms = back_to_back_run_ms(s, "logits", steps)
     return ms, s.read_output("logits"), import_s, build_s, len(s.plan.dispatches)
 
 
