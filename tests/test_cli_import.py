@@ -78,3 +78,28 @@ def test_a_path_that_is_no_model_is_one_line(capsys, tmp_path):
         code, out, err = cli(capsys, "inspect", source)
         assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
         assert str(source) in err
+
+
+def test_an_onnx_file_trains_and_profiles_with_a_loss_on_one_of_its_outputs(capsys, tmp_path):
+    """A fixed-batch ONNX MLP (no `batch` setting): --loss/--target make it trainable, the
+    step's batch is its input's leading dimension; without them train says what to give."""
+    import warnings
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    path = tmp_path / "mlp.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (torch.randn(8, 12),), str(path), dynamo=True, verbose=False,
+                          input_names=["x"], output_names=["y"])
+    capsys.readouterr()
+    code, out, err = cli(capsys, "train", path, "--steps", "2")
+    assert code == 2 and "--loss mse|cross-entropy --target OUTPUT" in err and "y" in err
+    code, out, err = cli(capsys, "train", path, "--steps", "20", "--loss", "mse", "--target", "y",
+                         "--backend", "reference", "--json")
+    losses = json.loads(out)["losses"]
+    assert code == 0 and len(losses) == 20 and losses[-1] < losses[0], err
+    code, out, err = cli(capsys, "profile", path, "--train", "--loss", "mse", "--target", "y", "--steps", "1", "--json")
+    assert code == 0 and any(d["kernel"].startswith("train:") for d in json.loads(out)["dispatches"]), err
+    code, out, _ = cli(capsys, "inspect", path, "--json")
+    s = json.loads(out)
+    assert s["name"] == "mlp" and s["inputs"] == [{"name": "x", "shape": [8, 12], "dtype": "f32"}]

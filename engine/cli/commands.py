@@ -209,6 +209,11 @@ def _train_arguments(parser):
     parser.add_argument("--backend", choices=("auto", "gpu", "reference"), default="auto",
                         help="auto (default): the GPU, or the reference executor where the adapter is a "
                              "software renderer; gpu forces the adapter")
+    loss_arguments(parser)
+
+
+def loss_arguments(parser) -> None:
+    """--loss and --target: how an ONNX model, which declares no loss, trains."""
     parser.add_argument("--loss", choices=("mse", "cross-entropy"),
                         help="an ONNX model's loss, on the output named by --target")
     parser.add_argument("--target", metavar="OUTPUT", help="the ONNX output --loss compares with the targets")
@@ -225,7 +230,7 @@ def train_config(model, args):
         fields["momentum"] = 0.9
     if args.steps <= 0:
         raise MeganeuraError(f"--steps must be positive, found {args.steps}")
-    return TrainConfig(**fields, steps=args.steps, batch_size=model.settings["batch"], seed=args.seed)
+    return TrainConfig(**fields, steps=args.steps, batch_size=model.batch_size(), seed=args.seed)
 
 
 def adapter_summary(backend: str) -> dict | None:

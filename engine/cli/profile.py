@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from .registry import register_command
-from .commands import _model_arguments, _print_json, load_model, progress
+from .commands import _model_arguments, _print_json, load_model, loss_arguments, progress
 from ..errors import MeganeuraError
 
 
@@ -21,6 +21,7 @@ def _profile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=10, help="profiled steps (default 10)")
     parser.add_argument("--train", action="store_true",
                         help="profile training steps (forward, backward, optimizer) instead of the forward pass")
+    loss_arguments(parser)
     parser.add_argument("--trace", metavar="OUT.pftrace",
                         help="write a Perfetto trace here (a name ending in .json writes Chrome trace JSON)")
     parser.add_argument("--top", type=int, default=15, help="kernels shown in the table (default 15)")
@@ -70,7 +71,7 @@ def profile_built_model(model, params, steps: int, *, train: bool = False, graph
     if train:
         from ..train.config import TrainConfig
         from ..train.session import build_session
-        config = TrainConfig(**model.TRAIN_DEFAULTS, batch_size=model.settings["batch"], seed=seed)
+        config = TrainConfig(**model.TRAIN_DEFAULTS, batch_size=model.batch_size(), seed=seed)
         with rec.span("build training session (optimize, differentiate, optimize, compile)"):
             session = build_session(graph, config)
             add_build_spans(rec, session)

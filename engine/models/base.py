@@ -133,6 +133,15 @@ class BuiltinModel:
     def input_names(self, train: bool) -> list[str]:
         raise NotImplementedError
 
+    def batch_size(self) -> int:
+        """Examples a step takes: the ``batch`` setting, or (a model file with a fixed
+        batch) the leading dimension of its first input."""
+        if "batch" in self.settings:
+            return int(self.settings["batch"])
+        g = self.build(train=False)
+        shape = g.shape(next(iter(g.inputs.values())))
+        return int(shape[0]) if shape else 1
+
     # ------------------------------------------------------------ parameters and weights
 
     def parameter_shapes(self) -> dict[str, tuple[int, ...]]:

@@ -185,6 +185,7 @@ class OnnxModel(BuiltinModel):
         shapes = self.input_shapes()
         g = self.build(train=False)
         return {
+            "name": self.name,
             "inputs": [{"name": n, "shape": list(s), "dtype": dt} for n, (s, dt) in shapes.items()],
             "outputs": [{"name": n, "shape": list(g.shape(i)), "dtype": g[i].dtype} for n, i in g.outputs.items()],
             "parameters": int(sum(v.size for v in self._params.values())),
