@@ -51,6 +51,9 @@ def main(argv=None) -> int:
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Meganeura Studio")
     app.setOrganizationName("Meganeura")
+    app.setDesktopFileName("meganeura-studio")     # resources/meganeura-studio.desktop
+    from .theme import icon
+    app.setWindowIcon(icon())
     try:
         overrides = parse_overrides(args.set)
     except MeganeuraError as exc:

@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QLabel, Q
 from engine import config, models
 from engine.errors import MeganeuraError
 
-from . import main_thread_gc
+from . import main_thread_gc, theme
 from .fusion_panel import FusionPanel
 from .graph_view import GraphView, fmt_bytes
 from .model_panel import MAX_RECENT, ModelPanel
@@ -61,6 +61,7 @@ class MainWindow(QMainWindow):
         super().__init__()
         main_thread_gc.hold(self)
         self.setWindowTitle("Meganeura Studio")
+        self.setWindowIcon(theme.icon())
         self.setAcceptDrops(True)
         self.qsettings = settings if settings is not None else default_settings()
         self.state = StudioState(self)
@@ -122,6 +123,7 @@ class MainWindow(QMainWindow):
         self.model_panel.set_recent_models(self.recent_models())
         self.training_panel.restore_settings(self.qsettings)
         self.resize(1400, 860)
+        theme.install(self)          # the system's light or dark scheme, and again when it changes
 
         name = model or str(self.qsettings.value("model/name", DEFAULT_MODEL))
         self.load_model(name, model_settings or {})
@@ -131,6 +133,11 @@ class MainWindow(QMainWindow):
             self.load_weights(weights)
 
     # ------------------------------------------------------------ structure
+
+    def apply_theme(self, scheme=None) -> str:
+        """Apply a colour scheme ("light", "dark"; default: the system's) to the window
+        and the application; connected to the system's colorSchemeChanged."""
+        return theme.apply(QApplication.instance(), self, scheme)
 
     def add_panel(self, title: str, widget) -> None:
         """A central tab (the Profiler goes here when it exists)."""
