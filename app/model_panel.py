@@ -40,7 +40,7 @@ class ModelPanel(QWidget):
         self.open_onnx_button.setObjectName("openOnnxButton")
         self.open_onnx_button.setToolTip("an ONNX model file (or drop one on the window)")
         self.open_onnx_button.clicked.connect(lambda: self.openModelRequested.emit("file"))
-        self.open_folder_button = QPushButton("Open checkpoint…")
+        self.open_folder_button = QPushButton("Open folder…")
         self.open_folder_button.setObjectName("openCheckpointButton")
         self.open_folder_button.setToolTip("a Hugging Face checkpoint folder: config.json + model.safetensors "
                                            "(or drop one on the window)")
