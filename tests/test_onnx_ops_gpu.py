@@ -353,3 +353,40 @@ def test_a_comparison_of_integers_feeding_float_math_fuses_around_it():
     s.set_inputs(inputs)
     s.run()
     np.testing.assert_allclose(s.read_output("y"), want, rtol=1e-6)
+
+
+# ---------------------------------------------------------------- gradients of conv_general and max_pool
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: f"{len(c[0]) - 2}d-g{c[5]}")
+def test_conv_general_gradients(case):
+    """dx and dw of every conv_general case: strides leaving gaps, asymmetric pads,
+    dilation, groups (depthwise too), 1-, 2- and 3-d."""
+    xs, ws, stride, pads, dil, groups, _ = case
+    attrs = dict(stride=stride, pads=pads, dilation=dil, groups=groups)
+    probe = Graph("shape")
+    y = probe.apply("conv_general", probe.input("x", xs), probe.input("w", ws), **attrs)
+    g = Graph("conv-grad")
+    x, w, d = g.input("x", xs), g.input("w", ws), g.input("d", probe.shape(y))
+    g.output("dx", g.apply("conv_general_input_grad", d, w, input_shape=tuple(xs), **attrs))
+    g.output("dw", g.apply("conv_general_weight_grad", x, d, kernel=tuple(ws[2:]), **attrs))
+    rng = np.random.default_rng(10)
+    feeds = {"x": rng.standard_normal(xs).astype(np.float32), "w": rng.standard_normal(ws).astype(np.float32),
+             "d": rng.standard_normal(probe.shape(y)).astype(np.float32)}
+    check(g, feeds, tol=WIN_TOL)
+
+
+@pytest.mark.parametrize("case", POOL_CASES, ids=lambda c: f"{len(c[0]) - 2}d-ceil{int(c[5])}-inc{int(c[6])}")
+def test_max_pool_gradient_routes_to_the_first_maximum(case):
+    """Integer-valued inputs make ties in most windows: the gradient goes to the first
+    maximum in kernel order, overlapping windows add up, padding never takes it."""
+    xs, k, stride, pads, dil, ceil_mode, _ = case
+    attrs = dict(kernel=k, stride=stride, pads=pads, dilation=dil, ceil_mode=ceil_mode)
+    probe = Graph("shape")
+    y = probe.apply("max_pool", probe.input("x", xs), **attrs)
+    g = Graph("pool-grad")
+    x, d = g.input("x", xs), g.input("d", probe.shape(y))
+    g.output("dx", g.apply("max_pool_grad", d, x, **attrs))
+    rng = np.random.default_rng(11)
+    feeds = {"x": rng.integers(-6, -2, xs).astype(np.float32),
+             "d": rng.standard_normal(probe.shape(y)).astype(np.float32)}
+    check(g, feeds, tol=WIN_TOL)

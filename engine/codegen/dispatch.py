@@ -11,7 +11,7 @@ from .convolution import _conv
 from .copies import _copy, _embedding, _embedding_grad, _rope
 from .matmul import _matmul
 from .pointwise import POINTWISE_OPS, _pointwise
-from .pooling import _conv_direct, _pool
+from .pooling import _conv_direct, _conv_direct_grad, _max_pool_grad, _pool
 from .reduction import _LOSS_ROWS, _LOSS_TERMS, _ROW_KERNELS, _ROW_MODES, _loss, _row_kernel, _row_reduce, _sum_to
 
 
@@ -41,6 +41,8 @@ _BUILDERS["embedding_grad"] = _embedding_grad
 _BUILDERS["conv_input_grad"] = _BUILDERS["conv_weight_grad"] = _conv
 _BUILDERS["conv_general"] = _conv_direct
 _BUILDERS["max_pool"] = _BUILDERS["avg_pool"] = _pool
+_BUILDERS["conv_general_input_grad"] = _BUILDERS["conv_general_weight_grad"] = _conv_direct_grad
+_BUILDERS["max_pool_grad"] = _max_pool_grad
 
 
 def supported_ops() -> list[str]:
