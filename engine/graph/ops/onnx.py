@@ -31,9 +31,15 @@ def _compare_shape(ts, a):
     return TensorType(broadcast_shapes(ts[0].shape, ts[1].shape))
 
 
+def softplus_ref(x):
+    """log(1 + e^x) without overflow; NaN stays NaN (quietly: it is an input, not a fault)."""
+    with np.errstate(invalid="ignore"):
+        return np.logaddexp(0, x)
+
+
 ONNX_UNARY: dict[str, Callable] = {
     "erf": special.erf,
-    "softplus": lambda x: np.logaddexp(0, x),
+    "softplus": softplus_ref,
     "floor": np.floor,
     "ceil": np.ceil,
     "sign": np.sign,
