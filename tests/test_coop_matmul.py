@@ -212,6 +212,34 @@ TINT_CHECK = textwrap.dedent("""
                                 device.create_shader_module(code=kernel.source)
                             except Exception as exc:
                                 failures.append(f"{name} {kernel.name}: {str(exc)[:400]}")
+    # the ONNX importer's ops, which no built-in model uses: one graph of each kind
+    from engine import Graph
+    g = Graph("onnx-ops")
+    x, w = g.input("x", [2, 4, 9, 10]), g.input("w", [6, 2, 3, 3])
+    conv = dict(stride=(2, 1), pads=(1, 0, 0, 1), dilation=(1, 2), groups=2)
+    y = g.apply("conv_general", x, w, g.input("b", [6]), **conv)
+    d = g.input("d", g.shape(y))
+    g.output("dx", g.apply("conv_general_input_grad", d, w, input_shape=(2, 4, 9, 10), **conv))
+    g.output("dw", g.apply("conv_general_weight_grad", x, d, kernel=(3, 3), **conv))
+    pool = dict(kernel=(3, 2), stride=(2, 2), pads=(1, 0, 1, 1), dilation=(1, 1), ceil_mode=True)
+    mp = g.apply("max_pool", x, **pool)
+    g.output("ap", g.apply("avg_pool", x, count_include_pad=True, **pool))
+    g.output("mpg", g.apply("max_pool_grad", g.input("dm", g.shape(mp)), x, **pool))
+    e = x
+    for op in ("erf", "softplus", "floor", "ceil", "sign", "logical_not", "leaky_relu"):
+        e = g.apply(op, e)
+    e = g.apply("where", g.apply("less", e, x), g.apply("maximum", e, x), g.apply("power", x, e))
+    g.output("e", g.apply("minimum", e, g.apply("cast", g.apply("cast", x, dtype="i32"), dtype="f32")))
+    for caps in capabilities:
+        for node in g.nodes:
+            if node.op not in ("input", "parameter", "constant"):
+                kernel = codegen.kernel_for(g, node, caps)
+                if kernel.source not in sources:
+                    sources[kernel.source] = kernel.name
+                    try:
+                        device.create_shader_module(code=kernel.source)
+                    except Exception as exc:
+                        failures.append(f"onnx-ops {kernel.name}: {str(exc)[:400]}")
     coop = sum("subgroupMatrixMultiplyAccumulate" in s for s in sources)
     print(len(sources), coop)
     print("\\n".join(failures))
