@@ -390,3 +390,32 @@ def test_max_pool_gradient_routes_to_the_first_maximum(case):
     feeds = {"x": rng.integers(-6, -2, xs).astype(np.float32),
              "d": rng.standard_normal(probe.shape(y)).astype(np.float32)}
     check(g, feeds, tol=WIN_TOL)
+
+
+def test_max_pool_gradient_with_nan_and_infinities():
+    """As the reference's argmax: the first NaN of a window takes its dout; +inf beats
+    every number; a window whose inputs are all -inf sends its dout to its first tap,
+    which is lost where that tap is padding and kept where it is inside the input."""
+    attrs = dict(kernel=(3, 3), stride=(2, 2), pads=(1, 1, 1, 1), dilation=(1, 1), ceil_mode=True)
+    xs = (1, 3, 6, 7)
+    probe = Graph("shape")
+    ys = probe.shape(probe.apply("max_pool", probe.input("x", xs), **attrs))
+    g = Graph("pool-grad-nan")
+    x, d = g.input("x", xs), g.input("d", ys)
+    g.output("dx", g.apply("max_pool_grad", d, x, **attrs))
+    rng = np.random.default_rng(12)
+    xv = rng.integers(-3, 0, xs).astype(np.float32)
+    xv[0, 0, 0, 1] = NAN          # two NaNs in overlapping windows: the first in kernel order wins
+    xv[0, 0, 1, 0] = NAN
+    xv[0, 0, 3, 3] = INF
+    xv[0, 0, 3, 5] = INF          # a tie of infinities
+    xv[0, 0, 5, 6] = NAN
+    xv[0, 1, :3, :3] = -INF       # window (0, 0) all -inf: its first tap is padding
+    xv[0, 1, 2:, 2:5] = -INF      # all -inf inside the input: the first tap takes it
+    xv[0, 2] = -INF               # a whole plane of -inf
+    xv[0, 2, 4, 4] = NAN
+    feeds = {"x": xv, "d": rng.standard_normal(ys).astype(np.float32)}
+    _, out, ref = check(g, feeds, tol=WIN_TOL)
+    lost = feeds["d"][0, 1].astype(np.float64).sum() - ref["dx"][0, 1].sum()    # window (0, 0)'s dout, in the padding
+    assert abs(lost - feeds["d"][0, 1, 0, 0]) < 1e-5 and abs(lost) > 1e-3
+    np.testing.assert_allclose(out["dx"][0, 1].sum(), ref["dx"][0, 1].sum(), rtol=1e-5, atol=1e-5)
