@@ -20,14 +20,10 @@ fn pool_is_nan_(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f8
 
 // Whether tap t of output position pos lies inside the input or its declared padding.
 fn declared_(pos: ptr<function, array<u32, ND>>, t: u32) -> bool {
-    var r = t;
-    for (var d = i32(ND) - 1; d >= 0; d = d - 1) {
-        let ud = u32(d);
-        let k = g(2u, ud);
-        let kd = r % k;
-        r = r / k;
-        let p = i32((*pos)[d] * g(3u, ud) + kd * g(5u, ud)) - i32(g(4u, ud));
-        if (p >= i32(g(1u, ud) + g(6u, ud))) { return false; }
+    var at: array<i32, ND>;
+    tap_coords_(pos, t, &at);
+    for (var d = 0u; d < ND; d = d + 1u) {
+        if (at[d] >= i32(g(1u, d) + g(6u, d))) { return false; }
     }
     return true;
 }

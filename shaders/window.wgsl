@@ -18,20 +18,29 @@ fn unravel_(idx: u32, field: u32, pos: ptr<function, array<u32, ND>>) -> u32 {
     return rem;
 }
 
-// The flat input offset that output position `pos` reads at tap `t`, or -1 in the padding.
-fn tap_(pos: ptr<function, array<u32, ND>>, t: u32) -> i32 {
+// The input coordinates, axis by axis, that output position `pos` reads at tap `t`
+// (negative or past the input in the padding).
+fn tap_coords_(pos: ptr<function, array<u32, ND>>, t: u32, at: ptr<function, array<i32, ND>>) {
     var r = t;
-    var off = 0u;
-    var mult = 1u;
     for (var d = i32(ND) - 1; d >= 0; d = d - 1) {
         let ud = u32(d);
         let k = g(2u, ud);
         let kd = r % k;
         r = r / k;
-        let p = i32((*pos)[d] * g(3u, ud) + kd * g(5u, ud)) - i32(g(4u, ud));
-        let n_in = i32(g(1u, ud));
-        if (p < 0 || p >= n_in) { return -1; }
-        off = off + u32(p) * mult;
+        (*at)[d] = i32((*pos)[d] * g(3u, ud) + kd * g(5u, ud)) - i32(g(4u, ud));
+    }
+}
+
+// The flat input offset that output position `pos` reads at tap `t`, or -1 in the padding.
+fn tap_(pos: ptr<function, array<u32, ND>>, t: u32) -> i32 {
+    var at: array<i32, ND>;
+    tap_coords_(pos, t, &at);
+    var off = 0u;
+    var mult = 1u;
+    for (var d = i32(ND) - 1; d >= 0; d = d - 1) {
+        let n_in = i32(g(1u, u32(d)));
+        if (at[d] < 0 || at[d] >= n_in) { return -1; }
+        off = off + u32(at[d]) * mult;
         mult = mult * u32(n_in);
     }
     return i32(off);

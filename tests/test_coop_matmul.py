@@ -191,6 +191,15 @@ TINT_CHECK = textwrap.dedent("""
     capabilities = [codegen.Capabilities(subgroups=s, workgroup_storage=w, dialect="tint", matmul_f16=f)
                     for s, w, f in ((True, 49152, True), (True, 49152, False), (False, 32768, False))]
     sources, failures = {}, []
+
+    def check(label, kernel):
+        if kernel.source not in sources:
+            sources[kernel.source] = kernel.name
+            try:
+                device.create_shader_module(code=kernel.source)
+            except Exception as exc:
+                failures.append(f"{label} {kernel.name}: {str(exc)[:400]}")
+
     for name in models.names():
         model = models.create(name, ["mel_len=200"] if name in ("whisper-tiny", "audio-align") else [])
         for train in (False, True):
@@ -206,12 +215,7 @@ TINT_CHECK = textwrap.dedent("""
                 for spec in optimizers:
                     plan = compile_plan(graph, gradients, "loss" if train else None, caps, spec)
                     for kernel in plan.kernels.values():
-                        if kernel.source not in sources:
-                            sources[kernel.source] = kernel.name
-                            try:
-                                device.create_shader_module(code=kernel.source)
-                            except Exception as exc:
-                                failures.append(f"{name} {kernel.name}: {str(exc)[:400]}")
+                        check(name, kernel)
     # the ONNX importer's ops, which no built-in model uses: one graph of each kind
     from engine import Graph
     g = Graph("onnx-ops")
@@ -233,13 +237,7 @@ TINT_CHECK = textwrap.dedent("""
     for caps in capabilities:
         for node in g.nodes:
             if node.op not in ("input", "parameter", "constant"):
-                kernel = codegen.kernel_for(g, node, caps)
-                if kernel.source not in sources:
-                    sources[kernel.source] = kernel.name
-                    try:
-                        device.create_shader_module(code=kernel.source)
-                    except Exception as exc:
-                        failures.append(f"onnx-ops {kernel.name}: {str(exc)[:400]}")
+                check("onnx-ops", codegen.kernel_for(g, node, caps))
     coop = sum("subgroupMatrixMultiplyAccumulate" in s for s in sources)
     print(len(sources), coop)
     print("\\n".join(failures))
