@@ -1,4 +1,5 @@
-"""The fusion report: rules that fired, counts, bytes saved and before/after totals.
+"""The fusion report: rules that fired, counts, bytes saved, where in the model (the
+modules of the nodes each produced) and before/after totals.
 
 Runs ``engine.optimize.optimize`` in a worker thread (superqt ``thread_worker``);
 selecting a row asks the graph view to highlight the nodes that rule produced.
@@ -10,6 +11,8 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QPushButton,
                                QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 from superqt.utils import thread_worker
+
+from engine.graph.modules import describe
 
 from .graph_view import fmt_bytes
 from .state import optimizer_import
@@ -42,10 +45,11 @@ class FusionPanel(QWidget):
         self.totals = QLabel("")
         self.totals.setObjectName("fusionTotals")
         self.totals.setTextFormat(Qt.TextFormat.RichText)
-        self.table = QTableWidget(0, 3)
+        self.table = QTableWidget(0, 4)
         self.table.setObjectName("fusionTable")
-        self.table.setHorizontalHeaderLabels(["Rule", "Fired", "Bytes saved"])
-        self.table.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.table.setHorizontalHeaderLabels(["Rule", "Fired", "Bytes saved", "Where"])
+        self.table.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.ResizeToContents)
+        self.table.horizontalHeader().setStretchLastSection(True)
         self.table.verticalHeader().setVisible(False)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
@@ -120,12 +124,16 @@ class FusionPanel(QWidget):
             return
         rules = {k: v for k, v in (d.get("rules") or {}).items() if v}   # the rules that fired
         saved = d.get("rule_bytes_saved") or {}
+        where = d.get("rule_modules") or {}
         self.table.setRowCount(len(rules))
         for row, (name, count) in enumerate(sorted(rules.items(), key=lambda kv: -kv[1])):
             self.table.setItem(row, 0, QTableWidgetItem(name))
             self.table.setItem(row, 1, _NumItem(count, str(count)))
             b = saved.get(name)
             self.table.setItem(row, 2, _NumItem(b or 0, fmt_bytes(b) if b is not None else "–"))
+            place = describe(where[name], most=1) if where.get(name) else ""
+            self.table.setItem(row, 3, QTableWidgetItem(place))
+            self.table.item(row, 3).setToolTip(describe(where.get(name) or {}, most=20))
         self.table.setSortingEnabled(True)
         self.table.sortItems(1, Qt.SortOrder.DescendingOrder)
 

@@ -101,6 +101,8 @@ def style_plot(plot, scheme: str) -> None:
     legend = item.legend
     if legend is not None:
         legend.setLabelTextColor(fg)
+        for _, label in legend.items:      # pyqtgraph 0.14 stores the colour but redraws no label
+            label.setText(label.text)
 
 
 def apply(app, window=None, scheme=None) -> str:

@@ -1,43 +1,44 @@
-"""Training: settings, Start / Pause / Stop, a live loss plot, save weights, export CSV.
+"""Training: settings, the data (the model's own dataset or the user's, from Data…),
+Start / Pause / Stop, a live loss plot, save weights, export CSV.
 
-The run is a superqt ``thread_worker`` generator around ``Trainer.step`` on the GPU
-(a ``TrainingSession``: forward, backward and update in one submission) or on the
-numpy reference backend: it yields after every step, so Pause and Stop take effect at
-the next step. The worker appends (step, loss) to a list that the UI's 10 Hz redraw
-timer reads: no Python object crosses threads through a queued signal per step (with
-PySide6 6.12 + Python 3.11 thousands of those crashed the app: "deallocating None").
+A run is an ``engine.train.run.TrainingRun`` on a superqt ``thread_worker``, on the GPU
+(a ``TrainingSession``: forward, backward and update in one submission) or on the numpy
+reference backend. It writes a run directory like ``meganeura train`` (under the Runs
+panel's folder, ``runs/`` by default), and ``resume_run(path)`` continues one. Pause and
+Stop take effect after the current step: its step callback waits while paused, and the
+run asks the stop flag after every step. The callback appends (step, loss) to a list
+that the UI's 10 Hz redraw timer reads: no Python object crosses threads through a
+queued signal per step (with PySide6 6.12 + Python 3.11 thousands of those crashed the
+app: "deallocating None").
 """
 
 from __future__ import annotations
 
 import math
+import os
+import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QTimer, Signal
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGridLayout,
-                               QGroupBox, QHBoxLayout, QLabel, QProgressBar, QPushButton,
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QGridLayout,
+                               QGroupBox, QHBoxLayout, QLabel, QMenu, QProgressBar, QPushButton,
                                QSpinBox, QVBoxLayout, QWidget)
 from superqt.utils import thread_worker
 
 from engine.errors import MeganeuraError
+from engine.importers import source_kind
 from engine.runtime.device import choose_backend
 from engine.train.config import OPTIMIZERS, SCHEDULES, TrainConfig
-from engine.train.data import DataLoader
-from engine.train.trainer import Trainer
+from engine.train.runs import debiased_ema
+from engine.train.run import RunOptions, TrainingRun
+from engine.train.run_dir import RunDirectory, default_runs_folder, new_run_path
 
 BACKEND_LABELS = {"gpu": "GPU (wgpu)", "reference": "reference (numpy, CPU)"}
 
-SMOOTHING = 0.9     # EMA factor of the smoothed curve
-
-
-def smooth(values, alpha=SMOOTHING):
-    out, acc = [], None
-    for v in values:
-        acc = v if acc is None else alpha * acc + (1 - alpha) * v
-        out.append(acc)
-    return out
+SMOOTHING = 0.9     # weight of the smoothed curve: TensorBoard's debiased EMA, as in the Runs panel
 
 
 def default_backend() -> str:
@@ -49,23 +50,25 @@ def default_backend() -> str:
         return "reference"
 
 
+DATA_FILTER = "Training data (*.npz *.txt *.jsonl *.wav *.flac);;All files (*)"
+
+
 @thread_worker
-def training_run(graph, params, config: TrainConfig, dataset, holder: dict, backend: str = "gpu"):
-    """Appends (step, loss) to ``holder["points"]`` and yields after every update."""
-    trainer = Trainer(graph, params, config, backend=backend)
-    holder["trainer"] = trainer
+def training_run(make_run, holder: dict):
+    """Builds the run (``make_run(on_step=..., should_stop=...)``: data, session) and runs
+    it; appends (step, loss) to ``holder["points"]`` after every update and waits there
+    while ``holder["pause"]`` is set. Returns the final status."""
     points = holder.setdefault("points", [])
-    loader = DataLoader(dataset, config.batch_size, shuffle=True, seed=config.seed, drop_last=True)
-    epoch = 0
-    while trainer.step_count < config.steps:
-        for batch in loader:
-            loss = trainer.step(batch, epoch)
-            points.append((trainer.step_count, float(loss)))
-            yield None
-            if trainer.step_count >= config.steps:
-                break
-        epoch += 1
-    return trainer
+    pause, stop = holder["pause"], holder["stop"]
+
+    def on_step(row):
+        points.append((row["step"], float(row["loss"])))
+        while pause.is_set() and not stop.is_set():
+            time.sleep(0.02)
+
+    run = make_run(on_step=on_step, should_stop=stop.is_set, prepared=lambda data: holder.update(notes=data.notes))
+    holder["run"], holder["trainer"] = run, run.trainer
+    return run.run()
 
 
 class TrainingPanel(QWidget):
@@ -81,7 +84,8 @@ class TrainingPanel(QWidget):
         self.steps_done: list[int] = []
         self.losses: list[float] = []
         self.run_started = 0.0
-        self.total_steps = 0
+        self.total_steps = self.first_step = self._seen = 0
+        self.run_dir: Path | None = None       # the last run's directory
         self.last_trainer = None
         self._dirty = False
         self.can_run = lambda: True        # the window vetoes a run while a profile uses the GPU
@@ -114,7 +118,26 @@ class TrainingPanel(QWidget):
         for name, w in (("optimizerBox", self.optimizer), ("lrBox", self.lr), ("scheduleBox", self.schedule),
                         ("stepsBox", self.steps), ("batchBox", self.batch)):
             w.setObjectName(name)
+        self.data_path: str | None = None
+        self.data_label = QLabel()
+        self.data_label.setObjectName("dataLabel")
+        self.data_button = QPushButton("Data…")
+        self.data_button.setObjectName("dataButton")
+        self.data_button.setToolTip("Train on your own data: an .npz or a folder of .npy files named after the "
+                                    "model's inputs, text (.txt, .jsonl) for causal LMs, audio (.wav, .flac with "
+                                    "NAME.txt transcripts) for the audio models")
+        menu = QMenu(self.data_button)
+        menu.addAction("File (.npz, .txt, .jsonl)…", self.choose_data_file)
+        menu.addAction("Folder (.npy, text or audio files)…", self.choose_data_folder)
+        menu.addAction("The model's own dataset", lambda: self.set_data(None))
+        self.data_button.setMenu(menu)
+        self.data_label.setWordWrap(True)
+        data_row = QVBoxLayout()                  # the name above the button: the side column is narrow
+        data_row.addWidget(self.data_label)
+        data_row.addWidget(self.data_button)
+        self.set_data(None)
         form = QFormLayout()
+        form.addRow("Data", data_row)
         form.addRow("Backend", self.backend)
         form.addRow("Optimizer", self.optimizer)
         form.addRow("Learning rate", self.lr)
@@ -207,7 +230,7 @@ class TrainingPanel(QWidget):
         self._update_buttons()
 
     def save_settings(self, qs) -> None:
-        for key, value in (("backend", self.backend_name()),
+        for key, value in (("backend", self.backend_name()), ("data", self.data_path or ""),
                            ("optimizer", self.optimizer.currentText()), ("lr", self.lr.value()),
                            ("schedule", self.schedule.currentText()), ("warmup", self.warmup.value()),
                            ("steps", self.steps.value()), ("clip", self.clip.value())):
@@ -221,6 +244,7 @@ class TrainingPanel(QWidget):
         self.warmup.setValue(int(qs.value("training/warmup", 0)))
         self.steps.setValue(int(qs.value("training/steps", 100)))
         self.clip.setValue(float(qs.value("training/clip", 0.0)))
+        self.set_data(str(qs.value("training/data", "") or "") or None)
 
     # ------------------------------------------------------------ the run
 
@@ -228,6 +252,7 @@ class TrainingPanel(QWidget):
         return self.worker is not None
 
     def start(self):
+        """A new run of the loaded model on the chosen data, in a new run directory."""
         if self.worker is not None or self.state.model is None:
             return None
         if not self.can_run():
@@ -236,30 +261,72 @@ class TrainingPanel(QWidget):
             return None
         try:
             config = self.config()
-            model = self.state.model
-            graph = model.build(train=True, batch=config.batch_size)
-            dataset = model.dataset(config.seed)
-            rows = len(next(iter(dataset.values())))
-            if rows < config.batch_size:
-                from engine.errors import TrainingError
-                raise TrainingError(f"the {model.name} dataset has {rows} rows, fewer than one batch "
-                                    f"of {config.batch_size}; lower the batch")
+            model, params = self.state.model, self.state.params
+            options = RunOptions(source=self._source(), settings=dict(model.settings),
+                                 weights=self.state.weights_path, data=self.data_path, backend=self.backend_name(),
+                                 import_options={"default_dims": 1} if source_kind(self._source()) == "onnx" else {})
+            path = new_run_path(model.name, self.runs_folder())
         except Exception as exc:
             self.failed.emit("Cannot start training", exc)
             return None
-        self.steps_done, self.losses = [], []
-        self.total_steps = config.steps
-        self.progress.setRange(0, config.steps)
-        self.progress.setValue(0)
-        self.holder = {"points": []}
+        return self._launch(lambda **hooks: TrainingRun.start(model, params, config, options, path, **hooks),
+                            config.steps, 0, [])
+
+    def resume_run(self, path):
+        """Continue the run directory ``path`` from its latest checkpoint (the Runs panel's
+        Resume): the run's model (opened when another one is loaded), data and options, up
+        to its own steps, or to Steps where the run has done its own already."""
+        if self.worker is not None or not self.can_run():
+            self.failed.emit("Cannot resume the run", MeganeuraError("a training run or a profile is running: "
+                                                                     "stop it first"))
+            return None
+        try:
+            directory = RunDirectory.open(path)
+            saved = directory.config()
+            latest = directory.latest_checkpoint()
+            if latest is None:
+                raise MeganeuraError(f"{directory.path} has no checkpoint to resume from")
+            total = int(saved.get("train", {}).get("steps") or 0)
+            if latest[0] >= total:
+                if self.steps.value() <= latest[0]:
+                    raise MeganeuraError(f"the run is at step {latest[0]} of its {total}; raise Steps above "
+                                         f"{latest[0]} to go on")
+                total = self.steps.value()
+            self._open_run_model(saved.get("model", {}))
+            earlier = [(r["step"], float(r["loss"])) for r in directory.metrics()
+                       if r["step"] <= latest[0] and isinstance(r.get("loss"), (int, float))]
+        except Exception as exc:
+            self.failed.emit("Cannot resume the run", exc)
+            return None
+        model, backend = self.state.model, self.backend_name()
+        self.steps.setValue(total)
+        return self._launch(lambda **hooks: TrainingRun.resume(directory, model, total, backend, **hooks),
+                            total, latest[0], earlier)
+
+    def _open_run_model(self, saved: dict) -> None:
+        """Load the model a run trained unless it is the one open (same source and settings)."""
+        if "source" not in saved:
+            raise MeganeuraError("the run's config.json names no model source")
+        settings = saved.get("settings", {})
+        same = self.state.model is not None and self._source() == saved["source"] \
+            and all(str(self.state.settings.get(k)) == str(v) for k, v in settings.items())
+        if not same:
+            self.state.load_model(saved["source"], settings)
+
+    def _launch(self, make_run, total: int, first: int, earlier: list[tuple[int, float]]):
+        """Start the worker that builds and runs ``make_run``; the plot starts with ``earlier`` points."""
+        self.steps_done, self.losses = [s for s, _ in earlier], [v for _, v in earlier]
+        self.first_step, self.total_steps, self.run_dir = first, total, None
+        self.progress.setRange(0, total)
+        self.progress.setValue(first)
+        self.holder = {"points": [], "pause": threading.Event(), "stop": threading.Event()}
+        self._seen = 0
+        self._dirty = True
         self.run_started = time.perf_counter()
-        backend = self.backend_name()
-        self.stats.setText("Building the GPU training session…" if backend == "gpu"
+        self.stats.setText("Building the GPU training session…" if self.backend_name() == "gpu"
                            else "Differentiating and starting…")
-        worker = training_run(graph, self.state.params, config, dataset, self.holder, backend,
-                              _start_thread=False, _ignore_errors=True)
-        worker.returned.connect(lambda trainer: self._on_end("finished"))
-        worker.aborted.connect(lambda: self._on_end("stopped"))
+        worker = training_run(make_run, self.holder, _start_thread=False, _ignore_errors=True)
+        worker.returned.connect(self._on_end)
         worker.errored.connect(self._on_error)
         worker.finished.connect(self._on_finished)
         self.worker = worker
@@ -268,33 +335,70 @@ class TrainingPanel(QWidget):
         worker.start()
         return worker
 
+    def _source(self) -> str:
+        """What the state opened, as a path that works from any folder where it is a file."""
+        source = str(self.state.source or self.state.model.name)
+        return os.path.abspath(source) if source_kind(source) != "builtin" else source
+
+    def runs_folder(self) -> Path:
+        """Where new run directories go: the Runs panel's folder, else runs/ (or $MEGANEURA_RUNS)."""
+        folder = self.qsettings.value("runs/folder") if self.qsettings is not None else None
+        return Path(str(folder)) if folder else default_runs_folder()
+
+    # ------------------------------------------------------------ data
+
+    def set_data(self, path: str | None) -> None:
+        """Train on ``path`` (a file or folder) or, with None, the model's own dataset."""
+        self.data_path = str(path) if path else None
+        self.data_label.setText(Path(self.data_path).name if self.data_path else "the model's own dataset")
+        self.data_label.setToolTip(self.data_path or "synthetic examples the model generates from the seed")
+
+    def _data_start(self) -> str:
+        return str(Path(self.data_path).parent) if self.data_path else str(Path.cwd())
+
+    def choose_data_file(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Training data", self._data_start(), DATA_FILTER)
+        if path:
+            self.set_data(path)
+
+    def choose_data_folder(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "A folder of training data (.npy, text or audio files)",
+                                                self._data_start())
+        if path:
+            self.set_data(path)
+
+    # ------------------------------------------------------------ pause, stop, progress
+
     def toggle_pause(self) -> None:
-        if self.worker is None:
+        pause = self.holder.get("pause")
+        if self.worker is None or pause is None:
             return
-        self.worker.toggle_pause()
-        paused = not self.worker.is_paused        # the flag flips at the next yield
-        self.pause_button.setText("Resume" if paused else "Pause")
-        if paused:
+        if pause.is_set():
+            pause.clear()
+            self.pause_button.setText("Pause")
+        else:
+            pause.set()                            # the worker waits after the current step
+            self.pause_button.setText("Resume")
             self.stats.setText(self.stats.text() + "  (paused)")
 
     def stop(self) -> None:
         if self.worker is not None:
-            if self.worker.is_paused:
-                self.worker.resume()
-            self.worker.quit()
+            self.holder["stop"].set()
+            self.holder["pause"].clear()
 
     def _poll(self) -> None:
         """Take the steps the worker finished since the last call."""
         points = self.holder.get("points") or []
-        new = points[len(self.losses):]
+        new = points[self._seen:]
         if new:
+            self._seen += len(new)
             self.steps_done.extend(step for step, _ in new)
             self.losses.extend(loss for _, loss in new)
             self._dirty = True
 
     def _on_error(self, exc) -> None:
         self._end_reason = "failed"
-        self.failed.emit("Training stopped", exc)
+        self.failed.emit("Training stopped" if "run" in self.holder else "Cannot start training", exc)
 
     def _on_end(self, reason: str) -> None:
         self._end_reason = reason
@@ -306,14 +410,17 @@ class TrainingPanel(QWidget):
         self.redraw_timer.stop()
         self._dirty = True
         self.redraw()
-        trainer = self.holder.get("trainer")
+        trainer, run = self.holder.get("trainer"), self.holder.get("run")
         if trainer is not None and len(trainer.history):
             self.last_trainer = trainer
             self.state.set_params(trainer.params, source=None)
         if trainer is not None and trainer.session is not None:
             self.state.set_session(trainer.session, "training")
         self.pause_button.setText("Pause")
-        self.stats.setText(self.stats.text().split("\n")[0] + f"\nRun {reason} after {len(self.losses)} steps.")
+        done = trainer.step_count if trainer is not None else self.first_step
+        self.run_dir = run.directory.path if run is not None else None
+        where = f"\nRun directory: {self.run_dir}" if self.run_dir is not None else ""
+        self.stats.setText(self.stats.text().split("\n")[0] + f"\nRun {reason} at step {done}.{where}")
         self._update_buttons()
         self.runFinished.emit(reason)
 
@@ -325,16 +432,18 @@ class TrainingPanel(QWidget):
         x = np.asarray(self.steps_done, dtype=float)
         y = np.asarray(self.losses, dtype=float)
         self.raw_curve.setData(x, y)
-        self.smooth_curve.setData(x, np.asarray(smooth(self.losses), dtype=float))
-        n = len(self.losses)
-        self.progress.setValue(n)
-        if n:
+        self.smooth_curve.setData(x, debiased_ema(y, SMOOTHING))
+        step = self.steps_done[-1] if self.steps_done else self.first_step
+        self.progress.setValue(step)
+        if self._seen:
             elapsed = time.perf_counter() - self.run_started
-            rate = n / elapsed if elapsed > 0 else math.inf
-            left = (self.total_steps - n) / rate if rate > 0 else math.inf
-            self.stats.setText(f"step {n}/{self.total_steps} · loss {self.losses[-1]:.4g} · "
+            rate = self._seen / elapsed if elapsed > 0 else math.inf
+            left = (self.total_steps - step) / rate if rate > 0 else math.inf
+            self.stats.setText(f"step {step}/{self.total_steps} · loss {self.losses[-1]:.4g} · "
                                f"{rate:.1f} steps/s · ETA {left:.0f} s")
         trainer = self.holder.get("trainer")
+        for note in self.holder.get("notes", []):
+            self.stats.setText(self.stats.text() + f"\nNote: {note}")
         if trainer is not None and trainer.history.warning:
             self.stats.setText(self.stats.text() + f"\nWarning: {trainer.history.warning}")
 

@@ -1,6 +1,6 @@
 """The Studio's main window: panels as tabs and docks around one ``StudioState``.
 
-Panels: Model (left dock), Graph / Profiler / Training / Device (central tabs),
+Panels: Model (left dock), Graph / Profiler / Training / Generate / Runs / Device (central tabs),
 Fusion report (right dock). A loaded model is optimized at once (in a worker) and the
 graph view opens on the optimized graph. The status bar shows the adapter and the GPU
 memory of the last session built. Errors from the engine (``MeganeuraError``) are
@@ -21,9 +21,11 @@ from engine.errors import MeganeuraError
 
 from . import main_thread_gc, theme
 from .fusion_panel import FusionPanel
+from .generate_panel import GeneratePanel
 from .graph_view import GraphView, fmt_bytes
 from .model_panel import MAX_RECENT, ModelPanel
 from .profiler_panel import ProfilerPanel
+from .runs_panel import RunsPanel
 from .state import StudioState, optimizer_import
 from .training_panel import TrainingPanel
 
@@ -72,6 +74,10 @@ class MainWindow(QMainWindow):
         self.graph_view.setObjectName("graphView")
         self.fusion_panel = FusionPanel(self.state)
         self.training_panel = TrainingPanel(self.state, self.qsettings)
+        self.generate_panel = GeneratePanel(self.state)
+        self.generate_panel.setObjectName("generatePanel")
+        self.runs_panel = RunsPanel(self.qsettings)
+        self.runs_panel.setObjectName("runsPanel")
         self.profiler_panel = ProfilerPanel(self.state)
         self.profiler_panel.setObjectName("profilerPanel")
         status, text = doctor_text()
@@ -86,6 +92,8 @@ class MainWindow(QMainWindow):
         self.add_panel("Graph", self.graph_view)
         self.add_panel("Profiler", self.profiler_panel)
         self.add_panel("Training", self.training_panel)
+        self.add_panel("Generate", self.generate_panel)
+        self.add_panel("Runs", self.runs_panel)
         self.add_panel("Device", self.doctor)
         self.model_dock = self._dock("Model", self.model_panel, Qt.DockWidgetArea.LeftDockWidgetArea)
         self.fusion_dock = self._dock("Fusion report", self.fusion_panel, Qt.DockWidgetArea.RightDockWidgetArea)
@@ -108,13 +116,20 @@ class MainWindow(QMainWindow):
         self.fusion_panel.ruleSelected.connect(self.highlight_rule)
         self.fusion_panel.failed.connect(lambda exc: self.show_error("Optimization failed", exc))
         self.training_panel.failed.connect(self.show_error)
-        self.training_panel.can_run = lambda: not self.profiler_panel.running()
-        self.profiler_panel.can_run = lambda: not self.training_panel.running()
+        self.runs_panel.resumeRequested.connect(self.resume_run)
+        self.training_panel.can_run = lambda: not (self.profiler_panel.running() or self.generate_panel.running())
+        self.profiler_panel.can_run = lambda: not (self.training_panel.running() or self.generate_panel.running())
+        self.generate_panel.can_run = lambda: not (self.training_panel.running() or self.profiler_panel.running())
+        self.generate_panel.failed.connect(self.show_error)
         self.profiler_panel.failed.connect(self.show_error)
         self.profiler_panel.message.connect(lambda text: self.statusBar().showMessage(text, 15000))
         self.profiler_panel.dispatchSelected.connect(self.select_dispatch)
+        self.profiler_panel.kernelSelected.connect(self.select_dispatches)
         self.state.sessionChanged.connect(self._session_changed)
         self.state.profileChanged.connect(self.graph_view.refresh_properties)
+        self.state.profileChanged.connect(self.graph_view.refresh_heat)
+        self.profiler_panel.moduleSelected.connect(self.select_module)
+        self.graph_view.nodesSelected.connect(self._graph_selection)
         self.training_panel.save_button.clicked.connect(self.save_weights)
         self.training_panel.export_button.clicked.connect(self.export_csv)
         self.state.modelChanged.connect(self._model_changed)
@@ -204,8 +219,9 @@ class MainWindow(QMainWindow):
     def load_model(self, source: str, settings: dict) -> bool:
         """Open ``source`` (a built-in name, an .onnx file or a checkpoint folder); on an
         error, a dialog, and the model open before stays open."""
-        if self.training_panel.running() or self.profiler_panel.running():
-            self.show_error("Cannot load a model", MeganeuraError("stop the training run or the profile first"))
+        if self.training_panel.running() or self.profiler_panel.running() or self.generate_panel.running():
+            self.show_error("Cannot load a model", MeganeuraError("stop the training run, the profile or the "
+                                                                  "generation first"))
             return False
         QApplication.setOverrideCursor(Qt.CursorShape.WaitCursor)
         try:
@@ -348,6 +364,10 @@ class MainWindow(QMainWindow):
             self.graph_view.show_graph(None, kind, "Optimizing… (see the Fusion report)")
             self.fusion_panel.run_optimizer()
             return
+        p = self.state.profile
+        if kind == "training" and p is not None and p.train:      # the one profiled: it has GPU times
+            self.graph_view.show_graph(p.graph, kind, note="as profiled")
+            return
         try:
             graph = self.state.graph(kind)
         except MeganeuraError as exc:
@@ -362,15 +382,50 @@ class MainWindow(QMainWindow):
 
     def select_dispatch(self, index: int) -> list[int]:
         """Select (and centre on) the graph nodes that profiled dispatch ``index`` runs."""
+        return self.select_dispatches([index])
+
+    def select_dispatches(self, indices: list[int]) -> list[int]:
+        """Select the graph nodes that the profiled dispatches at ``indices`` (positions
+        in a step: a kernel's, from the roofline or the kernel table) run."""
         p = self.state.profile
-        if p is None or not 0 <= index < len(p.dispatch_nodes):
+        indices = [i for i in indices if 0 <= i < len(p.dispatch_nodes)] if p is not None else []
+        if not indices:
             return []
-        nodes = p.dispatch_nodes[index]
+        nodes = list(dict.fromkeys(n for i in indices for n in p.dispatch_nodes[i]))
+        self._show_profiled_graph()
+        self.graph_view.select(nodes)
+        return nodes
+
+    def _show_profiled_graph(self) -> None:
+        p = self.state.profile
         if self.graph_view.graph is not p.graph:
             self.graph_view.show_graph(p.graph, "training" if p.train else "optimized",
                                        note="as profiled" if p.train else "")
-        self.graph_view.select(nodes)
-        return nodes
+
+    def select_module(self, path: str) -> bool:
+        """Select a module (a row of the profiler's Per module table) in the profiled graph."""
+        if self.state.profile is None:
+            return False
+        self._show_profiled_graph()
+        return self.graph_view.select_module(path)
+
+    def _graph_selection(self, nodes: list) -> None:
+        """Nodes the user selected in the graph: their kernel's row in the kernel table and
+        their block's row in the module table (without selecting anything back)."""
+        p = self.state.profile
+        if p is None or self.graph_view.graph is not p.graph:
+            return
+        kernels = [d["kernel"] for n in nodes for d in p.node_dispatches.get(n, [])]
+        panel = self.profiler_panel
+        if kernels:
+            rows = panel.kernel_model.find(0, kernels[0])
+            if rows:
+                panel.kernel_table.selectRow(rows[0])
+        blocks = {r for r in panel.module_table.names()
+                  if any(self.graph_view.graph[n].module == r or self.graph_view.graph[n].module.startswith(r + ".")
+                         for n in nodes)}
+        if len(blocks) == 1:
+            panel.module_table.select(blocks.pop())
 
     def _session_changed(self) -> None:
         s = self.state
@@ -394,6 +449,11 @@ class MainWindow(QMainWindow):
         self.tabs.setCurrentWidget(self.training_panel)
         self.training_panel.start()
 
+    def resume_run(self, path: str) -> None:
+        """The Runs panel's Resume: the Training tab continues the run directory ``path``."""
+        self.tabs.setCurrentWidget(self.training_panel)
+        self.training_panel.resume_run(path)
+
     def start_profile(self) -> None:
         self.tabs.setCurrentWidget(self.profiler_panel)
         self.profiler_panel.run()
@@ -404,8 +464,9 @@ class MainWindow(QMainWindow):
         from PySide6.QtWidgets import QApplication
         self.training_panel.stop()
         self.profiler_panel.cancel()
+        self.generate_panel.stop()
         end = time.monotonic() + seconds
-        panels = (self.training_panel, self.profiler_panel, self.fusion_panel)
+        panels = (self.training_panel, self.profiler_panel, self.fusion_panel, self.generate_panel)
         while any(p.worker is not None for p in panels) and time.monotonic() < end:
             QApplication.processEvents()
             time.sleep(0.005)
@@ -421,6 +482,6 @@ class MainWindow(QMainWindow):
             self.wait_for_workers()
             super().closeEvent(event)
         finally:
-            panels = (self.training_panel, self.profiler_panel, self.fusion_panel)
+            panels = (self.training_panel, self.profiler_panel, self.fusion_panel, self.generate_panel)
             if all(p.worker is None for p in panels):   # else the window's destruction releases it
                 main_thread_gc.release(self)

@@ -48,6 +48,7 @@ class Config:
     trace: str | None = None           # MEGANEURA_TRACE: write the last profile there at exit
     shader_checks: str | None = None   # MEGANEURA_SHADER_CHECKS
     studio_settings: str | None = None  # MEGANEURA_STUDIO_SETTINGS: an ini file instead of the user's
+    runs_dir: str | None = None        # MEGANEURA_RUNS: where new run directories go (default runs/ here)
     knobs: Knobs = field(default_factory=Knobs)
 
     @classmethod
@@ -68,7 +69,7 @@ class Config:
                    precision=_choice(get, "PRECISION", PRECISIONS, "f32"),
                    cache_dir=get("CACHE"), trace=get("TRACE"),
                    shader_checks=_choice(get, "SHADER_CHECKS", SHADER_CHECKS, None),
-                   studio_settings=get("STUDIO_SETTINGS"), knobs=knobs)
+                   studio_settings=get("STUDIO_SETTINGS"), runs_dir=get("RUNS"), knobs=knobs)
 
     def with_knobs(self, **changes) -> "Config":
         return replace(self, knobs=replace(self.knobs, **changes))

@@ -44,3 +44,9 @@ class ModelImportError(MeganeuraError):
     """A model file or checkpoint folder cannot be imported: not ONNX, truncated, an op
     or attribute the importer does not handle (all of them named), a config it does not
     know, weights that disagree with the config, an unbound dimension."""
+
+
+class DataError(TrainingError):
+    """Training data cannot be read or does not fit the model: a file that is not there
+    or not readable, an input with no array, a wrong dtype or shape (named, expected
+    against found), an empty dataset, a batch larger than the dataset."""

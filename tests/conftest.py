@@ -10,6 +10,14 @@ if "MEGANEURA_CACHE" not in os.environ:
 
     os.environ["MEGANEURA_CACHE"] = tempfile.mkdtemp(prefix="meganeura-test-cache-")
 
+# `meganeura train` writes a run directory under runs/ by default: keep the tests' out of the
+# checkout, in a folder removed when the session ends (checkpoints take tens of MB).
+TEST_RUNS = None
+if "MEGANEURA_RUNS" not in os.environ:
+    import tempfile
+
+    TEST_RUNS = os.environ["MEGANEURA_RUNS"] = tempfile.mkdtemp(prefix="meganeura-test-runs-")
+
 # The Studio's QSettings go to a throwaway ini file, never the user's real settings.
 if "MEGANEURA_STUDIO_SETTINGS" not in os.environ:
     import tempfile
@@ -42,3 +50,21 @@ def configure():
 
     yield change
     config.use(previous)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def remove_test_runs():
+    """The run directories tests wrote under $MEGANEURA_RUNS go when the session ends."""
+    yield
+    if TEST_RUNS is not None:
+        import shutil
+        shutil.rmtree(TEST_RUNS, ignore_errors=True)
+
+
+@pytest.fixture
+def errors(monkeypatch):
+    """The Studio's error dialogs (QMessageBox.critical) recorded as (title, text) instead of blocking."""
+    from PySide6.QtWidgets import QMessageBox
+    seen = []
+    monkeypatch.setattr(QMessageBox, "critical", lambda parent, title, text, *a, **k: seen.append((title, text)))
+    return seen

@@ -157,6 +157,9 @@ NOT_GRADCHECKED = {
     "logical_not": "a boolean 0/1 mask: zero gradient almost everywhere; the rule gives none",
     "equal": _BOOL, "less": _BOOL, "greater": _BOOL, "less_equal": _BOOL, "greater_equal": _BOOL,
     "index_wrap": "i32 indices in and out: nothing to differentiate",
+    "cache_write": "generation (inference) only: its rule refuses, test_generation_ops_refuse_gradients",
+    "cached_attention": "generation (inference) only: its rule refuses, test_generation_ops_refuse_gradients",
+    "swiglu_matmul": "made by the few-row pass after autodiff (engine.optimize.few_rows); its rule refuses",
 }
 
 

@@ -68,15 +68,29 @@ def test_bench_kernels_quick():
         assert err < 1e-5, r
 
 
-def test_bench_checkpoint_quick():
-    """A Llama checkpoint through save_pretrained and our importer, beside transformers."""
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_checkpoint.py"), "--quick"],
+def run_quick(script: str) -> tuple[str, dict[str, list[str]]]:
+    """``bench/SCRIPT --quick``'s output and its markdown table's rows by first cell."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--quick"],
                           capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONUNBUFFERED="1"),
                           cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {cells[0]: cells for line in proc.stdout.splitlines() if line.startswith("| ")
             for cells in [[c.strip() for c in line.strip("|").split("|")]]}
+    return proc.stdout, rows
+
+
+def test_bench_checkpoint_quick():
+    """A Llama checkpoint through save_pretrained and our importer, beside transformers."""
+    stdout, rows = run_quick("bench_checkpoint.py")
     for name in ("ours (engine, f32)", "transformers fp32", "transformers bf16 autocast"):
         assert float(rows[name][1].split()[0]) > 0 and float(rows[name][3].split()[0]) > 0, rows[name]
-    err = float(proc.stdout.split("max |diff| / max |ref| = ")[1].split()[0])
-    assert err < 1e-4, proc.stdout
+    err = float(stdout.split("max |diff| / max |ref| = ")[1].split()[0])
+    assert err < 1e-4, stdout
+
+
+def test_bench_generate_quick():
+    """Greedy generation from a Llama checkpoint beside transformers' generate; ids compared."""
+    stdout, rows = run_quick("bench_generate.py")
+    for name in ("ours (f32)", "transformers fp32", "transformers fp16"):
+        assert float(rows[name][1].split()[0]) > 0 and float(rows[name][2]) > 0, rows[name]
+    assert "equal transformers' fp32 for the first 8 of 8" in stdout

@@ -69,7 +69,7 @@ def test_optimize_train_and_profile_work_on_the_file_alone(checkpoint, capsys):
     assert abs(losses[0] - np.log(96)) < 1.0          # random weights: about uniform over the vocabulary
     code, out, err = cli(capsys, "profile", path, "--set", "seq=8", "--steps", "1", "--json")
     assert code == 0, err
-    assert any(d["kernel"].startswith("attention") for d in json.loads(out)["dispatches"])
+    assert any(d["kernel"].startswith("model.layers.0.self_attn:attention") for d in json.loads(out)["dispatches"])
 
 
 def test_a_path_that_is_no_model_is_one_line(capsys, tmp_path):

@@ -552,6 +552,96 @@ def rope_cases(rng):
     return out
 
 
+def torch_rope_at(heads, base, positions, x):
+    """torch_rope's rotation at explicit positions [B, T] (a generation step's)."""
+    b, t, width = x.shape
+    d = width // heads
+    xh = x.reshape(b, t, heads, d)
+    freqs = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = positions.to(torch.float64)[..., None] * freqs
+    cos = torch.cat([angles.cos()] * 2, -1)[:, :, None, :].to(x.dtype)
+    sin = torch.cat([angles.sin()] * 2, -1)[:, :, None, :].to(x.dtype)
+    rotated = torch.cat([-xh[..., d // 2:], xh[..., : d // 2]], -1)
+    return (xh * cos + rotated * sin).reshape(b, t, width)
+
+
+@case
+def rope_positions_cases(rng):
+    positions = np.array([[3, 9, 0], [41, 42, 43]], np.int32)
+    return Case("h=2 d=6", {"x": normal(rng, 2, 3, 12), "positions": positions},
+                lambda g, x, positions: g.rope(x, 2, base=500.0, positions=positions),
+                lambda x, positions: torch_rope_at(2, 500.0, positions, x))
+
+
+# ---------------------------------------------------------------- generation: the KV cache's ops
+
+@case
+def cache_write_cases(rng):
+    positions = np.array([[4, 1], [0, 6]], np.int32)
+    arrays = {"cache": normal(rng, 2, 7, 8), "x": normal(rng, 2, 2, 8), "positions": positions}
+
+    def torch_write(cache, x, positions, heads=0):
+        x = torch_rope_at(heads, 300.0, positions, x) if heads else x
+        out = cache.clone()
+        for b in range(cache.shape[0]):
+            out[b].index_copy_(0, positions[b], x[b])
+        return out
+    return [Case("plain", dict(arrays), lambda g, cache, x, positions: g.cache_write(cache, x, positions),
+                 torch_write),
+            Case("rope", dict(arrays), lambda g, cache, x, positions: g.cache_write(cache, x, positions, 2, 300.0),
+                 lambda cache, x, positions: torch_write(cache, x, positions, heads=2))]
+
+
+def torch_cached_attention(heads, kv_heads, scale, rope_base=None):
+    def fn(q, k, v, positions):
+        if rope_base:
+            q = torch_rope_at(heads, rope_base, positions, q)
+        visible = torch.arange(k.shape[1])[None, None, :] <= positions[:, :, None]   # [B, T, S]
+        o = F.scaled_dot_product_attention(heads_first(q, heads), heads_first(k, kv_heads), heads_first(v, kv_heads),
+                                           attn_mask=visible[:, None], scale=scale, enable_gqa=kv_heads != heads)
+        return heads_last(o)
+    return fn
+
+
+@case
+def cached_attention_cases(rng):
+    out = []
+    for heads, kv_heads, t, s, scale, rope_base in ((2, 2, 1, 9, None, None), (4, 2, 3, 8, 0.4, None),
+                                                    (3, 1, 2, 5, None, 1000.0)):
+        d, b = 4, 2
+        positions = np.stack([rng.permutation(s)[:t] for _ in range(b)]).astype(np.int32)
+        arrays = {"q": normal(rng, b, t, heads * d), "k": normal(rng, b, s, kv_heads * d),
+                  "v": normal(rng, b, s, kv_heads * d), "positions": positions}
+        build = (lambda h, kv, sc, rb: lambda g, q, k, v, positions: g.cached_attention(
+            q, k, v, positions, h, kv, sc, rope=rb is not None, rope_base=rb or 10000.0))(heads, kv_heads, scale, rope_base)
+        out.append(Case(f"h={heads} kv={kv_heads} t={t} s={s} scale={scale} rope={rope_base}", arrays, build,
+                        torch_cached_attention(heads, kv_heads, scale, rope_base)))
+    return out
+
+
+@case
+def swiglu_matmul_cases(rng):
+    out = []
+    for rows, tb, norm in ((1, False, True), (3, True, False), (2, True, True)):
+        k, n = 6, 5
+        arrays = {"x": normal(rng, 1, rows, k), "wg": normal(rng, *((n, k) if tb else (k, n))),
+                  "wu": normal(rng, *((n, k) if tb else (k, n)))}
+        if norm:
+            arrays["nw"] = normal(rng, k)
+
+        def build(g, x, wg, wu, nw=None, tb=tb):
+            return g.apply("swiglu_matmul", *(x, wg, wu) + ((nw,) if nw is not None else ()), transpose_b=tb,
+                           eps=1e-5)
+
+        def torch_fn(x, wg, wu, nw=None, tb=tb):
+            if nw is not None:
+                x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * nw
+            wg, wu = (wg.T, wu.T) if tb else (wg, wu)
+            return F.silu(x @ wg) * (x @ wu)
+        out.append(Case(f"rows={rows} tb={tb} norm={norm}", arrays, build, torch_fn))
+    return out
+
+
 # ---------------------------------------------------------------- convolution
 
 @case

@@ -50,7 +50,8 @@ def differentiate(graph: Graph, loss: str = "loss") -> tuple[Graph, list[tuple[s
         raise GraphError(f"loss {loss!r} must be a scalar, found shape {list(g[root].shape)}")
     trainable = {name: i for name, i in g.parameters.items() if g.param_meta[name].get("trainable", True)}
     active = on_gradient_path(g, set(trainable.values()), root)
-    seed = g.constant(np.ones(g[root].shape, np.float32), name="d" + loss)
+    with g.scope(g[root].modules):
+        seed = g.constant(np.ones(g[root].shape, np.float32), name="d" + loss)
     grads = backprop(g, root, seed, active)
     pairs = []
     for name, i in trainable.items():
@@ -78,16 +79,18 @@ def on_gradient_path(g: Graph, sources: set[int], root: int) -> set[int]:
 
 def backprop(g: Graph, root: int, seed: int, active: set[int], leaves=frozenset()) -> dict[int, int]:
     """Accumulate gradients from ``root`` (seeded with ``seed``) back through the nodes
-    in ``active``, newest first; ``leaves`` get gradients but are not walked through."""
+    in ``active``, newest first; ``leaves`` get gradients but are not walked through.
+    The nodes a node's rule builds carry that node's modules."""
     grads = {root: seed}
     for nid in sorted(active, reverse=True):
         node = g[nid]
         if nid not in grads or nid in leaves or OPS[node.op].archetype == SOURCE:
             continue
-        for i, d in zip(node.inputs, rule_of(g, node)(g, node, grads[nid])):
-            if d is not None and i in active:
-                d = sum_to(g, d, g[i].shape)
-                grads[i] = g.add(grads[i], d) if i in grads else d
+        with g.scope(node.modules):
+            for i, d in zip(node.inputs, rule_of(g, node)(g, node, grads[nid])):
+                if d is not None and i in active:
+                    d = sum_to(g, d, g[i].shape)
+                    grads[i] = g.add(grads[i], d) if i in grads else d
     return grads
 
 
@@ -356,7 +359,17 @@ def attention_grad(g, n, d):
 
 
 def rope_grad(g, n, d):
-    return (g.apply("rope", d, **{**n.attrs, "inverse": not n.attrs["inverse"]}),)
+    return (g.apply("rope", d, *n.inputs[1:], **{**n.attrs, "inverse": not n.attrs["inverse"]}), None)
+
+
+def inference_only(g, n, d):
+    raise GraphError(f"{g.format_node(n)}: {n.op} belongs to cached generation, which is inference only; "
+                     f"differentiate the model's training graph instead")
+
+
+def few_rows_only(g, n, d):
+    raise GraphError(f"{g.format_node(n)}: {n.op} is made by the few-row pass of generation graphs, after "
+                     f"autodiff; differentiate the graph before that pass")
 
 
 # ---------------------------------------------------------------- rules of the ONNX import ops
@@ -465,6 +478,9 @@ GRADIENTS: dict[str, GradientRule] = {
                                                           transpose_b=n.attrs["transpose_b"])),
     "attention": attention_grad,
     "rope": rope_grad,
+    "cache_write": inference_only,
+    "cached_attention": inference_only,
+    "swiglu_matmul": few_rows_only,
     "conv1d": conv_grad,
     "conv2d": conv_grad,
     "reshape": lambda g, n, d: (g.reshape(d, g.shape(n.inputs[0])),),

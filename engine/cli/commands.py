@@ -1,4 +1,4 @@
-"""The model subcommands of ``meganeura``: models, run, optimize, train.
+"""The model subcommands of ``meganeura``: models, run, optimize (train is in ``train``).
 
 Each is a thin layer over the engine's public API; ``--json`` prints one object on
 stdout (docs/cli.md documents the fields) and progress goes to stderr.
@@ -22,8 +22,8 @@ from .registry import register_command
 from ..errors import MeganeuraError
 
 
-def _model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", metavar="SOURCE",
+def _model_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    parser.add_argument("model", metavar="SOURCE", nargs=None if required else "?",
                         help="a built-in model name (see `meganeura models`), an .onnx file or a Hugging Face "
                              "checkpoint folder (config.json + model.safetensors)")
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="NAME=VALUE",
@@ -118,6 +118,10 @@ def _run_arguments(parser):
     parser.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
                         help="an input tensor (default: the model's dataset)")
     parser.add_argument("--output", metavar="OUT.npz", help="write the outputs here")
+    backend_argument(parser)
+
+
+def backend_argument(parser) -> None:
     parser.add_argument("--backend", choices=("auto", "gpu", "reference"), default="auto",
                         help="auto (default): the GPU, or the reference executor where the adapter is a "
                              "software renderer; gpu forces the adapter")
@@ -165,6 +169,19 @@ def _optimize_arguments(parser):
     _model_arguments(parser)
     parser.add_argument("--train", action="store_true",
                         help="optimize the training graph (forward and backward) instead of inference")
+    parser.add_argument("--generate", choices=("prefill", "decode"),
+                        help="optimize a generation graph of a causal LM instead: the prefill of a prompt of "
+                             "seq tokens, or the one-token decode step over the KV cache")
+
+
+def generation_graph(model, phase: str):
+    """The prefill (of the model's ``seq`` tokens) or decode graph ``generate`` compiles."""
+    from ..train.generation import cache_capacity
+    seq = int(model.settings.get("seq", 1)) if phase == "prefill" else 1
+    prompt = int(model.settings.get("seq", 1))
+    if not model.generates:
+        model.causal_logits(None, 0)
+    return model.generation_graph(seq, cache_capacity(prompt + 1, model.context_length), phase == "prefill")
 
 
 def _optimize(args):
@@ -173,19 +190,33 @@ def _optimize(args):
     model = open_model(args)
     if args.weights:
         model.load_weights(args.weights)  # validates the file against the model
-    graph = model.build(train=args.train)
+    if args.generate and args.train:
+        raise MeganeuraError("--generate and --train optimize different graphs; give one of them")
+    graph = generation_graph(model, args.generate) if args.generate else model.build(train=args.train)
     if args.train:
         graph, _ = optimize(graph)
         graph, _ = differentiate(graph)
     progress(f"optimizing {graph.name} ({len(graph)} nodes)")
-    _, report = optimize(graph)
+    if args.generate:
+        from ..optimize import cost
+        from ..train.generation import optimize_generation
+        fused, report, few = optimize_generation(graph)
+        few = {"fusions": few, "dispatches_after": cost.graph_cost(fused)[1]}
+    else:
+        _, report = optimize(graph)
+        few = None
     if args.json:
         d = report.to_dict()
         d["origins"] = {str(k): v for k, v in d["origins"].items()}
-        _print_json({"model": model.name, "train": args.train, **d})
+        _print_json({"model": model.name, "train": args.train, "generate": args.generate, **d, "few_rows": few})
     else:
-        print(f"{model.name} ({'training' if args.train else 'inference'} graph)")
+        kind = f"generation {args.generate}" if args.generate else "training" if args.train else "inference"
+        print(f"{model.name} ({kind} graph)")
         print(report.format_table())
+        if few:
+            applied = ", ".join(f"{k} x{v}" for k, v in few["fusions"].items()) or "none applied"
+            print(f"then the few-row fusions (engine.optimize.few_rows): {applied}; "
+                  f"{few['dispatches_after']} dispatches")
     return 0
 
 
@@ -193,24 +224,6 @@ register_command("optimize", "fuse a model's graph and print the fusion report",
 
 
 # ------------------------------------------------------------------ train
-
-def _train_arguments(parser):
-    _model_arguments(parser)
-    parser.add_argument("--steps", type=int, default=50, help="training steps (default 50)")
-    parser.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), help="default: the model's")
-    parser.add_argument("--lr", type=float, help="peak learning rate (default: the model's)")
-    parser.add_argument("--schedule", choices=("constant", "warmup", "cosine"), help="learning-rate schedule")
-    parser.add_argument("--warmup", type=int, help="linear warm-up steps")
-    parser.add_argument("--weight-decay", type=float, help="weight decay (decoupled for adamw)")
-    parser.add_argument("--momentum", type=float, help="SGD momentum (default 0.9 with --optimizer sgd)")
-    parser.add_argument("--clip", type=float, help="clip gradients to this global norm")
-    parser.add_argument("--save", metavar="FILE", help="write the trained weights (.safetensors)")
-    parser.add_argument("--loss-csv", metavar="FILE", help="write the loss history as CSV")
-    parser.add_argument("--backend", choices=("auto", "gpu", "reference"), default="auto",
-                        help="auto (default): the GPU, or the reference executor where the adapter is a "
-                             "software renderer; gpu forces the adapter")
-    loss_arguments(parser)
-
 
 def loss_arguments(parser) -> None:
     """--loss and --target: how an ONNX model, which declares no loss, trains."""
@@ -239,50 +252,3 @@ def adapter_summary(backend: str) -> dict | None:
         return None
     from ..runtime.device import adapter_summary as gpu_adapter_summary
     return gpu_adapter_summary()
-
-
-def _train(args):
-    from tqdm import tqdm
-
-    from ..train.data import DataLoader
-    from ..train.trainer import Trainer
-    model, params = load_model(args)
-    config = train_config(model, args)
-    graph = model.build(train=True)
-    args.backend = resolve_backend(args)
-    progress(f"building the {args.backend} training session for {model.name}")
-    start = time.perf_counter()
-    trainer = Trainer(graph, params, config, backend=args.backend)
-    data = DataLoader(model.dataset(args.seed), config.batch_size, shuffle=True, seed=args.seed, drop_last=True)
-    bar = tqdm(total=config.steps, desc=f"train {model.name}", unit="step", file=sys.stderr,
-               disable=None if not args.json else True)
-    trainer.on_step = lambda step, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:.4f}"))
-    interrupted = False
-    try:
-        history = trainer.fit(data)
-    except KeyboardInterrupt:
-        interrupted, history = True, trainer.history
-        history.stopped = True
-    finally:
-        bar.close()
-    seconds = time.perf_counter() - start
-    if args.save:
-        model.save_weights(trainer.params, args.save)
-    if args.loss_csv:
-        history.to_csv(args.loss_csv)
-    losses = list(history.losses)
-    if args.json:
-        _print_json({"model": model.name, "backend": args.backend, "adapter": adapter_summary(args.backend),
-                     "steps": len(losses), "losses": losses, "seconds": seconds, "stopped": history.stopped,
-                     "saved": args.save})
-    else:
-        if losses:
-            print(f"{model.name}: {len(losses)} steps on {args.backend}, loss {losses[0]:.4f} -> {losses[-1]:.4f} "
-                  f"in {seconds:.1f} s" + (f"; weights saved to {args.save}" if args.save else ""))
-        if interrupted:
-            print(f"interrupted after {len(losses)} steps", file=sys.stderr)
-    return 130 if interrupted else 0
-
-
-register_command("train", "train a model and report its loss per step", _train_arguments, _train,
-                 outputs=("save", "loss_csv"))

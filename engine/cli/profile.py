@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import argparse
 
+import numpy as np
+
 from .registry import register_command
 from .commands import _model_arguments, _print_json, load_model, loss_arguments, progress
 from ..errors import MeganeuraError
+from ..train.generation import step_inputs
 
 
 def _profile_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,10 +24,17 @@ def _profile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=10, help="profiled steps (default 10)")
     parser.add_argument("--train", action="store_true",
                         help="profile training steps (forward, backward, optimizer) instead of the forward pass")
+    parser.add_argument("--generate", type=int, metavar="N",
+                        help="profile generation instead (causal LMs): the prefill of a prompt of the model's "
+                             "seq tokens, then N decode steps over the KV cache; tables and traces show the "
+                             "two phases apart")
     loss_arguments(parser)
     parser.add_argument("--trace", metavar="OUT.pftrace",
                         help="write a Perfetto trace here (a name ending in .json writes Chrome trace JSON)")
     parser.add_argument("--top", type=int, default=15, help="kernels shown in the table (default 15)")
+    parser.add_argument("--group-by", choices=("kernel", "archetype", "module"), default="kernel",
+                        help="table rows: per kernel (default), per kernel archetype, or per module "
+                             "(the model's layers and the modules beside them, in model order)")
     parser.add_argument("--timing", choices=("auto", "inside-passes", "per-pass", "cpu-wall-per-submission"),
                         default="auto", help="how dispatches are timed (default: the best the adapter offers)")
 
@@ -40,8 +50,13 @@ def profile_model(args, spans=None):
         with rec.span("load model"):
             model, params = load_model(args)
         mode = None if args.timing == "auto" else args.timing
-        report, _ = profile_built_model(model, params, args.steps, train=bool(args.train), seed=args.seed,
-                                        mode=mode, spans=rec, progress=progress)
+        if args.generate is not None:
+            if args.train:
+                raise MeganeuraError("--generate and --train profile different things; give one of them")
+            report = profile_generation(model, params, args.generate, mode=mode, spans=rec, progress=progress)
+        else:
+            report, _ = profile_built_model(model, params, args.steps, train=bool(args.train), seed=args.seed,
+                                            mode=mode, spans=rec, progress=progress)
     report.spans = list(rec.spans)  # the outer span closed after the report was made
     return report
 
@@ -56,6 +71,7 @@ def profile_built_model(model, params, steps: int, *, train: bool = False, graph
     from ..compile import plan as compile_mod
     from ..runtime import session as runtime
     from ..runtime.report import SpanRecorder, add_build_spans
+    from ..runtime.peaks import adapter_peaks
     from ..runtime.profiler import profile_session
 
     if steps < 1:
@@ -90,7 +106,50 @@ def profile_built_model(model, params, steps: int, *, train: bool = False, graph
         session.set_inputs({k: v for k, v in inputs.items() if k in graph.inputs})
     report = profile_session(session, steps, train=bool(train), model=model.name, mode=mode,
                              spans=rec, include_build_spans=False, progress=progress)
+    with rec.span("adapter peaks (roofline)"):
+        report.peaks = adapter_peaks(session.device, progress=say)
     return report, session
+
+
+def profile_generation(model, params, new_tokens: int, *, prompt=None, mode: str | None = None, spans=None,
+                       progress=None):
+    """Profile a generation on the GPU: the prefill of ``prompt`` (default: the model's
+    ``seq`` setting's worth of its example tokens) once, then ``new_tokens`` decode steps
+    at successive positions; one ProfileReport whose dispatches carry their phase
+    (``prefill`` or ``decode``: separate table rows and trace tracks)."""
+    from ..runtime.peaks import adapter_peaks
+    from ..runtime.profiler import profile_session
+    from ..runtime.report import SpanRecorder, combine_phases
+
+    if new_tokens < 1:
+        raise MeganeuraError(f"--generate must be at least 1, found {new_tokens}")
+    say = progress or (lambda message: None)
+    rec = spans if spans is not None else SpanRecorder()
+    gen = model.generator(params, backend="gpu")
+    decode_positions = 2 * new_tokens + 2  # warm-up and the steps without timestamps advance too
+    if prompt is None:
+        seq = min(int(model.settings.get("seq", 16)), model.context_length - decode_positions)
+        example = model.example_inputs(batch=1, seed=0)[model.token_input]
+        prompt = [int(t) for t in np.asarray(example).reshape(-1)[:max(seq, 1)]]
+    with rec.span("build generation sessions (optimize, compile)"):
+        steps = gen.steps(gen.check(prompt, decode_positions))
+        prefill = steps.session(len(prompt), prefill=True)
+    say(f"profiling {model.name}: prefill of {len(prompt)} tokens, then {new_tokens} decode steps")
+    prefill.set_inputs(step_inputs(model, prompt, 0))
+    first = profile_session(prefill, 1, model=model.name, mode=mode, spans=rec, include_build_spans=False,
+                            progress=progress)
+    position = iter(range(len(prompt), len(prompt) + decode_positions + 1))
+    decode = steps.decode
+    decode.prepare_step = lambda: decode.set_inputs(step_inputs(model, prompt[-1:], next(position)))
+    try:
+        rest = profile_session(decode, new_tokens, model=model.name, mode=mode, spans=rec,
+                               include_build_spans=False, progress=progress)
+    finally:
+        del decode.prepare_step
+    report = combine_phases([("prefill", first), ("decode", rest)])
+    with rec.span("adapter peaks (roofline)"):
+        report.peaks = adapter_peaks(decode.device, progress=say)
+    return report
 
 
 def _profile(args) -> int:
@@ -105,7 +164,7 @@ def _profile(args) -> int:
     else:
         a = report.adapter
         print(f"{report.model} on {a['name']} ({a['backend']}), {report.steps} steps, timing: {report.mode}")
-        print(report.format_table(top=args.top))
+        print(report.format_table(top=args.top, by=args.group_by))
     return 0
 
 

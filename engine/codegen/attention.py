@@ -11,8 +11,9 @@ from ..config import Knobs
 from ..errors import DeviceError
 from ..graph.ir import Graph, Node
 from ..graph.ops import tiled_attention_head_dim
-from .common import (MAX_WORKGROUPS, PLAIN, WG, Capabilities, Kernel, UnsupportedOpError, _finish, _render, _thread_xy,
-                     f32_bits, grid_1d)
+from .common import (MAX_WORKGROUPS, PLAIN, WG, Capabilities, Kernel, UnsupportedOpError, _finish, _render,
+                     _template, _thread_xy, f32_bits, grid_1d)
+from .copies import rope_frequencies
 
 
 def attention_variant(head_dim: int, knobs: Knobs = Knobs()) -> str:
@@ -54,6 +55,70 @@ def _attention_per_query(graph, node, bsz, t, s, h, hkv, d, causal, scale) -> Ke
                                            for i in range(d)))
     kernel.notes["variant"] = "one thread per query"
     return kernel
+
+
+def _cached_attention(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    """A generation step's attention over the KV cache (attention_cached.wgsl): a
+    workgroup of 256 threads per query and head. At batch 1 a decode step has only H
+    queries: one thread each (the per-query kernel) took 74 us a layer on the H100 for
+    576 keys, each thread alone walking its keys' rows; here four groups of 64 threads
+    take blocks of 64 keys, one key (score) or output dimension (update) a thread."""
+    q, k = graph[node.inputs[0]], graph[node.inputs[1]]
+    bsz, t, s, h, hkv, d, _, scale = _attention_dims(node, q, k)
+    splits = cached_attention_splits(bsz * t * h, s)
+    grid = (t * splits, h, bsz)
+    if max(grid) > MAX_WORKGROUPS:
+        raise DeviceError(f"{graph.format_node(node)}: cached attention grid {grid} exceeds {MAX_WORKGROUPS} "
+                          f"workgroups per dimension")
+    width = 4 if d % 4 == 0 else 1
+    ktype = "vec4<f32>" if width == 4 else "f32"
+    rope = node.attrs.get("rope", False)
+
+    def qval(e: str) -> str:
+        if not rope:
+            return f"q[qb + {e}]"
+        return f"rope_(q[qb + ({e}) % (D / 2u)], q[qb + ({e}) % (D / 2u) + D / 2u], {e}, D, pos, 5u, false)"
+
+    if width == 4:
+        parts = ", ".join(qval(f"4u * i + {c}u") for c in range(4))
+        load_q = (f"    for (var i = tid; i < D / 4u; i = i + 256u) {{ qs[i] = vec4<f32>({parts}) * scale; }}")
+        score = " + ".join(f"dot(qs[{i}], k[kb + {i}u])" for i in range(d // 4))
+    else:
+        load_q = f"    for (var i = tid; i < D; i = i + 256u) {{ qs[i] = {qval('i')} * scale; }}"
+        score = " + ".join(f"qs[{i}] * k[kb + {i}u]" for i in range(d))
+    meta = [t, s, h, hkv, f32_bits(scale)] + (rope_frequencies(d, node.attrs["rope_base"]) if rope else [])
+    kernel = _finish("cached_attention", "attention", "attention_cached.wgsl", ["q", "k", "v", "positions"],
+                     ["f32", ktype, "f32", "i32"], "f32", meta, grid,
+                     ROPE_FN=_template("rope_fn.wgsl") if rope else "",
+                     D=d, R=-(-d // 64), KTYPE=ktype, KWIDTH=width, QWORDS=d // width, LOAD_Q=load_q, SCORE=score,
+                     SPLITS=splits,
+                     BLOCK_MAX="\n".join(f"        top = max(top, ps[g][{j}]);" for j in range(64)),
+                     BLOCK_SUM="\n".join(f"        total = total + ps[g][{j}];" for j in range(64)),
+                     V_SUM="\n".join(f"                sum = sum + ps[g][{j}] * v[vb + min(first + {j}u, last) * stride];"
+                                      for j in range(64)))
+    kernel.notes["variant"] = "a workgroup per query and head, 4 x 64 threads over blocks of 64 keys"
+    if splits > 1:
+        rows = bsz * t * h
+        kernel.partials = rows * splits * (d + 2)
+        kernel.finish = _finish("cached_attention:combine", "attention", "attention_cached_combine.wgsl",
+                                ["partials"], ["f32"], "f32", [rows * d, splits, d], grid_1d(-(-rows * d // WG)))
+        kernel.notes["variant"] += f", the cache's keys split {splits} ways"
+    return kernel
+
+
+CACHED_SPLIT_KEYS = 256        # keys a workgroup of a split cached attention takes (one round)
+CACHED_SPLIT_QUERIES = 64      # query-head rows below which the cache is split
+CACHED_MAX_SPLITS = 16
+
+
+def cached_attention_splits(rows: int, capacity: int) -> int:
+    """Parts a cached attention over ``capacity`` keys splits each query-head row into: with
+    few rows (a decode step at batch 1 has one per head) each workgroup would walk the whole
+    cache alone, round after round of 256 keys (25 us for ~600 keys on the H100);
+    split, a workgroup takes one round and a second dispatch combines the parts."""
+    if rows >= CACHED_SPLIT_QUERIES:
+        return 1
+    return max(1, min(CACHED_MAX_SPLITS, -(-capacity // CACHED_SPLIT_KEYS)))
 
 
 # An attention grid of fewer workgroups than this splits its streamed side (below);

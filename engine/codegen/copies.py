@@ -7,8 +7,8 @@ import numpy as np
 
 from ..errors import DeviceError
 from ..graph.ir import Graph, Node
-from .common import (MAX_WORKGROUPS, PLAIN, WG, Capabilities, Kernel, _finish, _wgsl_type, broadcast_strides,
-                     contiguous_strides, f32_bits, grid_1d)
+from .common import (MAX_WORKGROUPS, PLAIN, WG, Capabilities, Kernel, _finish, _template, _wgsl_type,
+                     broadcast_strides, contiguous_strides, f32_bits, grid_1d)
 
 
 # ---------------------------------------------------------------- copies
@@ -63,15 +63,39 @@ def _embedding(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
 
 # ---------------------------------------------------------------- rope, conv, attention
 
+def rope_frequencies(head_dim: int, base: float) -> list[int]:
+    """The inverse frequencies of RoPE over a head of ``head_dim``, as meta words (rope_fn.wgsl)."""
+    inv = 1.0 / float(base) ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    return [f32_bits(v) for v in inv]
+
+
 def _rope(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     b, t, w = node.shape
     a = node.attrs
     d = w // a["num_heads"]
-    inv = 1.0 / float(a["base"]) ** (np.arange(0, d, 2, dtype=np.float64) / d)
     meta = [node.size, t, w, d, int(a["offset"]), int(bool(a.get("inverse", False)))]
-    meta += [f32_bits(v) for v in inv]
+    meta += rope_frequencies(d, a["base"])
+    fn = _template("rope_fn.wgsl")
+    if len(node.inputs) == 2:  # at the positions a generation step is given
+        return _finish("rope", "pointwise", "rope.wgsl", ["x", "positions"], ["f32", "i32"], "f32", meta,
+                       grid_1d(-(-node.size // WG)), POSITION="u32(positions[idx / width])", ROPE_FN=fn)
     return _finish("rope", "pointwise", "rope.wgsl", ["x"], ["f32"], "f32", meta,
-                   grid_1d(-(-node.size // WG)))
+                   grid_1d(-(-node.size // WG)), POSITION="(idx / width) % seq + m(4u)", ROPE_FN=fn)
+
+
+def _cache_write(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    """Rows of x (rotated first where the op says ``rope_heads``) into the cache at their
+    positions; the cache is the output binding (the op is in place: engine.compile.plan
+    binds it once, read-write)."""
+    x = graph[node.inputs[1]]
+    b, t, w = x.shape
+    heads = node.attrs.get("rope_heads", 0)
+    d = w // heads if heads else 0
+    meta = [x.size, t, node.shape[1], w, d] + (rope_frequencies(d, node.attrs["rope_base"]) if heads else [])
+    value = ("rope_(x[idx - i + i % (d / 2u)], x[idx - i + i % (d / 2u) + d / 2u], i, d, u32(pos), 5u, false)"
+             if heads else "x[idx]")
+    return _finish("cache_write", "copy", "cache_write.wgsl", ["x", "positions"], ["f32", "i32"], "f32",
+                   meta, grid_1d(-(-x.size // WG)), VALUE=value, ROPE_FN=_template("rope_fn.wgsl") if heads else "")
 
 
 EMBEDDING_GRAD_ROWS = 16   # table rows a workgroup of the embedding gradient owns

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from ..graph.ir import Graph, Node
 from ..graph.ops import OPS
-from .attention import ATTENTION_BACKWARD, ATTENTION_KEYS, _attention, _attention_backward, attention_queries
+from .attention import (ATTENTION_BACKWARD, ATTENTION_KEYS, _attention, _attention_backward, _cached_attention,
+                        attention_queries)
 from .common import Capabilities, Kernel, PLAIN, UnsupportedOpError
 from .convolution import _conv
-from .copies import _copy, _embedding, _embedding_grad, _rope
-from .matmul import _matmul
+from .copies import _cache_write, _copy, _embedding, _embedding_grad, _rope
+from .matmul import _matmul, _swiglu_matmul
 from .pointwise import POINTWISE_OPS, _pointwise
 from .pooling import _conv_direct, _conv_direct_grad, _max_pool_grad, _pool
 from .reduction import _LOSS_ROWS, _LOSS_TERMS, _ROW_KERNELS, _ROW_MODES, _loss, _row_kernel, _row_reduce, _sum_to
@@ -33,6 +34,9 @@ _BUILDERS["embedding"] = _embedding
 _BUILDERS["rope"] = _rope
 _BUILDERS["conv1d"] = _BUILDERS["conv2d"] = _conv
 _BUILDERS["attention"] = _attention
+_BUILDERS["cached_attention"] = _cached_attention
+_BUILDERS["cache_write"] = _cache_write
+_BUILDERS["swiglu_matmul"] = _swiglu_matmul
 for _op in ATTENTION_BACKWARD:
     _BUILDERS[_op] = _attention_backward
 for _op in _ROW_KERNELS:

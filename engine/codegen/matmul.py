@@ -11,8 +11,8 @@ from typing import NamedTuple
 from ..config import Knobs
 from ..errors import DeviceError
 from ..graph.ir import Graph, Node
-from .common import (MAX_WORKGROUPS, PLAIN, TILE, WG, Capabilities, Kernel, _finish, _render, _thread_xy,
-                     contiguous_strides, f32_bits, forward_nodes, grid_1d)
+from .common import (MAX_WORKGROUPS, PLAIN, TILE, WG, Capabilities, Kernel, UnsupportedOpError, _finish, _render,
+                     _thread_xy, contiguous_strides, f32_bits, forward_nodes, grid_1d)
 from .pointwise import ACTIVATION_EXPR
 
 
@@ -117,13 +117,16 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
             j += 1
         if not epi:
             epi.append("    v = act(v);")
+    common = dict(BR=br, OPERANDS=_render("matmul_operands.wgsl", ACTIVATION=act), EPILOGUE="\n".join(epi))
+    if vector_rows(m_, ta, caps):
+        vector = dict(common, EPILOGUE="") if norm else common   # the vector kernel sums the norm's squares itself
+        return _vector_kernel(graph, node, names, types, meta, m_, n_, max(nbatch, 1), words_b, vector, norm=norm)
     variant = "simple" if norm else matmul_variant(m_, n_, max(nbatch, 1), k_, ta, caps)
     tile_m, tile_n = _tile_of(variant)
     gx, gy = -(-n_ // tile_n), -(-m_ // tile_m)
     if max(gx, gy, nbatch) > MAX_WORKGROUPS:
         raise DeviceError(f"{graph.format_node(node)}: matmul grid {gx} x {gy} x {nbatch} exceeds "
                           f"{MAX_WORKGROUPS} workgroups per dimension")
-    common = dict(BR=br, OPERANDS=_render("matmul_operands.wgsl", ACTIVATION=act), EPILOGUE="\n".join(epi))
     if variant == "simple":
         k = _finish(f"matmul:{node.op}", "matmul", "matmul.wgsl", names, types, "f32", meta,
                     (gx, gy, max(nbatch, 1)), A_PROLOGUE=prologue, **common)
@@ -139,6 +142,115 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     return _tiled_kernel(f"matmul:{node.op}", "matmul", names, types, meta, (gx, gy, max(nbatch, 1)), k_, note,
                          common, _tile_subs(variant, fetch_a, fetch_b, mnk=(m_, n_, k_), scaled=scaled),
                          caps, extras=len(extras))
+
+
+VECTOR_ROWS = 8        # outputs of at most this many rows take the vector kernel
+VECTOR_THREADS = 256
+VECTOR_UNROLL = 8      # K steps a thread loads at once
+VECTOR_COLUMNS = 8     # output columns of a workgroup
+
+
+def vector_rows(m_: int, transpose_a: bool, caps: Capabilities) -> bool:
+    """Whether an output of ``m_`` rows (batch folded in) takes matmul_vector.wgsl: a
+    generation step's one token would waste all but one row of every tile of the tiled
+    kernels (and split K in a second dispatch to fill the GPU). Not for a transposed A
+    (weight gradients), nor where ``MEGANEURA_MATMUL`` forces a kernel."""
+    return m_ <= VECTOR_ROWS and not transpose_a and caps.knobs.matmul == "auto"
+
+
+def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: int, nbatch: int, words_b,
+                   common: dict, norm: bool = False, second: bool = False) -> Kernel:
+    """matmul_vector.wgsl for ``m_`` rows: 256 threads as 8 columns x 32 K slices, lanes
+    along B's contiguous axis (its columns, or K where B is stored transposed). Few
+    columns a workgroup make many workgroups, and many loads in flight: 32 columns x 8
+    slices gave a 576 x 576 weight 18 workgroups and 100 GB/s on the H100. ``norm``: A is
+    RMS-normalised (weight ``w_in``, eps in meta word 4), the norm applied to the sums
+    before ``common``'s epilogue; ``second``: a second B ``u_in`` (operand 2) accumulates
+    into ``v2`` beside ``v``."""
+    columns_contiguous = words_b[-1] == 1
+    cols = VECTOR_COLUMNS
+    slices = VECTOR_THREADS // cols
+    grid = (-(-n_ // cols), 1, nbatch)
+    if max(grid) > MAX_WORKGROUPS:
+        raise DeviceError(f"{graph.format_node(node)}: matmul grid {grid} exceeds {MAX_WORKGROUPS} "
+                          f"workgroups per dimension")
+    unroll = VECTOR_UNROLL
+    extra = _vector_extras(m_, norm, second)
+    common = dict(common, EPILOGUE=extra.pop("NORM_EPILOGUE") + common["EPILOGUE"])
+    k = _finish(f"matmul:{node.op}", "matmul", "matmul_vector.wgsl", names, types, "f32", meta, grid,
+                ROWS=m_, COLS=cols, SLICES=slices, THREADS=VECTOR_THREADS, PARTIAL=m_ * VECTOR_THREADS,
+                COL_OF="t % COLS" if columns_contiguous else "t / SLICES",
+                SLICE_OF="t / COLS" if columns_contiguous else "t % SLICES", UNROLL=unroll,
+                ACCUMULATE=_vector_steps(m_, ["ka"], norm, second),
+                ACCUMULATE_UNROLLED=_vector_steps(m_, [f"(ka + {u}u * SLICES)" for u in range(unroll)], norm, second),
+                **extra, **common)
+    k.notes["variant"] = f"{m_}-row vector kernel, {cols} columns x {slices} K slices"
+    return k
+
+
+def _vector_steps(rows: int, ks: list[str], norm: bool, second: bool) -> str:
+    """The vector kernel's loads and sums for K steps ``ks``: their loads first, all
+    independent, then the sums (each A value once, squared too for a norm)."""
+    lines = []
+    for u, k in enumerate(ks):
+        lines.append(f"let bv{u} = b_in[b0 + {k} * sbk + col_b * sbn];")
+        if second:
+            lines.append(f"let uv{u} = u_in[u0 + {k} * suk + col_b * sun];")
+        for r in range(rows):
+            lines.append(f"let a{r}_{u} = a_in[a0 + {r}u * sam + {k} * sak];")
+    for r in range(rows):
+        xs = [f"a{r}_{u} * w_in[{k}]" if norm else f"a{r}_{u}" for u, k in enumerate(ks)]
+        lines.append(f"acc[{r}u] = acc[{r}u] + " + " + ".join(f"{x} * bv{u}" for u, x in enumerate(xs)) + ";")
+        if second:
+            lines.append(f"acc2[{r}u] = acc2[{r}u] + " + " + ".join(f"{x} * uv{u}" for u, x in enumerate(xs)) + ";")
+        if norm:
+            lines.append(f"ssq[{r}u] = ssq[{r}u] + " + " + ".join(f"a{r}_{u} * a{r}_{u}" for u in range(len(ks))) + ";")
+    return "\n".join("            " + line for line in lines)
+
+
+def _vector_extras(rows: int, norm: bool, second: bool) -> dict[str, str]:
+    """The EXTRA slots of matmul_vector.wgsl (and the norm's epilogue lines)."""
+    decl, setup, store, total, epilogue = [], [], [], [], []
+    if second:
+        decl.append(f"var<workgroup> part2: array<f32, {rows * VECTOR_THREADS}>;")
+        setup += ["let u0 = boff(b, 2u);", "let suk = srow(2u);", "let sun = scol(2u);", "var acc2: array<f32, ROWS>;"]
+        store.append("for (var r = 0u; r < ROWS; r = r + 1u) { part2[(r * COLS + c) * SLICES + s] = acc2[r]; }")
+        total += ["    var v2 = 0.0;", "    for (var j = 0u; j < SLICES; j = j + 1u) { v2 = v2 + part2[o * SLICES + j]; }"]
+    if norm:   # each column's SLICES threads see all of K once: column 0's sums of squares suffice
+        decl.append(f"var<workgroup> part_ss: array<f32, {rows * VECTOR_THREADS // VECTOR_COLUMNS}>;")
+        setup.append("var ssq: array<f32, ROWS>;")
+        store.append("if (c == 0u) { for (var r = 0u; r < ROWS; r = r + 1u) { part_ss[r * SLICES + s] = ssq[r]; } }")
+        total += ["    var ss = 0.0;", "    for (var j = 0u; j < SLICES; j = j + 1u) { ss = ss + part_ss[row * SLICES + j]; }"]
+        epilogue += ["        let norm = inverseSqrt(ss / f32(K) + mf(4u));", "        v = v * norm;"]
+        if second:
+            epilogue.append("        v2 = v2 * norm;")
+    indent = lambda lines, n: "\n".join(" " * n + line for line in lines)  # noqa: E731
+    return {"EXTRA_DECL": "\n".join(decl), "EXTRA_SETUP": indent(setup, 4), "EXTRA_STORE": indent(store, 4),
+            "EXTRA_SUM": indent(total, 4), "NORM_EPILOGUE": "\n".join(epilogue) + ("\n" if epilogue else "")}
+
+
+SWIGLU_ROWS = 4   # two accumulators' partial sums must fit 16 KiB of workgroup memory
+
+
+def _swiglu_matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    """silu(x @ w_gate) * (x @ w_up) (x rms-normalised first by a 4th operand where given) on
+    the vector kernel with a second accumulator: a decode step's MLP half in one dispatch
+    where it took four (the norm, two matmuls, their product)."""
+    x, w_gate, w_up = (graph[i] for i in node.inputs[:3])
+    norm = len(node.inputs) == 4
+    tb = node.attrs["transpose_b"]
+    rows, k_ = math.prod(x.shape[:-1]), x.shape[-1]
+    n_ = node.shape[-1]
+    if rows > SWIGLU_ROWS:
+        raise UnsupportedOpError(f"{graph.format_node(node)}: swiglu_matmul runs on the few-row kernel only "
+                                 f"({rows} rows, at most {SWIGLU_ROWS})")
+    weight_words = [1, k_] if tb else [n_, 1]        # strides of (k, n)
+    meta = [rows, n_, k_, 1, f32_bits(node.attrs["eps"] if norm else 0.0)] + [k_, 1] + weight_words * 2
+    names = ["a_in", "b_in", "u_in"] + (["w_in"] if norm else [])
+    common = dict(BR=0, OPERANDS=_render("matmul_operands.wgsl", ACTIVATION="x"),
+                  EPILOGUE="        v = v * sigmoid_(v) * v2;")
+    return _vector_kernel(graph, node, names, ["f32"] * len(names), meta, rows, n_, 1, weight_words, common,
+                          norm=norm, second=True)
 
 
 def _scaled_operands(graph: Graph, node: Node, variant: str, a: int, b: int) -> tuple[bool, bool]:

@@ -45,18 +45,19 @@ def _codegen_fingerprint() -> str:
 
 def _cache_key(graph: Graph, gradients, loss, capabilities: codegen.Capabilities,
                optimizer: OptimizerSpec | None) -> str:
-    # the capabilities hold the knobs, which force kernel variants at codegen time
+    # the capabilities hold the knobs, which force kernel variants at codegen time; the
+    # nodes' modules name the plan's dispatches (the structural hash leaves them out)
     key = json.dumps([graph.structural_hash(), sorted((gradients or {}).items()), loss, asdict(capabilities),
-                      optimizer.to_dict() if optimizer is not None else None, _codegen_fingerprint()],
-                     sort_keys=True)
+                      optimizer.to_dict() if optimizer is not None else None, _codegen_fingerprint(),
+                      [(n.id, n.modules) for n in graph.nodes if n.modules]], sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
 def cached_plan(graph: Graph, gradients: dict[str, str] | None = None, loss: str | None = "loss",
                 cache_dir: Path | None = None, capabilities: codegen.Capabilities = codegen.PLAIN,
                 optimizer: OptimizerSpec | None = None) -> ExecutionPlan:
-    """``compile_plan`` through an on-disk cache keyed by graph hash, gradients, loss,
-    capabilities, optimizer, the code that generates kernels and the engine version.
+    """``compile_plan`` through an on-disk cache keyed by graph hash, the nodes' modules,
+    gradients, loss, capabilities, optimizer, the code that generates kernels and the engine version.
     A stale or unreadable entry is ignored with a warning and rewritten."""
     cache_dir = Path(cache_dir or default_cache_dir())
     path = cache_dir / f"{_cache_key(graph, gradients, loss, capabilities, optimizer)}-v{__version__}.json"

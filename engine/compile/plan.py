@@ -29,7 +29,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from .. import codegen
 from ..version import __version__
-from ..graph.ir import Graph
+from ..graph.ir import Graph, common_module
 from ..graph.ops import OPS, SOURCE, VIEW
 
 
@@ -67,7 +67,9 @@ class Binding:
 class Dispatch:
     """One kernel launch: the graph nodes it runs (none for the optimizer step's
     dispatches, which name their ``group`` and tensors in ``names`` instead), the
-    buffers it reads and writes, and everything the runtime needs to launch it."""
+    buffers it reads and writes, and everything the runtime needs to launch it.
+    ``kernel`` says what it computes, ``module`` where its nodes came from (their
+    common module path); ``name`` joins them, as profiles and traces show it."""
 
     index: int
     kernel: str
@@ -81,6 +83,12 @@ class Dispatch:
     bindings: list[Binding] = field(default_factory=list)
     group: int | None = None
     names: list[str] = field(default_factory=list)
+    module: str = ""
+
+    @property
+    def name(self) -> str:
+        """``model.layers.3.self_attn:attention``; the bare kernel where there is no module."""
+        return qualified_kernel(self.module, self.kernel)
 
     @property
     def reads(self) -> list[int]:
@@ -241,7 +249,7 @@ class ExecutionPlan:
             what = f"group {d.group}: {', '.join(d.names)}"
         else:
             what = ", ".join(d.names)
-        return (f"#{d.index} {d.kernel} [{d.archetype}]{variant} wg {'x'.join(map(str, d.workgroups))} "
+        return (f"#{d.index} {d.name} [{d.archetype}]{variant} wg {'x'.join(map(str, d.workgroups))} "
                 f"{what} reads {d.reads} writes {d.writes}")
 
     def __str__(self) -> str:
@@ -261,6 +269,11 @@ def _kernel_name(graph: Graph, node) -> str:
     key = [node.op] + [f"{k}={v}" for k, v in sorted(node.attrs.items())
                        if k in ("transpose_a", "transpose_b", "activation", "causal", "approximate")]
     return ":".join(str(k) for k in key)
+
+
+def qualified_kernel(module: str, kernel: str) -> str:
+    """A kernel's name prefixed with the module its nodes came from."""
+    return f"{module}:{kernel}" if module else kernel
 
 
 def kernel_key(source: str) -> str:
@@ -284,10 +297,11 @@ def capabilities_dict(caps: codegen.Capabilities) -> dict:
 
 
 def storage_roots(graph: Graph) -> dict[int, int]:
-    """A view (reshape) shares its operand's storage: each node's storage root."""
+    """A view (reshape) and an in-place op (``cache_write``) share their first operand's
+    storage: each node's storage root."""
     root = {}
     for n in graph.nodes:
-        root[n.id] = root[n.inputs[0]] if OPS[n.op].archetype == VIEW else n.id
+        root[n.id] = root[n.inputs[0]] if OPS[n.op].archetype == VIEW or OPS[n.op].inplace else n.id
     return root
 
 
@@ -326,9 +340,10 @@ class _PlanBuilder:
         self.kernels.setdefault(key, KernelSource(kernel.name, kernel.archetype, kernel.source, list(access),
                                                   kernel.meta_vec4 * 16, kernel.guarded))
         binds = [Binding(b, off, size, a) for (b, off, size), a in zip(bindings, access)]
+        module = common_module(m for i in nodes for m in self.graph[i].modules)
         d = Dispatch(len(self.dispatches), name, kernel.archetype, list(nodes), int(elements), key,
                      kernel_variant(kernel), [int(w) & 0xFFFFFFFF for w in kernel.meta],
-                     [int(w) for w in kernel.workgroups], binds, group, list(names))
+                     [int(w) for w in kernel.workgroups], binds, group, list(names), module)
         self.dispatches.append(d)
         return d
 
@@ -451,7 +466,7 @@ def _schedule_graph(b: _PlanBuilder, pinned_roots: set[int], overlap: bool = Fal
     without_reuse = 0
     for step, n in enumerate(order):
         fresh = overlap and step > 0 and root[order[step - 1].id] not in {root[i] for i in n.inputs}
-        if n.id not in b.storage:
+        if root[n.id] not in b.storage:
             size = _aligned(n.nbytes)
             without_reuse += size
             b.place(n.id, _pooled_buffer(b, free, size, fresh))
@@ -460,7 +475,7 @@ def _schedule_graph(b: _PlanBuilder, pinned_roots: set[int], overlap: bool = Fal
             r = root[i]
             if r not in pinned_roots and last_use.get(r) == step and r in b.storage:
                 free.append(b.storage[r][0])
-        if n.id not in pinned_roots and n.id not in last_use:
+        if root[n.id] == n.id and n.id not in pinned_roots and n.id not in last_use:
             free.append(b.storage[n.id][0])
     return without_reuse
 
@@ -489,7 +504,8 @@ def _dispatch_node(b: _PlanBuilder, n, free: list[int], fresh: bool = False) -> 
     from the pool (a new one if ``fresh``), then from it (the scratch goes back to the
     pool)."""
     kernel = codegen.kernel_for(b.graph, n, b.caps)
-    name, inputs = _kernel_name(b.graph, n), [b.slot_of(i) for i in n.inputs]
+    operands = n.inputs[1:] if OPS[n.op].inplace else n.inputs  # an in-place op's first is its output
+    name, inputs = _kernel_name(b.graph, n), [b.slot_of(i) for i in operands]
     reads = [READ] * len(inputs)
     if kernel.finish is None:
         b.dispatch(kernel, name, inputs + [b.slot_of(n.id)], reads + [READ_WRITE], n.size, nodes=[n.id])

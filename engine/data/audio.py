@@ -5,6 +5,10 @@ reflect padding) -> power spectrum -> 80 mel bins (Slaney mel scale, Slaney area
 normalisation, as librosa and Whisper) -> log10 clamped at 1e-10 -> at most 8
 below the clip's maximum -> (x + 4) / 4. As in Whisper, the last STFT frame is
 dropped, so ``samples`` samples give ``samples // 160`` frames (30 s -> 3000).
+
+User audio (``read_audio``, ``audio_clips``): any file ``soundfile`` reads (WAV, FLAC...),
+channels averaged, resampled to 16 kHz with ``scipy.signal.resample_poly``; ``clip_features``
+pads or cuts a clip to ``mel_len`` frames as WhisperFeatureExtractor pads to 30 s.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..errors import MeganeuraError
+from ..errors import DataError, MeganeuraError
 
 SAMPLE_RATE = 16_000
 N_FFT = 400
@@ -143,3 +147,49 @@ def read_wav(path) -> tuple[np.ndarray, int]:
             return (frames.mean(axis=1) / 32768.0).astype(np.float32), w.getframerate()
     except (OSError, EOFError, wave.Error) as exc:
         raise MeganeuraError(f"{path}: cannot read it as a WAV file ({exc})") from None
+
+
+def read_audio(path, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+    """A sound file as float32 mono at ``sample_rate`` (channels averaged; resampled by a
+    polyphase filter where the file's rate differs)."""
+    import soundfile
+    from scipy.signal import resample_poly
+
+    try:
+        data, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
+    except Exception as exc:  # soundfile raises LibsndfileError, RuntimeError or TypeError on bad files
+        raise DataError(f"audio {path}: cannot read it ({str(exc).strip() or type(exc).__name__})") from None
+    if data.shape[0] == 0:
+        raise DataError(f"audio {path}: holds no samples")
+    wave = data.mean(axis=1)
+    if rate != sample_rate:
+        common = math.gcd(int(rate), sample_rate)
+        wave = resample_poly(wave.astype(np.float64), sample_rate // common, int(rate) // common)
+    return np.asarray(wave, dtype=np.float32)
+
+
+def audio_clips(path, transcripts: bool = False):
+    """(name, 16 kHz samples, transcript) of a sound file or of a folder's .wav/.flac files,
+    by name, read as they are asked for; the transcript is ``NAME.txt`` beside the audio
+    (required with ``transcripts``)."""
+    from pathlib import Path
+
+    from .datasets import AUDIO_SUFFIXES, files_of
+
+    path = Path(path)
+    files = [path] if path.is_file() else files_of(path, AUDIO_SUFFIXES)
+    if not files:
+        raise DataError(f"data {path}: the dataset is empty (no .wav or .flac files)")
+    for file in files:
+        text_file = file.with_suffix(".txt")
+        if transcripts and not text_file.is_file():
+            raise DataError(f"audio {file}: no transcript {text_file.name} beside it (this model trains on audio "
+                            f"with its text)")
+        text = text_file.read_text(encoding="utf-8").strip() if text_file.is_file() else None
+        yield file.stem, read_audio(file), text
+
+
+def clip_features(wave: np.ndarray, mel_len: int) -> np.ndarray:
+    """[80, mel_len] log-mel features of a clip zero-padded or cut to ``mel_len`` frames
+    (what WhisperFeatureExtractor gives with max_length = mel_len * 160)."""
+    return log_mel_spectrogram(pad_or_trim(wave, mel_len * HOP))[..., :mel_len]

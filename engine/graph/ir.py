@@ -14,7 +14,8 @@ import base64
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -35,6 +36,14 @@ class Node:
     dtype: str = "f32"
     attrs: dict = field(default_factory=dict, compare=False, hash=False)
     name: str | None = None
+    # The modules the node came from (``model.layers.3.self_attn``): one for a node a
+    # module built, several for a fused node, none for the graph's own top level.
+    modules: tuple[str, ...] = field(default=(), compare=False, hash=False)
+
+    @property
+    def module(self) -> str:
+        """The innermost module holding all of the node's modules ('' at the top level)."""
+        return common_module(self.modules)
 
     @property
     def size(self) -> int:
@@ -47,6 +56,28 @@ class Node:
     @property
     def label(self) -> str:
         return f"%{self.id}" + (f" '{self.name}'" if self.name else "")
+
+
+def common_module(modules: Iterable[str]) -> str:
+    """The longest common dotted prefix of module paths: ``model.layers.3`` for
+    ``model.layers.3.mlp`` and ``model.layers.3.self_attn``; '' when there is none."""
+    paths = [m.split(".") for m in modules]
+    if not paths:
+        return ""
+    common = paths[0]
+    for p in paths[1:]:
+        n = 0
+        while n < min(len(common), len(p)) and common[n] == p[n]:
+            n += 1
+        common = common[:n]
+    return ".".join(common)
+
+
+def module_set(modules) -> tuple[str, ...]:
+    """A module path, or several, as a node's sorted ``modules`` tuple ('' and None drop out)."""
+    if modules is None or isinstance(modules, str):
+        return (modules,) if modules else ()
+    return tuple(sorted({m for m in modules if m}))
 
 
 def _canon(v: Any) -> Any:
@@ -69,6 +100,7 @@ class Graph:
         self.outputs: dict[str, int] = {}
         self.constants: dict[int, np.ndarray] = {}
         self.param_meta: dict[str, dict] = {}
+        self._scope: tuple[str, ...] = ()
 
     # ------------------------------------------------------------ core
 
@@ -81,11 +113,27 @@ class Graph:
     def shape(self, x: int) -> tuple[int, ...]:
         return self.nodes[x].shape
 
-    def _append(self, op, inputs, ttype: TensorType, attrs, name=None) -> int:
+    def _append(self, op, inputs, ttype: TensorType, attrs, name=None, modules=None) -> int:
         node = Node(len(self.nodes), op, tuple(inputs), tuple(int(n) for n in ttype.shape),
-                    ttype.dtype, attrs, name)
+                    ttype.dtype, attrs, name, self._scope if modules is None else module_set(modules))
         self.nodes.append(node)
         return node.id
+
+    @contextmanager
+    def scope(self, modules):
+        """Stamp the nodes built inside with a module path (``with g.scope("layers.3.self_attn"):``)
+        or with several (a fused or backward node standing for others); '' is the top level.
+        Paths are absolute: an inner scope replaces the outer one."""
+        outer = self._scope
+        self._scope = module_set(modules)
+        try:
+            yield self
+        finally:
+            self._scope = outer
+
+    def set_modules(self, node_id: int, modules) -> None:
+        """Replace the modules of a node (fusion gives a node those of the nodes it merged)."""
+        self.nodes[node_id] = replace(self.nodes[node_id], modules=module_set(modules))
 
     def apply(self, op: str, *inputs: int, name: str | None = None, **attrs) -> int:
         """Add a node running ``op`` on ``inputs``; attributes not given take the op's defaults."""
@@ -221,8 +269,22 @@ class Graph:
                           num_kv_heads=None if num_kv_heads is None else int(num_kv_heads),
                           causal=bool(causal), scale=None if scale is None else float(scale), name=name)
 
-    def rope(self, x, num_heads, base=10000.0, offset=0, name=None):
-        return self.apply("rope", x, num_heads=int(num_heads), base=float(base), offset=int(offset), name=name)
+    def rope(self, x, num_heads, base=10000.0, offset=0, positions=None, name=None):
+        """Rotate by positions offset..offset+seq, or by the i32 [batch, seq] node ``positions``."""
+        operands = (x,) if positions is None else (x, positions)
+        return self.apply("rope", *operands, num_heads=int(num_heads), base=float(base), offset=int(offset),
+                          name=name)
+
+    def cache_write(self, cache, x, positions, rope_heads=0, rope_base=10000.0, name=None):
+        return self.apply("cache_write", cache, x, positions, rope_heads=int(rope_heads),
+                          rope_base=float(rope_base), name=name)
+
+    def cached_attention(self, q, k, v, positions, num_heads, num_kv_heads=None, scale=None, rope=False,
+                         rope_base=10000.0, name=None):
+        return self.apply("cached_attention", q, k, v, positions, num_heads=int(num_heads),
+                          num_kv_heads=None if num_kv_heads is None else int(num_kv_heads),
+                          scale=None if scale is None else float(scale), rope=bool(rope),
+                          rope_base=float(rope_base), name=name)
 
     def conv1d(self, x, w, b=None, stride=1, padding=0, name=None):
         ops = (x, w) if b is None else (x, w, b)
@@ -328,7 +390,7 @@ class Graph:
             if not keep(n):
                 continue
             remap[n.id] = g._append(n.op, tuple(remap[i] for i in n.inputs), TensorType(n.shape, n.dtype),
-                                    n.attrs, n.name)
+                                    n.attrs, n.name, n.modules)
             if n.id in self.constants:
                 g.constants[remap[n.id]] = self.constants[n.id]
         g.inputs = {k: remap[v] for k, v in self.inputs.items() if v in remap}
@@ -369,7 +431,8 @@ class Graph:
             "format": FORMAT_VERSION,
             "name": self.name,
             "nodes": [{"op": n.op, "inputs": list(n.inputs), "shape": list(n.shape), "dtype": n.dtype,
-                       "attrs": _jsonable(n.attrs), "name": n.name} for n in self.nodes],
+                       "attrs": _jsonable(n.attrs), "name": n.name, **({"modules": list(n.modules)} if n.modules else {})}
+                      for n in self.nodes],
             "inputs": self.inputs, "parameters": self.parameters, "outputs": self.outputs,
             "param_meta": self.param_meta,
             "constants": {str(k): (enc(v) if include_constants else
@@ -382,9 +445,12 @@ class Graph:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     def structural_hash(self) -> str:
-        """A stable hash of everything that affects computation (not the graph's own name)."""
+        """A stable hash of everything that affects computation (not the graph's own name,
+        nor the modules its nodes came from)."""
         d = self.to_dict(include_constants=False)
         d.pop("name")
+        for nd in d["nodes"]:
+            nd.pop("modules", None)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
     @classmethod
@@ -400,6 +466,7 @@ class Graph:
             pnames = {v: k for k, v in d["parameters"].items()}
             for i, nd in enumerate(d["nodes"]):
                 op = nd["op"]
+                g._scope = module_set(nd.get("modules"))
                 if op == "input":
                     g.input(names[i], nd["shape"], nd["dtype"])
                 elif op == "parameter":
@@ -416,6 +483,7 @@ class Graph:
                 if list(n.shape) != list(nd["shape"]) or n.dtype != nd["dtype"] or n.id != i:
                     raise GraphError(f"node %{i} ({op}): stored shape {nd['shape']} {nd['dtype']} "
                                      f"disagrees with its shape rule {list(n.shape)} {n.dtype}")
+            g._scope = ()
             for k, v in d["outputs"].items():
                 g.output(k, v)
             return g

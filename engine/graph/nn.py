@@ -5,7 +5,9 @@ follow the attribute path from the root (``encoder.layers.0.fc1.weight``), the
 way PyTorch's ``state_dict`` names them, so weights files bind by name. A
 module's forward takes a ``Graph`` and node ids and returns a node id; it
 declares its parameters into the graph under their full names and reuses a
-parameter the graph already has. One model therefore builds several graphs (a
+parameter the graph already has. Calling a module stamps the nodes its forward
+builds with its path (``Graph.scope``), so profiles and the graph view can name
+and group them by module. One model therefore builds several graphs (a
 training graph at batch B, an inference graph at batch 1) over the same
 parameter names, and one parameter dict feeds them all.
 
@@ -30,6 +32,7 @@ import numpy as np
 
 from ..errors import GraphError, MeganeuraError, ShapeError
 from .ir import Graph
+from .kv_cache import rotary, self_attention
 
 CAPTURE_PREFIX = "capture:"
 
@@ -160,7 +163,8 @@ class Parameter:
                 raise ShapeError(f"parameter {name!r}: graph {g.name!r} has it as {list(g.shape(nid))}, "
                                  f"the module declares {list(self.shape)}")
             return nid
-        return g.parameter(name, self.shape, init=self.init, trainable=self.trainable, decay=self.decay)
+        with g.scope(self._owner[0].path):     # the module that owns it, whoever reads it first
+            return g.parameter(name, self.shape, init=self.init, trainable=self.trainable, decay=self.decay)
 
     def __repr__(self):
         owner = self.name if self._owner else "unattached"
@@ -252,7 +256,9 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} has no forward")
 
     def __call__(self, g: Graph, *args, **kwargs) -> int:
-        return self.forward(g, *args, **kwargs)
+        """Run ``forward`` with the nodes it builds stamped with this module's path."""
+        with g.scope(self.path):
+            return self.forward(g, *args, **kwargs)
 
 
 class ModuleList(Module):
@@ -398,9 +404,12 @@ class MultiHeadAttention(Module):
     def forward(self, g, x):
         q, k, v = self.q_proj(g, x), self.k_proj(g, x), self.v_proj(g, x)
         if self.rope:
-            q = g.rope(q, self.num_heads, base=self.rope_base)
-            k = g.rope(k, self.num_kv_heads, base=self.rope_base)
-        o = g.attention(q, k, v, self.num_heads, num_kv_heads=self.num_kv_heads, causal=self.causal)
+            q = rotary(g, q, self.num_heads, self.rope_base)
+            k = rotary(g, k, self.num_kv_heads, self.rope_base)
+        if self.causal:
+            o = self_attention(g, q, k, v, self.num_heads, self.num_kv_heads)
+        else:
+            o = g.attention(q, k, v, self.num_heads, num_kv_heads=self.num_kv_heads)
         return self.out_proj(g, o)
 
 

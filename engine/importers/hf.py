@@ -30,13 +30,16 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import MeganeuraError, ModelImportError, WeightsError
-from ..graph import nn
+from ..graph import kv_cache, nn
 from ..graph.ir import Graph
 from ..models.base import BuiltinModel, Setting, at_most, positive
 
 IGNORE = -100
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+# What a training checkpoint copies beside its weights, so that it opens in transformers and here.
+CHECKPOINT_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                    "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model")
 
 
 # ---------------------------------------------------------------- reading the folder
@@ -197,6 +200,10 @@ class HFModel(BuiltinModel):
         except WeightsError as exc:
             raise ModelImportError(f"{exc} (config.json: model_type {self.model_type})") from None
 
+    def checkpoint_files(self) -> list[Path]:
+        """config.json and the tokenizer and generation files the checkpoint folder has."""
+        return [self.folder / name for name in CHECKPOINT_FILES if (self.folder / name).is_file()]
+
     def init_params(self, seed: int = 0) -> dict[str, np.ndarray]:
         """The checkpoint's weights (copies), whatever the seed."""
         return {k: v.copy() for k, v in self._params.items()}
@@ -262,8 +269,43 @@ class CausalLM(HFModel):
     def index_inputs(self):
         return {"input_ids": self.vocab, "labels": self.vocab}
 
+    # generation
+    token_input = "input_ids"
+
+    @property
+    def vocab_size(self) -> int:
+        return self.vocab
+
+    @property
+    def context_length(self) -> int:
+        return self.max_positions or 1 << 16
+
+    def causal_logits(self, g, ids):
+        return self.logits(g, ids, capture=False)
+
+    def tokenizer(self):
+        """The folder's tokenizer.json, else UTF-8 bytes (ids 0-255)."""
+        from ..data.tokenizer import ByteTokenizer, load_tokenizer
+        found = load_tokenizer(self.folder)
+        if found is None and self.vocab < 256:
+            raise MeganeuraError(f"{self.folder} has no tokenizer.json and its vocabulary of {self.vocab} cannot "
+                                 f"hold bytes; give token ids (--prompt-ids)")
+        return found or ByteTokenizer(note=f"{self.folder} has no tokenizer.json: text is UTF-8 bytes (ids 0-255)")
+
+    def eos_ids(self) -> list[int]:
+        """config.json's eos_token_id (an id or a list of them)."""
+        eos = self.config.get("eos_token_id")
+        ids = eos if isinstance(eos, list) else [] if eos is None else [eos]
+        return [int(i) for i in ids if isinstance(i, int)]
+
     def input_names(self, train):
         return ["input_ids", "labels"] if train else ["input_ids"]
+
+    def text_examples(self, ids):
+        """Windows of seq ids (the loss shifts inside): labels are the ids, -100 on padding."""
+        from ..data.text import token_windows
+        windows, valid = token_windows(ids, self.settings["seq"], 0)
+        return {"input_ids": windows, "labels": np.where(valid, windows, IGNORE).astype(np.int32)}
 
     def logits(self, g: Graph, ids: int, capture: bool) -> int:
         raise NotImplementedError
@@ -291,8 +333,10 @@ class CausalLM(HFModel):
 
 
 def tied_head(g: Graph, x: int, table: nn.Parameter) -> int:
-    """x @ tableᵀ: the output projection that shares the input embedding."""
-    return g.matmul(x, table.node(g), transpose_b=True)
+    """x @ tableᵀ: the output projection that shares the input embedding (module
+    ``lm_head``, as in the checkpoint's class, though it has no weight of its own)."""
+    with g.scope("lm_head"):
+        return g.matmul(x, table.node(g), transpose_b=True)
 
 
 # ---------------------------------------------------------------- llama
@@ -306,10 +350,10 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False, init=nn.normal(0.02))
 
     def forward(self, g, x):
-        q = g.rope(self.q_proj(g, x), self.heads, base=self.theta)
-        k = g.rope(self.k_proj(g, x), self.kv_heads, base=self.theta)
+        q = kv_cache.rotary(g, self.q_proj(g, x), self.heads, self.theta)
+        k = kv_cache.rotary(g, self.k_proj(g, x), self.kv_heads, self.theta)
         v = self.v_proj(g, x)
-        return self.o_proj(g, g.attention(q, k, v, self.heads, num_kv_heads=self.kv_heads, causal=True))
+        return self.o_proj(g, kv_cache.self_attention(g, q, k, v, self.heads, self.kv_heads))
 
 
 class LlamaMLP(nn.Module):
@@ -416,7 +460,7 @@ class LlamaModel(CausalLM):
             x = layer(g, x)
             if capture:
                 nn.capture(g, layer.path, x)
-        x = body.norm(g, x)
+        x = body.norm(g, kv_cache.last_token(g, x))
         return tied_head(g, x, body.embed_tokens.weight) if self.tied else self.module.lm_head(g, x)
 
 
@@ -436,7 +480,7 @@ class GPT2Attention(nn.Module):
     def forward(self, g, x):
         qkv = self.c_attn(g, x)
         q, k, v = (g.slice(qkv, 2, i * self.width, (i + 1) * self.width) for i in range(3))
-        return self.c_proj(g, g.attention(q, k, v, self.heads, causal=True, scale=self.scale))
+        return self.c_proj(g, kv_cache.self_attention(g, q, k, v, self.heads, scale=self.scale))
 
 
 class GPT2MLP(nn.Module):
@@ -533,12 +577,12 @@ class GPT2Model(CausalLM):
     def logits(self, g, ids, capture):
         body = self.body
         seq = g.shape(ids)[1]
-        x = g.add(body.wte(g, ids), g.slice(body.wpe.weight.node(g), 0, 0, seq))
+        x = g.add(body.wte(g, ids), kv_cache.position_rows(g, body.wpe.weight.node(g), seq))
         for layer in body.h:
             x = layer(g, x)
             if capture:
                 nn.capture(g, layer.path, x)
-        x = body.ln_f(g, x)
+        x = body.ln_f(g, kv_cache.last_token(g, x))
         return tied_head(g, x, body.wte.weight) if self.tied else self.module.lm_head(g, x)
 
 

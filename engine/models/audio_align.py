@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..graph import nn
-from ..data.audio import HOP, log_mel_spectrogram, pad_or_trim, tone, write_wav
+from ..data.audio import HOP, clip_features, log_mel_spectrogram, pad_or_trim, tone, write_wav
 from ..graph.ir import Graph
 from .base import BuiltinModel, Setting, positive
 from .gpt import GPT, IGNORE, RMS_EPS, encode, next_token_row
@@ -99,6 +99,16 @@ class AudioAlign(BuiltinModel):
         audio = pad_or_trim(self.clips(seed), mel_len * HOP)
         rows = [text_row(text, seq) for _, text in CLIPS]
         return {"mel": log_mel_spectrogram(audio)[..., :mel_len],
+                "tokens": np.stack([r[0] for r in rows]), "targets": np.stack([r[1] for r in rows])}
+
+    audio_transcripts = True
+
+    def audio_examples(self, clips):
+        """A user's clips with their transcripts: log-mel features, [BOS] + text and its targets."""
+        mel_len, seq = self.settings["mel_len"], self.settings["seq"]
+        clips = list(clips)
+        rows = [text_row(text, seq) for _, _, text in clips]
+        return {"mel": np.stack([clip_features(wave, mel_len) for _, wave, _ in clips]),
                 "tokens": np.stack([r[0] for r in rows]), "targets": np.stack([r[1] for r in rows])}
 
     @staticmethod

@@ -173,9 +173,34 @@ class BuiltinModel:
         return self.bind(load_safetensors(path), source=Path(path))
 
     def save_weights(self, params: Mapping[str, np.ndarray], path) -> None:
+        """The parameters in file layout; "format": "pt" is what transformers' loader looks for."""
         from ..weights import save_safetensors
-        save_safetensors(self.to_file_layout(params), path, metadata={"model": self.name})
+        save_safetensors(self.to_file_layout(params), path, metadata={"format": "pt", "model": self.name})
 
+    def checkpoint_files(self) -> list[Path]:
+        """Files a checkpoint of this model copies beside its weights (a Hugging Face
+        checkpoint's config.json and tokenizer files), so that the checkpoint opens as the model."""
+        return []
+
+    # ------------------------------------------------------------ training data
+    audio_transcripts = False   # audio models: each clip needs its NAME.txt transcript
+
+    def text_examples(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        """Training examples (input name -> array) from one stream of token ids: causal LMs."""
+        from ..errors import DataError
+        raise DataError(f"model {self.name!r} does not train on text; text data is for causal language models "
+                        f"(gpt-tiny, Llama or GPT-2 checkpoints); give an .npz of its inputs")
+
+    def audio_examples(self, clips) -> dict[str, np.ndarray]:
+        """Training examples from (name, 16 kHz samples, transcript) clips: audio models."""
+        from ..errors import DataError
+        raise DataError(f"model {self.name!r} does not train on audio; audio data is for whisper-tiny and "
+                        f"audio-align; give an .npz of its inputs")
+
+    def training_data(self, path):
+        """``engine.models.datasets.TrainingData`` of the data at ``path`` for this model."""
+        from .datasets import load_training_data
+        return load_training_data(self, path)
 
     # ------------------------------------------------------------ what it is
     def summary(self) -> dict[str, Any]:
@@ -189,6 +214,54 @@ class BuiltinModel:
                 "outputs": [tensor(k, i) for k, i in g.outputs.items()],
                 "parameters": int(count), "parameter_bytes": int(count * 4),
                 "ops": dict(Counter(n.op for n in g.nodes if n.op not in ("input", "parameter", "constant")))}
+
+    # ------------------------------------------------------------ generating
+    token_input: str | None = None   # causal LMs: the name of the token-id input
+    vocab_size = 0                   # causal LMs: ids lie in [0, vocab_size)
+    context_length = 0               # causal LMs: the most tokens a sequence may hold
+
+    @property
+    def generates(self) -> bool:
+        return self.token_input is not None
+
+    def causal_logits(self, g: Graph, ids: int) -> int:
+        """The logits of a causal LM on token ids (what its generation graphs compute)."""
+        raise MeganeuraError(f"model {self.name!r} does not generate text; generation needs a causal language "
+                             f"model (gpt-tiny, or a Llama-family or GPT-2 checkpoint)")
+
+    def generation_graph(self, seq: int, capacity: int, prefill: bool) -> Graph:
+        """A prefill (``seq`` prompt tokens) or decode (one token) graph over a KV cache of
+        ``capacity`` positions (``engine.graph.kv_cache``)."""
+        from ..graph.kv_cache import generation_graph
+        if not self.generates:
+            self.causal_logits(None, 0)
+        return generation_graph(self.name, self.token_input, seq, capacity, prefill, self.causal_logits)
+
+    def tokenizer(self):
+        """How text becomes ids: UTF-8 bytes unless the model has its own."""
+        from ..data.tokenizer import ByteTokenizer
+        return ByteTokenizer()
+
+    def eos_ids(self) -> list[int]:
+        """Ids that end a generation (none by default)."""
+        return []
+
+    def generator(self, params: Mapping[str, np.ndarray] | None = None, backend: str = "gpu"):
+        """An ``engine.train.generation.Generator``: compiled sessions kept across calls."""
+        from ..train.generation import Generator
+        if not self.generates:
+            self.causal_logits(None, 0)
+        return Generator(self, params, backend)
+
+    def generate(self, prompt_ids, max_new_tokens: int = 32, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, seed: int = 0, params: Mapping[str, np.ndarray] | None = None,
+                 backend: str = "gpu", on_token=None):
+        """New token ids after ``prompt_ids`` with a KV cache (greedy at temperature 0): an
+        ``engine.train.generation.Generation`` (``tokens``, ``stopped``, timings)."""
+        from ..train.generation import Sampling
+        return self.generator(params, backend).generate(prompt_ids, max_new_tokens,
+                                                        Sampling(temperature, top_k, top_p, seed),
+                                                        self.eos_ids(), on_token)
 
     # ------------------------------------------------------------ running
     def run(self, inputs: Mapping[str, np.ndarray], params: Mapping[str, np.ndarray] | None = None,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..graph import nn
+from ..graph import kv_cache, nn
 from ..graph.ir import Graph
 from .base import BuiltinModel, Setting, at_most, positive
 
@@ -67,7 +67,7 @@ class GPT(nn.Module):
             x = layer(g, x)
             if capture:
                 nn.capture(g, layer.path, x)
-        return self.lm_head(g, self.norm(g, x))
+        return self.lm_head(g, self.norm(g, kv_cache.last_token(g, x)))
 
     def forward(self, g, tokens, capture=False):
         return self.decode(g, self.embed(g, tokens), capture)
@@ -119,11 +119,28 @@ class GPTTiny(BuiltinModel):
         "samples": Setting(256, "dataset size (sequences)", at_most(1_000_000)),
     }
 
+    token_input = "tokens"
+    vocab_size = VOCAB
+    context_length = 4096
+
     def make_module(self):
         return GPT()
 
+    def causal_logits(self, g, ids):
+        return self.module(g, ids)
+
+    def tokenizer(self):
+        from ..data.tokenizer import ByteTokenizer
+        return ByteTokenizer(prefix=[BOS])
+
     def input_names(self, train):
         return ["tokens", "targets"] if train else ["tokens"]
+
+    def text_examples(self, ids):
+        """Windows of seq + 1 ids: tokens the first seq, targets the last seq (-100 on padding)."""
+        from ..data.text import token_windows
+        windows, valid = token_windows(ids, self.settings["seq"] + 1, BOS)
+        return {"tokens": windows[:, :-1], "targets": np.where(valid[:, 1:], windows[:, 1:], IGNORE).astype(np.int32)}
 
     def build(self, train=False, batch=None, capture=False) -> Graph:
         batch = batch or self.settings["batch"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import nn
-from ..data.audio import HOP, N_MELS, log_mel_spectrogram, tone
+from ..data.audio import HOP, N_MELS, clip_features, log_mel_spectrogram, tone
 from ..graph.ir import Graph
 from .base import BuiltinModel, Setting, at_most, positive
 
@@ -111,5 +111,18 @@ class WhisperTiny(BuiltinModel):
         audio = np.stack([tone(f, seconds, rng) for f in rng.uniform(100.0, 2000.0, n)])
         mel = log_mel_spectrogram(audio)[..., :mel_len]
         projection = rng.normal(0.0, 1.0 / np.sqrt(N_MELS), (N_MELS, WIDTH))
-        pairs = mel.reshape(n, N_MELS, mel_len // 2, 2).mean(-1).transpose(0, 2, 1)
-        return {"mel": mel.astype(np.float32), "target": np.tanh(pairs @ projection).astype(np.float32)}
+        return {"mel": mel.astype(np.float32), "target": frame_targets(mel, projection)}
+
+    def audio_examples(self, clips):
+        """A user's clips: their log-mel features, and as target the same kind of fixed
+        projection of frame pairs as the synthetic dataset's (drawn from seed 0)."""
+        mel = np.stack([clip_features(wave, self.settings["mel_len"]) for _, wave, _ in clips])
+        projection = np.random.default_rng(0).normal(0.0, 1.0 / np.sqrt(N_MELS), (N_MELS, WIDTH))
+        return {"mel": mel, "target": frame_targets(mel, projection)}
+
+
+def frame_targets(mel: np.ndarray, projection: np.ndarray) -> np.ndarray:
+    """tanh of each pair of mel frames (averaged) through ``projection``: [n, mel_len / 2, 384]."""
+    n, _, mel_len = mel.shape
+    pairs = mel.reshape(n, N_MELS, mel_len // 2, 2).mean(-1).transpose(0, 2, 1)
+    return np.tanh(pairs @ projection).astype(np.float32)

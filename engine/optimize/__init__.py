@@ -9,7 +9,7 @@ pointwise nodes, and returns the new Graph with an ``OptimizeReport``.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from ..errors import GraphError
 from ..graph.ir import Graph
@@ -54,6 +54,7 @@ def optimize(graph: Graph, *, max_iterations: int = 30, node_limit: int = 500_00
         saved["pointwise_dag"] = sum(sum(cost.graph_node_bytes(before, before[m]) for m in members)
                                      for _, members in groups) - sum(
             cost.graph_node_bytes(out, n) for n in out.nodes if n.op == "pointwise")
+    _keep_modules(graph, out, origins)
     phases["rebuild"] = time.perf_counter() - t
     bytes_before, disp_before = cost.graph_cost(graph)
     bytes_after, disp_after = cost.graph_cost(out)
@@ -65,8 +66,22 @@ def optimize(graph: Graph, *, max_iterations: int = 30, node_limit: int = 500_00
         matches={name: matches.get(name, 0) for name in rules.RULES if rules.RULES[name].in_egglog},
         saturated=stop == "saturated", stop_reason=stop, iterations=iterations, egraph_nodes=size,
         seconds=time.perf_counter() - t0, phase_seconds=phases, origins=origins,
-        rule_nodes={name: sorted(ids) for name, ids in produced.items() if ids})
+        rule_nodes={name: sorted(ids) for name, ids in produced.items() if ids},
+        rule_modules={name: dict(Counter(_where(out[i]) for i in ids)) for name, ids in produced.items() if ids})
     return out, report
+
+
+def _keep_modules(graph: Graph, out: Graph, origins: dict[int, list[int]]) -> None:
+    """Each optimized node carries the modules of the original nodes it stands for."""
+    for n in out.nodes:
+        modules = {m for o in origins.get(n.id, ()) for m in graph[o].modules}
+        if modules:
+            out.set_modules(n.id, modules)
+
+
+def _where(node) -> str:
+    """The module a fused node sits in; where its modules share none, all of them (``model.norm + lm_head``)."""
+    return node.module or " + ".join(node.modules)
 
 
 def _attribute(graph: Graph, out: Graph, origins: dict[int, list[int]]):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..graph.modules import describe
+
 
 @dataclass
 class OptimizeReport:
@@ -24,6 +26,7 @@ class OptimizeReport:
     phase_seconds: dict[str, float] = field(default_factory=dict)
     origins: dict[int, list[int]] = field(default_factory=dict)    # optimized node id -> original node ids
     rule_nodes: dict[str, list[int]] = field(default_factory=dict)  # rule name -> optimized node ids it produced
+    rule_modules: dict[str, dict[str, int]] = field(default_factory=dict)  # rule name -> {module: nodes it produced there}
 
     def to_dict(self) -> dict:
         return {
@@ -37,6 +40,7 @@ class OptimizeReport:
             "phase_seconds": {k: round(v, 6) for k, v in self.phase_seconds.items()},
             "origins": {str(k): list(v) for k, v in self.origins.items()},
             "rule_nodes": {k: list(v) for k, v in self.rule_nodes.items()},
+            "rule_modules": {k: dict(v) for k, v in self.rule_modules.items()},
         }
 
     def format_table(self) -> str:
@@ -49,11 +53,11 @@ class OptimizeReport:
             f"{'dispatches':<26}{self.dispatches_before:>16,}{self.dispatches_after:>16,}",
             f"{'bytes moved':<26}{mb(self.bytes_before):>16}{mb(self.bytes_after):>16}",
             "",
-            f"{'rule':<26}{'applied':>10}{'matches':>10}{'bytes saved':>16}",
+            f"{'rule':<26}{'applied':>10}{'matches':>10}{'bytes saved':>16}  where",
         ]
         for name in self.rules:
             lines.append(f"{name:<26}{self.rules[name]:>10,}{self.matches.get(name, 0):>10,}"
-                         f"{mb(self.rule_bytes_saved.get(name, 0)):>16}")
+                         f"{mb(self.rule_bytes_saved.get(name, 0)):>16}  {describe(self.rule_modules.get(name, {}))}")
         lines += ["", f"saturated: {status} after {self.iterations} iterations, "
                       f"{self.egraph_nodes:,} e-nodes, {self.seconds:.2f} s"]
         return "\n".join(lines)

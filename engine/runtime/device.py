@@ -357,7 +357,7 @@ def versions() -> dict:
     out = {"python": platform.python_version()}
     for dist in (
         "meganeura-studio", "numpy", "wgpu", "wgpu-native", "wgpudawn", "egglog", "PySide6",
-        "pyqtgraph", "perfetto", "safetensors", "torch",
+        "pyqtgraph", "perfetto", "safetensors", "scipy", "tokenizers", "soundfile", "torch",
     ):
         out[dist] = native if dist == "wgpu-native" else _version(dist)
     return out

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 
 from ..codegen.training import norm_partials
+from ..graph.modules import OPTIMIZER_STEP
 from ..graph.ops import OPS
 
 
@@ -27,6 +28,7 @@ class DispatchInfo:
     flops: int
     plan_index: int | None = None
     output_buffer: int | None = None
+    module: str = ""            # the module its nodes came from ('' at the top level)
 
 
 def _node_name(node) -> str:
@@ -36,8 +38,9 @@ def _node_name(node) -> str:
 # Matmul-shaped passes over the T x S scores of each attention op (2 flops per score and
 # head dim each): the forward's q kᵀ and P v; lse's q kᵀ; dq's q kᵀ, dO vᵀ and dS k; dk's
 # the same with dSᵀ q; dv's q kᵀ and Pᵀ dO.
+# A cached attention's visible keys change every step: it is counted as if all were (an upper bound).
 ATTENTION_PASSES = {"attention": 2, "attention_lse": 1, "attention_grad_q": 3, "attention_grad_k": 3,
-                    "attention_grad_v": 2}
+                    "attention_grad_v": 2, "cached_attention": 2}
 
 
 def estimate_flops(graph, node) -> int:
@@ -110,11 +113,11 @@ def _graph_dispatch(graph, d) -> DispatchInfo:
         nbytes = sum(b.size for b in d.bindings[:-1]) + sum(n.nbytes for n in nodes)
         flops = partial_bytes // 4
     return DispatchInfo(
-        kernel=d.kernel, archetype=d.archetype,
+        kernel=d.name, archetype=d.archetype,
         nodes=[_node_name(n) for n in nodes], ops=[n.op for n in nodes],
         shapes={"inputs": [list(t.shape) for t in ins], "output": [list(n.shape) for n in nodes]},
         workgroups=tuple(int(w) for w in d.workgroups), bytes=int(nbytes), flops=int(flops),
-        plan_index=d.index, output_buffer=d.writes[0] if d.writes else None)
+        plan_index=d.index, output_buffer=d.writes[0] if d.writes else None, module=d.module)
 
 
 # FLOPs per element of the optimizer step's kernels (the update's by rule).
@@ -142,4 +145,4 @@ def _step_dispatch(plan, d) -> DispatchInfo:
         kernel=d.kernel, archetype=d.archetype, nodes=list(d.names), ops=[role],
         shapes={"inputs": [[n]], "output": [[n]]}, workgroups=tuple(int(w) for w in d.workgroups),
         bytes=int(nbytes), flops=int(flops), plan_index=d.index,
-        output_buffer=d.writes[0] if d.writes else None)
+        output_buffer=d.writes[0] if d.writes else None, module=OPTIMIZER_STEP)

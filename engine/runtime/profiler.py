@@ -17,6 +17,7 @@ or ``profile_dispatches()``, an optional ``prepare_step()`` and ``is_training = 
 from __future__ import annotations
 
 import atexit
+import json
 import math
 import statistics
 import time
@@ -27,7 +28,7 @@ from ..config import current
 from ..errors import MeganeuraError
 from .dispatches import DispatchInfo, session_dispatches
 from .report import DispatchRecord, FALLBACK_NOTE, MAX_QUERIES, MODE_CPU, MODE_INSIDE, MODE_PER_PASS, ProfileReport, SpanRecorder, StepRecord, _fmt_ns, add_build_spans
-from .trace import write_chrome_trace, write_perfetto
+from .trace import _atomic_write, write_chrome_trace, write_perfetto
 
 
 # ---------------------------------------------------------------- timestamps on the GPU
@@ -127,41 +128,25 @@ def _has_loss(session) -> bool:
     return plan.loss_buffer is not None or "loss" in session.graph.outputs
 
 
-def _live_bytes(session) -> list[int]:
-    """Bytes of the plan's tensors alive while each plan dispatch runs (pinned buffers
-    always; an intermediate from its first writer to its last reader)."""
-    plan = session.plan
-    first, last = {}, {}
-    for d in plan.dispatches:
-        for b in list(d.reads) + list(d.writes):
-            first.setdefault(b, d.index)
-            last[b] = d.index
-    pinned = sum(b.nbytes for b in plan.buffers if b.kind != "intermediate")
-    live = []
-    for d in plan.dispatches:
-        n = pinned
-        for b in plan.buffers:
-            if b.kind == "intermediate" and b.id in first and first[b.id] <= d.index <= last[b.id]:
-                n += b.nbytes
-        live.append(n)
-    return live
-
-
 def _memory(session, stamps: DispatchTimestamps | None, infos: list[DispatchInfo]) -> dict:
+    """What the session allocated, and the plan's memory timeline (engine.compile.memory)
+    over the recorded dispatches of a step (``peak_dispatch`` is a position among them)."""
+    from ..compile.memory import memory_timeline
     seen, allocated = set(), 0
     for b in session.buffers:
         if id(b) not in seen:
             seen.add(id(b))
             allocated += int(b.size)
-    plan_live = _live_bytes(session)
-    everything = sum(b.nbytes for b in session.plan.buffers)
-    live = [plan_live[i.plan_index] if i.plan_index is not None else everything for i in infos]
     meta = int(getattr(getattr(session, "meta_buffer", None), "size", 0) or 0)
-    plan = session.plan
-    return {"allocated_bytes": allocated + meta + (stamps.nbytes if stamps else 0),
-            "tensor_bytes": allocated, "timestamp_bytes": stamps.nbytes if stamps else 0,
-            "peak_bytes": plan.peak_bytes, "peak_bytes_without_reuse": plan.peak_bytes_without_reuse,
-            "live_bytes": live}
+    recorded = [i.plan_index for i in infos if i.plan_index is not None]
+    timeline = memory_timeline(session.plan, session.graph, recorded)
+    timestamp_bytes = stamps.nbytes if stamps else 0
+    return {"allocated_bytes": allocated + meta + timestamp_bytes, "tensor_bytes": allocated,
+            "timestamp_bytes": timestamp_bytes, "plan_bytes": timeline.allocated_bytes,
+            "unshared_bytes": timeline.unshared_bytes, "saved_bytes": timeline.saved_bytes,
+            "pinned_bytes": timeline.pinned_bytes, "live_bytes": timeline.live_bytes,
+            "peak_bytes": timeline.peak_bytes, "peak_dispatch": timeline.peak_dispatch,
+            "peak_buffers": timeline.peak_buffers}
 
 
 def _adapter() -> dict:
@@ -300,7 +285,7 @@ def _record_of(info: DispatchInfo, step: int, index: int, begin: int, end: int) 
     return DispatchRecord(step=step, index=index, kernel=info.kernel, archetype=info.archetype,
                           nodes=list(info.nodes), ops=list(info.ops), shapes=info.shapes,
                           workgroups=list(info.workgroups), bytes=info.bytes, flops=info.flops,
-                          gpu_ns=max(0, end - begin), begin_ns=begin, end_ns=max(begin, end))
+                          gpu_ns=max(0, end - begin), begin_ns=begin, end_ns=max(begin, end), module=info.module)
 
 
 def _gpu_timed_step(session, rec, step, infos, stamps, period):
@@ -390,6 +375,11 @@ def _write_env_trace() -> None:
     except Exception as e:  # at exit: say what went wrong, never raise
         import sys
         print(f"meganeura: could not write MEGANEURA_TRACE={path}: {e}", file=sys.stderr)
+
+
+def write_profile_json(report: ProfileReport, path) -> Path:
+    """The report as ``profile --json`` prints it (what ``meganeura compare`` reads)."""
+    return _atomic_write(path, json.dumps(report.to_dict(), indent=2, default=float).encode())
 
 
 def write_trace(report: ProfileReport, path) -> Path:

@@ -7,9 +7,10 @@ from __future__ import annotations
 import statistics
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
+from .roofline import kernel_roofline
 
 
 MAX_QUERIES = 4096  # wgpu's limit on the size of one query set
@@ -92,6 +93,8 @@ class DispatchRecord:
     gpu_ns: int
     begin_ns: int       # on the CPU clock (time.perf_counter_ns), see clock_alignment
     end_ns: int
+    module: str = ""    # the module its nodes came from (engine.graph.modules)
+    phase: str = ""     # of a generation profile: "prefill" or "decode" (combine_phases)
 
     @property
     def gb_per_s(self) -> float:
@@ -134,6 +137,7 @@ class ProfileReport:
     clock_alignment: str = "none"
     note: str = ""
     trace: str | None = None
+    peaks: dict | None = None   # the adapter's roofs (engine.runtime.peaks), for the roofline
 
     # ---------------------------------------------------------- aggregates
 
@@ -164,10 +168,19 @@ class ProfileReport:
         return rows
 
     def per_kernel(self) -> list[dict]:
-        return self._group(lambda d: d.kernel)
+        """Per kernel name, with its roofline ``bound``, ``percent_of_peak`` and
+        ``intensity`` (engine.runtime.roofline; bound and percent None without peaks)."""
+        precision = self.adapter.get("matmul_precision", "f32")
+        return [{**r, **kernel_roofline(r, self.peaks, precision)}
+                for r in self._group(lambda d: _phased(d, d.kernel))]
 
     def per_archetype(self) -> list[dict]:
-        return self._group(lambda d: d.archetype)
+        return self._group(lambda d: _phased(d, d.archetype))
+
+    def per_module(self) -> list[dict]:
+        """Per block of the model (its layers and the modules beside them), in model order."""
+        from .module_totals import module_rows
+        return module_rows(self.dispatches, self.steps)
 
     def achieved(self) -> dict:
         t = sum(d.gpu_ns for d in self.dispatches)
@@ -190,17 +203,20 @@ class ProfileReport:
             "timestamp_period": self.timestamp_period,
             "clock_alignment": self.clock_alignment,
             "dispatches_per_step": self.dispatches_per_step,
-            "dispatches": [{"step": d.step, "index": d.index, "kernel": d.kernel, "archetype": d.archetype,
-                            "nodes": d.nodes, "ops": d.ops, "workgroups": list(d.workgroups),
+            "phases": list(dict.fromkeys(d.phase for d in self.dispatches if d.phase)),
+            "dispatches": [{"step": d.step, "index": d.index, "kernel": d.kernel, "module": d.module, "phase": d.phase,
+                            "archetype": d.archetype, "nodes": d.nodes, "ops": d.ops, "workgroups": list(d.workgroups),
                             "gpu_ns": d.gpu_ns, "bytes": d.bytes, "flops": d.flops,
                             "begin_ns": d.begin_ns} for d in self.dispatches],
             "gpu_step_ns": self.gpu_step_ns,
             "step_details": [asdict(s) for s in self.step_records],
             "per_kernel": self.per_kernel(),
             "per_archetype": self.per_archetype(),
+            "modules": self.per_module(),
             "achieved": self.achieved(),
             "overhead": self.overhead,
             "memory": self.memory,
+            "peaks": self.peaks,
             "cpu_spans": [{"name": s.name, "depth": s.depth, "start_ns": s.start_ns, "dur_ns": s.dur_ns}
                           for s in self.spans],
             "trace": self.trace,
@@ -208,22 +224,29 @@ class ProfileReport:
 
     def format_table(self, top: int = 15, by: str = "kernel") -> str:
         """The ``top`` kernels (or archetypes) by total GPU time, like torch.profiler's
-        ``key_averages().table()``."""
+        ``key_averages().table()``; ``by="module"``: every block of the model, in model order."""
+        if by == "module":
+            from .module_totals import format_module_table
+            total = sum(d.gpu_ns for d in self.dispatches)
+            return "\n".join(format_module_table(self.per_module(), _fmt_ns) + [
+                f"Self GPU time total: {_fmt_ns(total)} over {self.steps} steps ({self.mode})"])
         rows = self.per_kernel() if by == "kernel" else self.per_archetype()
         shown = rows[:top]
-        name_w = max([len("Name")] + [len(_short_kernel(r["name"])) for r in shown])
+        name_w = max([len("Name")] + [len(short_kernel(r["name"])) for r in shown])
         name_w = min(name_w, 60)
         head = (f"{'Name':<{name_w}}  {'Archetype':<10}  {'GPU total %':>11}  {'GPU total':>10}  "
-                f"{'GPU avg':>10}  {'GPU min':>10}  {'GPU max':>10}  {'# Calls':>7}  {'GB/s':>8}  {'TFLOP/s':>8}")
+                f"{'GPU avg':>10}  {'GPU min':>10}  {'GPU max':>10}  {'# Calls':>7}  {'GB/s':>8}  {'TFLOP/s':>8}  "
+                f"{'Bound':>7}  {'% peak':>6}")
         rule = "-" * len(head)
         lines = [rule, head, rule]
         for r in shown:
-            r = dict(r, name=_short_kernel(r["name"]))
+            r = dict(r, name=short_kernel(r["name"]))
             name = r["name"] if len(r["name"]) <= name_w else r["name"][:name_w - 3] + "..."
             lines.append(
                 f"{name:<{name_w}}  {r['archetype']:<10}  {r['percent']:>10.2f}%  {_fmt_ns(r['gpu_ns']):>10}  "
                 f"{_fmt_ns(r['avg_ns']):>10}  {_fmt_ns(r['min_ns']):>10}  {_fmt_ns(r['max_ns']):>10}  "
-                f"{r['calls']:>7}  {r['gb_per_s']:>8.2f}  {r['tflop_per_s']:>8.4f}")
+                f"{r['calls']:>7}  {r['gb_per_s']:>8.2f}  {r['tflop_per_s']:>8.4f}  {r.get('bound') or '-':>7}  "
+                f"{_percent(r.get('percent_of_peak')):>6}")
         lines.append(rule)
         a = self.achieved()
         steps = self.step_records
@@ -236,6 +259,11 @@ class ProfileReport:
                          f"{_fmt_ns(med([s.record_ns for s in steps]))}, submit {_fmt_ns(med([s.submit_ns for s in steps]))}, "
                          f"wait {_fmt_ns(med([s.wait_ns for s in steps]))}, wall {_fmt_ns(med([s.wall_ns for s in steps]))}")
         lines.append(f"Achieved: {a['gb_per_s']:.2f} GB/s, {a['tflop_per_s']:.4f} TFLOP/s (FLOPs estimated per archetype)")
+        if self.peaks:
+            p = self.peaks
+            f16 = f", {p['flop_per_s_f16'] / 1e12:.4g} f16 (cooperative matmul)" if p.get("flop_per_s_f16") else ""
+            lines.append(f"Roofs of this adapter: {p['flop_per_s_f32'] / 1e12:.4g} TFLOP/s f32{f16}, "
+                         f"{p['bytes_per_s'] / 1e9:.4g} GB/s (Bound and % peak: docs/cli.md, roofline)")
         o = self.overhead
         if o.get("per_step_ns") is not None:
             lines.append(f"Profiling overhead: {_fmt_ns(o['per_step_ns'])} per step "
@@ -249,7 +277,32 @@ class ProfileReport:
 
 
 
-def _short_kernel(name: str) -> str:
+def _phased(d: DispatchRecord, name: str) -> str:
+    """A table row's name: a generation profile's rows are per phase (``decode:matmul``)."""
+    return f"{d.phase}:{name}" if d.phase else name
+
+
+def combine_phases(phases: list[tuple[str, "ProfileReport"]]) -> "ProfileReport":
+    """One report of several profiles of one model (a generation's prefill and its decode
+    steps): dispatches and steps in order, steps renumbered, each dispatch tagged with
+    its phase, so tables group per phase and traces put each phase on a track of its own.
+    Spans, memory, overhead and peaks are the last report's (pass all of them one
+    SpanRecorder to keep every span)."""
+    dispatches, steps, offset = [], [], 0
+    for phase, report in phases:
+        for d in report.dispatches:
+            dispatches.append(replace(d, step=d.step + offset, phase=phase))
+        steps += [replace(s, step=s.step + offset) for s in report.step_records]
+        offset += report.steps
+    last = phases[-1][1]
+    return replace(last, steps=offset, dispatches=dispatches, step_records=steps)
+
+
+def _percent(p: float | None) -> str:
+    return "-" if p is None else f"{p:.1f}" if p < 99.95 else f"{p:.0f}"
+
+
+def short_kernel(name: str) -> str:
     """A kernel name without its default attributes (``transpose_a=False``, ``activation=none``)."""
     parts = name.split(":")
     return ":".join([parts[0]] + [p for p in parts[1:] if not p.endswith(("=False", "=none"))])

@@ -263,6 +263,11 @@ class Session:
     def pipeline_count(self) -> int:
         return len(self._pipelines)
 
+    @property
+    def dispatch_count(self) -> int:
+        """Dispatches a step records (``record``'s positions are 0..dispatch_count-1)."""
+        return len(self._steps)
+
     def set_input(self, name: str, array) -> None:
         self._upload("input", name, array, self.graph.inputs)
 
@@ -352,6 +357,13 @@ class Session:
         ``engine.profiler.ProfileReport`` (see ``engine.profiler.profile_session``)."""
         from .profiler import profile_session
         return profile_session(self, steps, train=train, **options)
+
+    def output_location(self, name: str) -> tuple[object, int, int]:
+        """(GPU buffer, byte offset, byte size) of an output, to copy it within a step's
+        own command encoder (generation reads its logits that way)."""
+        node = self._node_for("output", name, self.graph.outputs)
+        buffer, offset = self._locate(node.id)
+        return buffer, offset, node.nbytes
 
     def read_output(self, name: str) -> np.ndarray:
         return self._read(self._node_for("output", name, self.graph.outputs))

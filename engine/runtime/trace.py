@@ -24,7 +24,7 @@ def _atomic_write(path, data: bytes) -> Path:
         parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as e:
-        raise MeganeuraError(f"cannot write trace {path}: {e}") from None
+        raise MeganeuraError(f"cannot write {path}: {e}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -104,6 +104,14 @@ def _live_series(report: ProfileReport) -> list[tuple[int, int]]:
     return out
 
 
+def _phase_tracks(report: ProfileReport, gpu) -> dict[str, int]:
+    """The GPU track of each phase (a generation's prefill and decode): ``gpu`` for
+    dispatches without one, then ``gpu + 1``, ``gpu + 2``... in order of appearance
+    (Chrome traces: thread ids; Perfetto: track uuids above all others)."""
+    phases = dict.fromkeys(d.phase for d in report.dispatches if d.phase)
+    return {"": gpu, **{phase: gpu + 0x1000 * (i + 1) for i, phase in enumerate(phases)}}
+
+
 def write_perfetto(report: ProfileReport, path) -> Path:
     """Write ``report`` as a Perfetto protobuf trace (open it at ui.perfetto.dev)."""
     from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
@@ -157,6 +165,10 @@ def write_perfetto(report: ProfileReport, path) -> Path:
     td.thread.tid = tid
     td.thread.thread_name = "CPU (host thread)"
     track(G, _gpu_track_name(report), parent=P)
+    gpu_tracks = _phase_tracks(report, G)
+    for phase, uuid in gpu_tracks.items():
+        if phase:
+            track(uuid, f"{_gpu_track_name(report)}: {phase}", parent=P)
     track(MEM, "GPU memory allocated (bytes)", parent=P, unit=pb.CounterDescriptor.UNIT_SIZE_BYTES)
     track(LIVE, "live tensors (bytes)", parent=P, unit=pb.CounterDescriptor.UNIT_SIZE_BYTES)
     losses = [s for s in report.step_records if s.loss is not None]
@@ -210,10 +222,10 @@ def write_perfetto(report: ProfileReport, path) -> Path:
         p = packet(b)
         ev = p.track_event
         ev.type = pb.TrackEvent.TYPE_SLICE_BEGIN
-        ev.track_uuid = G
+        ev.track_uuid = gpu_tracks[d.phase]
         ev.name = d.kernel
         ev.categories.append("gpu")
-        for key, v in (("step", d.step), ("index", d.index), ("archetype", d.archetype),
+        for key, v in (("step", d.step), ("index", d.index), ("module", d.module), ("archetype", d.archetype),
                        ("nodes", ", ".join(d.nodes)), ("ops", ", ".join(d.ops)),
                        ("shapes", json.dumps(d.shapes)), ("workgroups", "x".join(str(w) for w in d.workgroups)),
                        ("bytes", d.bytes), ("flops", d.flops), ("gpu_ns", d.gpu_ns),
@@ -224,7 +236,7 @@ def write_perfetto(report: ProfileReport, path) -> Path:
         p = packet(e)
         ev = p.track_event
         ev.type = pb.TrackEvent.TYPE_SLICE_END
-        ev.track_uuid = G
+        ev.track_uuid = gpu_tracks[d.phase]
 
     def counter(uuid, ts, value):
         p = packet(ts)
@@ -258,13 +270,18 @@ def chrome_trace(report: ProfileReport) -> dict:
         {"ph": "M", "name": "thread_name", "pid": pid, "tid": cpu, "args": {"name": "CPU (host thread)"}},
         {"ph": "M", "name": "thread_name", "pid": pid, "tid": gpu, "args": {"name": _gpu_track_name(report)}},
     ]
+    gpu_tids = _phase_tracks(report, gpu)
+    ev += [{"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+            "args": {"name": f"{_gpu_track_name(report)}: {phase}"}} for phase, tid in gpu_tids.items() if phase]
     for s in sorted(report.spans, key=lambda s: (s.start_ns, s.depth)):
         ev.append({"ph": "X", "cat": "cpu", "name": s.name, "pid": pid, "tid": cpu, "ts": us(s.start_ns),
                    "dur": us(s.dur_ns), "args": dict(s.args)})
     submits = _submit_spans(report)
     for k, (d, b, e) in enumerate(_gpu_slices(report)):
-        ev.append({"ph": "X", "cat": "gpu", "name": d.kernel, "pid": pid, "tid": gpu, "ts": us(b), "dur": us(e - b),
-                   "args": {"step": d.step, "index": d.index, "archetype": d.archetype, "nodes": d.nodes,
+        ev.append({"ph": "X", "cat": "gpu", "name": d.kernel, "pid": pid, "tid": gpu_tids[d.phase], "ts": us(b),
+                   "dur": us(e - b),
+                   "args": {"step": d.step, "index": d.index, "module": d.module, "archetype": d.archetype,
+                            "nodes": d.nodes,
                             "ops": d.ops, "shapes": d.shapes, "workgroups": list(d.workgroups),
                             "bytes": d.bytes, "flops": d.flops, "gpu_ns": d.gpu_ns}})
         src = _flow_source(report, submits, d)
@@ -272,7 +289,7 @@ def chrome_trace(report: ProfileReport) -> dict:
             ev.append({"ph": "s", "cat": "submit", "name": "submit", "id": k + 1, "pid": pid, "tid": cpu,
                        "ts": us(src.start_ns)})
             ev.append({"ph": "f", "bp": "e", "cat": "submit", "name": "submit", "id": k + 1, "pid": pid,
-                       "tid": gpu, "ts": us(b)})
+                       "tid": gpu_tids[d.phase], "ts": us(b)})
     for s in report.step_records:
         ev.append({"ph": "C", "name": "GPU memory allocated", "pid": pid, "ts": us(s.start_ns),
                    "args": {"bytes": report.memory.get("allocated_bytes", 0)}})

@@ -1,4 +1,9 @@
 """``DataLoader``: batches of a model's example arrays, shuffled by a seeded generator.
+
+The batch of a step is a pure function of (seed, step): step ``s`` is batch
+``s % len(loader)`` of epoch ``s // len(loader)``, whose order is the permutation
+``default_rng([seed, epoch])`` draws. A run resumed at step ``s`` therefore sees the
+batches an uninterrupted one would (``batch_at``, ``position``).
 """
 
 from __future__ import annotations
@@ -39,11 +44,24 @@ class DataLoader:
             return np.arange(self.size)
         return np.random.default_rng([self.seed, epoch]).permutation(self.size)
 
+    def position(self, step: int) -> dict[str, int]:
+        """Where step ``step`` reads: its epoch and its batch within the epoch."""
+        epoch, batch = divmod(step, len(self))
+        return {"epoch": epoch, "batch": batch}
+
+    def batch_at(self, step: int) -> dict[str, np.ndarray]:
+        """The batch of step ``step`` (0-based, counted over epochs)."""
+        epoch, b = divmod(step, len(self))
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, self.order(epoch))
+        pick = self._order[1][b * self.batch_size:(b + 1) * self.batch_size]
+        return {k: v[pick] for k, v in self.dataset.items()}
+
+    _order: tuple[int, np.ndarray] | None = None   # the last epoch's permutation, kept for its next batch
+
     def batches(self, epoch: int) -> Iterator[dict[str, np.ndarray]]:
-        idx = self.order(epoch)
         for b in range(len(self)):
-            pick = idx[b * self.batch_size:(b + 1) * self.batch_size]
-            yield {k: v[pick] for k, v in self.dataset.items()}
+            yield self.batch_at(epoch * len(self) + b)
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         """One epoch; the next iteration is the next epoch."""

@@ -16,9 +16,10 @@ import numpy as np
 
 from .. import codegen
 from ..autodiff.gradients import differentiate
-from ..compile.plan import OptimizerSpec
+from ..compile.plan import STATE_NAMES, OptimizerSpec
 from ..compile.cache import cached_plan
 from ..runtime.device import device_guard, get_device
+from ..errors import TrainingError
 from ..graph.ir import Graph
 from ..runtime.session import Session
 from ..runtime.device import device_capabilities
@@ -94,6 +95,46 @@ class TrainingSession(Session):
 
     def get_parameters(self) -> dict[str, np.ndarray]:
         return {name: self.get_parameter(name) for name in self.graph.parameters}
+
+    def _state_slots(self):
+        """(arena buffer index, state name, parameter, byte offset, shape) of every optimizer state."""
+        names = STATE_NAMES[self.config.optimizer]
+        for group in self.plan.groups:
+            for buffer, state in zip(group.state_buffers, names):
+                for name, offset in zip(group.parameters, group.offsets):
+                    yield buffer, state, name, offset, self.graph[self.graph.parameters[name]].shape
+
+    def optimizer_state(self) -> dict[str, np.ndarray]:
+        """The optimizer's state on the GPU as ``{"PARAM:m": array, ...}`` (Adam's m and v,
+        SGD's momentum), each in its parameter's shape; one read per arena."""
+        arenas, out = {}, {}
+        with device_guard("reading the optimizer state", self.device):
+            for buffer, state, name, offset, shape in self._state_slots():
+                if buffer not in arenas:
+                    raw = self.device.queue.read_buffer(self.buffers[buffer], self._bases[buffer],
+                                                        self.plan.buffers[buffer].nbytes)
+                    arenas[buffer] = np.frombuffer(raw, dtype=np.float32)
+                count = int(np.prod(shape))
+                out[f"{name}:{state}"] = arenas[buffer][offset // 4: offset // 4 + count].reshape(shape).copy()
+        return out
+
+    def set_optimizer_state(self, tensors: dict[str, np.ndarray], steps: int) -> None:
+        """Upload an optimizer state (as ``optimizer_state`` gives it) taken after ``steps``
+        updates; the next step is update ``steps + 1`` (bias corrections, schedule)."""
+        slots = list(self._state_slots())
+        missing = [f"{name}:{state}" for _, state, name, _, _ in slots if f"{name}:{state}" not in tensors]
+        if missing:
+            raise TrainingError(f"the optimizer state has no {', '.join(missing[:3])}"
+                                f"{' ...' if len(missing) > 3 else ''} ({self.config.optimizer})")
+        with device_guard("uploading the optimizer state", self.device):
+            for buffer, state, name, offset, shape in slots:
+                value = np.ascontiguousarray(tensors[f"{name}:{state}"], dtype=np.float32)
+                if value.shape != tuple(shape):
+                    raise TrainingError(f"optimizer state {name}:{state} has shape {list(value.shape)}, "
+                                        f"expected {list(shape)}")
+                if value.nbytes:
+                    self.device.queue.write_buffer(self.buffers[buffer], self._bases[buffer] + offset, value)
+        self.step_count = steps
 
 
 def build_session(graph: Graph, config: TrainConfig | None = None, params=None,

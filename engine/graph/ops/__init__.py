@@ -12,7 +12,7 @@ attributes, and return one array.
 
 The table is one package: ``table`` (what an op is, ``OPS``, ``defop``), then the
 declarations, in the order they enter ``OPS``: ``forward``, ``backward`` (gradients'
-ops), ``onnx`` (what the ONNX importer adds). Everything is importable from here.
+ops), ``onnx`` (what the ONNX importer adds), ``generation`` (the KV cache's ops). Everything is importable from here.
 """
 
 from .table import (  # noqa: F401
@@ -31,3 +31,4 @@ from .backward import (  # noqa: F401
 from .onnx import (  # noqa: F401
     ONNX_UNARY, cast_ref, conv_general_input_grad_ref, conv_general_ref,
     conv_general_weight_grad_ref, max_pool_grad_ref, pool_divisor, pool_geometry, pool_ref)
+from .generation import cache_write_ref, cached_attention_ref, swiglu_matmul_ref  # noqa: F401

@@ -543,12 +543,17 @@ defop("attention_grad_v", ATTENTION, _attention_backward_shape(("q", "k", "dout"
 
 
 def _rope_shape(ts, a):
-    _require_float(ts)
     x = ts[0]
+    _require_float([x])
     h = a["num_heads"]
     if h <= 0 or len(x.shape) != 3 or x.shape[2] % h or (x.shape[2] // h) % 2:
         _fail(f"rope needs [batch, seq, heads*dim] with an even head dim, found {list(x.shape)} "
               f"with {h} heads")
+    if len(ts) == 2 and (ts[1].dtype != "i32" or ts[1].shape != x.shape[:2]):
+        _fail(f"rope's positions must be i32 [batch, seq] = {list(x.shape[:2])}, found "
+              f"{list(ts[1].shape)} {ts[1].dtype}")
+    if len(ts) > 2:
+        _fail(f"rope takes x and optionally positions, found {len(ts)} operands")
     return TensorType(x.shape)
 
 
@@ -558,12 +563,19 @@ def rope_tables(seq, dim, base=10000.0, offset=0, dtype=np.float64):
     return np.cos(ang).astype(dtype), np.sin(ang).astype(dtype)
 
 
-def rope_ref(x, num_heads, base=10000.0, offset=0, inverse=False):
+def rope_ref(x, positions=None, num_heads=1, base=10000.0, offset=0, inverse=False):
+    """Rotate by position offset..offset+seq, or by ``positions`` [batch, seq] where given
+    (a generation step, whose tokens sit at positions only known when it runs)."""
     b, t, w = x.shape
     d = w // num_heads
     xh = x.reshape(b, t, num_heads, d)
-    cos, sin = rope_tables(t, d, base, offset, x.dtype)
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    if positions is None:
+        cos, sin = rope_tables(t, d, base, offset, x.dtype)
+        cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    else:
+        inv = 1.0 / base ** (np.arange(0, d, 2, dtype=np.float64) / d)
+        ang = np.asarray(positions, np.float64)[..., None] * inv
+        cos, sin = np.cos(ang).astype(x.dtype)[:, :, None, :], np.sin(ang).astype(x.dtype)[:, :, None, :]
     if inverse:
         sin = -sin
     x1, x2 = xh[..., : d // 2], xh[..., d // 2:]
@@ -572,7 +584,8 @@ def rope_ref(x, num_heads, base=10000.0, offset=0, inverse=False):
 
 defop("rope", POINTWISE, _rope_shape, rope_ref,
       doc="rotary position embedding (rotate-half form) on [batch, seq, heads*dim]; positions "
-          "offset..offset+seq; inverse=True rotates back (its gradient)",
+          "offset..offset+seq, or an i32 [batch, seq] second operand; inverse=True rotates back "
+          "(its gradient)",
       num_heads=1, base=10000.0, offset=0, inverse=False)
 
 

@@ -42,6 +42,7 @@ class OpDef:
     ref: Callable[..., np.ndarray]
     grad: Callable | None = None
     elementwise: bool = False
+    inplace: bool = False   # the result is operand 0 with some elements overwritten, in its storage
     doc: str = ""
     attrs: dict[str, Any] = field(default_factory=dict)
 
@@ -49,12 +50,13 @@ class OpDef:
 OPS: dict[str, OpDef] = {}
 
 
-def defop(name, archetype, shape_rule, ref, /, *, elementwise=False, doc="", **attrs) -> OpDef:
-    """Declare an op; keyword arguments beyond ``elementwise`` and ``doc`` are its
-    attributes with their defaults."""
+def defop(name, archetype, shape_rule, ref, /, *, elementwise=False, inplace=False, doc="", **attrs) -> OpDef:
+    """Declare an op; keyword arguments beyond ``elementwise``, ``inplace`` and ``doc`` are
+    its attributes with their defaults."""
     if name in OPS:
         raise ValueError(f"op {name!r} declared twice")
-    OPS[name] = OpDef(name, archetype, shape_rule, ref, elementwise=elementwise, doc=doc, attrs=attrs)
+    OPS[name] = OpDef(name, archetype, shape_rule, ref, elementwise=elementwise, inplace=inplace, doc=doc,
+                      attrs=attrs)
     return OPS[name]
 
 

@@ -13,9 +13,10 @@ import numpy as np
 from ...errors import MeganeuraError, ModelImportError
 from ...graph import nn
 from ...graph.ir import Graph
+from ...graph.modules import ancestors
 from ...models.base import BuiltinModel, Setting, positive
 from .checks import CHECKS, GRAPH_TYPES, MIN_OPSET, Refused, _attrs
-from .translate import BOOL_OPS, CONST_SLOTS, INDEX_SLOTS, TRANSLATE, UNARY_FOLD, _np_tensor
+from .translate import BOOL_OPS, CONST_SLOTS, INDEX_SLOTS, TRANSLATE, UNARY_FOLD, _np_tensor, module_of
 from .values import Ctx
 
 
@@ -113,7 +114,8 @@ class OnnxModel(BuiltinModel):
                 if node.op_type in UNARY_FOLD and isinstance(xs[0], np.ndarray):
                     outs = [UNARY_FOLD[node.op_type](xs[0])]
                 else:
-                    outs = TRANSLATE[node.op_type](ctx, node, _attrs(node), xs)
+                    with g.scope(module_of(node)):
+                        outs = TRANSLATE[node.op_type](ctx, node, _attrs(node), xs)
             except Refused as e:
                 raise ModelImportError(f"{self.path}: {where}: {e}") from None
             except MeganeuraError as e:
@@ -154,6 +156,7 @@ class OnnxModel(BuiltinModel):
             raise ModelImportError(f"{self.path}: {e}") from None
         except MeganeuraError as e:
             raise ModelImportError(f"{self.path}: {e}") from None
+        _place_parameters(g)
         empty = [n for n in g.nodes if 0 in n.shape]
         if empty:
             raise ModelImportError(f"{self.path}: {g.format_node(empty[0])} is an empty tensor; "
@@ -195,6 +198,19 @@ class OnnxModel(BuiltinModel):
 
 
 # ---------------------------------------------------------------- loading
+
+def _place_parameters(g: Graph) -> None:
+    """An initializer belongs to the module its name says (``layers.0.fc1.weight``) when the
+    graph has that module, else to the module of its first reader."""
+    known = {m for n in g.nodes for m in n.modules}
+    known |= {a for m in known for a in ancestors(m)}
+    users = g.users()
+    for name, nid in g.parameters.items():
+        owner = name.rpartition(".")[0]
+        if not owner or owner not in known:
+            owner = g[users[nid][0]].module if users[nid] else ""
+        g.set_modules(nid, owner)
+
 
 def _read(path: Path):
     import onnx

@@ -4,6 +4,7 @@ it with numpy where its operands are constants, or raises ``Refused``.
 
 from __future__ import annotations
 
+import ast
 import math
 from typing import Callable
 
@@ -11,6 +12,27 @@ import numpy as np
 
 from .checks import BOOL, DOUBLE, FLOAT, FLOAT16, INT32, INT64, INT_TYPES, Refused
 from .values import FOLD, _axis, _const, _f32, _gather, _ints, _reduce, _reshape, _slice_axis, _transpose
+
+
+# ---------------------------------------------------------------- module paths
+
+def module_of(node) -> str:
+    """The module an ONNX node came from: the exporter's name scopes (``torch.onnx.export(...,
+    dynamo=True)`` stores ``pkg.torch.onnx.name_scopes`` ['', 'layers.0', 'layers.0.fc1', 'linear']
+    and ``namespace`` ': Net/layers.0: Block/layers.0.fc1: Linear/linear: aten.linear'), else the
+    path in the node's name (TorchScript exports: ``/layers.0/fc1/Gemm``); '' when there is none."""
+    props = {p.key: p.value for p in node.metadata_props}
+    try:
+        scopes = ast.literal_eval(props.get("pkg.torch.onnx.name_scopes", "None"))
+    except (ValueError, SyntaxError):
+        scopes = None
+    if isinstance(scopes, list) and scopes and all(isinstance(x, str) for x in scopes):
+        return scopes[-2] if len(scopes) >= 2 else ""
+    if props.get("namespace"):
+        names = [part.split(":")[0].strip() for part in props["namespace"].split("/")]
+        return names[-2] if len(names) >= 2 else ""
+    parts = [p for p in (node.name or "").split("/") if p]
+    return ".".join(parts[:-1]) if "/" in (node.name or "") else ""
 
 
 # ---------------------------------------------------------------- translations

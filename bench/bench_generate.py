@@ -1,0 +1,152 @@
+"""Greedy generation with the KV cache, ours against transformers' ``generate`` on the same
+GPU in one process: a SmolLM2-135M-shaped Llama (random weights from its config, written
+with ``save_pretrained`` and opened from the folder) and the built-in gpt-tiny.
+
+    python3 bench/bench_generate.py            # the SmolLM2-135M shape (meant for a real GPU)
+    python3 bench/bench_generate.py --quick    # a tiny Llama: runs on lavapipe in seconds
+
+Rows: prefill of a ``--prompt``-token prompt (wall time from the ids to the first new
+token on the host, median of the timed calls after one that builds the sessions) and
+decode tokens/s (the median decode step, ``--new`` tokens a call, EOS ignored).
+transformers: ``generate(do_sample=False, min_new_tokens=N)`` timed whole in fp32, fp16
+and bf16, tokens/s = N / (time - the prefill's time, a ``max_new_tokens=1`` call).
+Also: how many of our greedy ids equal transformers' fp32 ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+from bench_checkpoint import SMOLLM2_135M, TINY  # noqa: E402
+from bench_vs_torch import adapter_desc, fmt, log, markdown_table, ours_record_us  # noqa: E402
+from engine import models  # noqa: E402
+from engine.importers import load_model  # noqa: E402
+from engine.train.generation import Sampling  # noqa: E402
+
+
+PROFILE = False
+
+
+def ours(model, prompt, new, calls):
+    """(prefill ms, decode tokens/s, ids, decode dispatches, build s) of our generator, median over ``calls``."""
+    gen = model.generator(backend="gpu")
+    t = time.perf_counter()
+    gen.generate(prompt, new, Sampling())
+    build_s = time.perf_counter() - t
+    prefills, steps, ids = [], [], None
+    for _ in range(calls):
+        r = gen.generate(prompt, new, Sampling())
+        prefills.append(1e3 * r.prefill_seconds)
+        steps += r.per_token_ms
+        ids = r.tokens
+    decode = gen.steps(gen.check(prompt, new)).decode
+    if PROFILE:
+        from engine.cli.profile import profile_generation
+        report = profile_generation(model, gen.params, 5, prompt=prompt)
+        print(report.format_table(top=30, by="archetype"))
+        print(_by_op(report))
+        per, count = ours_record_us(decode)
+        print(f"host: recording a decode step takes {per * count / 1e3:.2f} ms ({per:.2f} us x {count} dispatches)")
+    return statistics.median(prefills), 1e3 / statistics.median(steps), ids, len(decode.plan.dispatches), build_s
+
+
+def _by_op(report) -> str:
+    """GPU time per phase and kernel name without its module prefix, the largest first."""
+    totals, calls = {}, {}
+    for d in report.dispatches:
+        key = (d.phase, d.kernel.split(":", 1)[1] if d.module and d.kernel.startswith(d.module + ":") else d.kernel)
+        totals[key] = totals.get(key, 0) + d.gpu_ns
+        calls[key] = calls.get(key, 0) + 1
+    steps = {"prefill": 1, "decode": report.steps - 1}
+    rows = sorted(totals.items(), key=lambda kv: -kv[1])[:24]
+    return "\n".join(f"{phase:<8} {name:<40} {t / steps[phase] / 1e3:9.1f} us/step  {calls[(phase, name)]:5d} calls"
+                     for (phase, name), t in rows)
+
+
+def theirs(hf, prompt, new, calls, device, dtype):
+    """(prefill ms, decode tokens/s, ids) of transformers' greedy generate in ``dtype``."""
+    net = hf.to(device=device, dtype=dtype)
+    x = torch.tensor([prompt], dtype=torch.long, device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def run(n):
+        sync()
+        t = time.perf_counter()
+        with torch.no_grad():
+            out = net.generate(x, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+        sync()
+        return 1e3 * (time.perf_counter() - t), out[0, len(prompt):].tolist()
+
+    run(2)
+    first = statistics.median(run(1)[0] for _ in range(calls))
+    whole = [run(new) for _ in range(calls)]
+    total = statistics.median(ms for ms, _ in whole)
+    return first, (new - 1) / max(total - first, 1e-9) * 1e3, whole[-1][1]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="a tiny Llama at tiny sizes (lavapipe)")
+    p.add_argument("--prompt", type=int, default=512, help="prompt tokens (default 512)")
+    p.add_argument("--new", type=int, default=128, help="new tokens a call (default 128)")
+    p.add_argument("--calls", type=int, default=3)
+    p.add_argument("--profile", action="store_true", help="also print the top kernels of a decode step")
+    p.add_argument("--no-peers", action="store_true", help="leave transformers out (quick iterations)")
+    args = p.parse_args(argv)
+    global PROFILE
+    PROFILE = args.profile
+    cfg = TINY if args.quick else SMOLLM2_135M
+    prompt_len, new, calls = (16, 8, 1) if args.quick else (args.prompt, args.new, args.calls)
+    tiny_new = 4 if args.quick else new
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg)).eval()
+    folder = Path(tempfile.mkdtemp(prefix="bench-llama-"))
+    hf.save_pretrained(folder)
+    prompt = np.random.default_rng(0).integers(0, cfg["vocab_size"], prompt_len).tolist()
+
+    rows = []
+    log(f"ours: llama, prompt {prompt_len}, {new} new tokens")
+    model = load_model(str(folder))
+    o_prefill, o_rate, o_ids, dispatches, build_s = ours(model, prompt, new, calls)
+    peers = () if args.no_peers else (("fp32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16))
+    for label, dtype in peers:
+        log(f"transformers {label}")
+        rows.append((f"transformers {label}", *theirs(hf, prompt, new, calls, device, dtype)))
+    base = rows[0][2] if rows else o_rate
+    match = next((i for i, (a, b) in enumerate(zip(o_ids, rows[0][3])) if a != b), len(o_ids)) if rows else 0
+    from engine import config
+    table = [[f"ours ({config.current().precision})", fmt(o_prefill, " ms"), fmt(o_rate), fmt(o_rate / base)]]
+    table += [[label, fmt(pre, " ms"), fmt(rate), fmt(rate / base)] for label, pre, rate, _ in rows]
+
+    log("ours: gpt-tiny")
+    tiny = models.create("gpt-tiny")
+    t_prefill, t_rate, _, t_dispatches, _ = ours(tiny, [256] * min(prompt_len, 64), tiny_new, calls)
+
+    print("tiny Llama (--quick)" if args.quick else
+          f"SmolLM2-135M-shaped Llama ({sum(t.numel() for t in hf.parameters()) / 1e6:.1f} M parameters, random)")
+    print(f"ours on {adapter_desc()}; torch {torch.__version__} on {device}, transformers {transformers.__version__}")
+    print(markdown_table(["", f"prefill {prompt_len} tokens", "decode tokens/s", "ratio to transformers fp32"], table))
+    print(f"\nour greedy ids equal transformers' fp32 for the first {match} of {len(o_ids)}; decode step "
+          f"{dispatches} dispatches; sessions built in {build_s:.2f} s (first call)")
+    print(f"gpt-tiny: prefill {min(prompt_len, 64)} tokens {t_prefill:.2f} ms, decode {t_rate:.1f} tokens/s "
+          f"({t_dispatches} dispatches a step)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

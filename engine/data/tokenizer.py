@@ -1,0 +1,86 @@
+"""Text to token ids and back: a checkpoint folder's ``tokenizer.json`` (the Hugging Face
+``tokenizers`` package reads it), else UTF-8 bytes (ids 0-255), which every vocabulary
+of at least 256 ids can hold.
+
+``decode`` of a growing id list is what streaming uses: ``TextStream`` prints only the
+new, complete characters (a token can end in the middle of a multi-byte character).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import MeganeuraError
+
+TOKENIZER_FILE = "tokenizer.json"
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as ids 0-255, after ``prefix`` ids (gpt-tiny starts with its BOS)."""
+
+    kind = "bytes"
+
+    def __init__(self, prefix: Sequence[int] = (), note: str | None = None):
+        self.prefix, self.note = list(prefix), note
+
+    def encode(self, text: str) -> list[int]:
+        return [*self.prefix, *text.encode("utf-8")]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
+
+
+class FileTokenizer:
+    """A ``tokenizer.json`` read with the ``tokenizers`` package."""
+
+    kind = "tokenizer.json"
+    note = None
+
+    def __init__(self, path: Path):
+        try:
+            from tokenizers import Tokenizer
+        except ImportError as exc:  # a broken install: the package is a dependency
+            raise MeganeuraError(f"reading {path} needs the 'tokenizers' package: pip install tokenizers") from exc
+        try:
+            self.tokenizer = Tokenizer.from_file(str(path))
+        except Exception as exc:  # the library raises plain Exceptions for bad files
+            raise MeganeuraError(f"{path} is not a tokenizer file the 'tokenizers' package can read: {exc}") from None
+        self.path = path
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text).ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+def load_tokenizer(folder: str | Path | None):
+    """The tokenizer of a checkpoint folder, or ``None`` where it has no ``tokenizer.json``."""
+    if folder is None:
+        return None
+    path = Path(folder) / TOKENIZER_FILE
+    return FileTokenizer(path) if path.is_file() else None
+
+
+class TextStream:
+    """The text of a growing list of ids, handed out piece by piece: ``push(id)`` returns
+    the characters that became final (a trailing replacement character, an incomplete
+    multi-byte sequence, is held back until the next id completes it or ``flush``)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.shown = 0
+
+    def push(self, token: int) -> str:
+        self.ids.append(int(token))
+        text = self.tokenizer.decode(self.ids)
+        end = len(text.rstrip("\ufffd"))
+        piece, self.shown = text[self.shown:end], max(self.shown, end)
+        return piece
+
+    def flush(self) -> str:
+        text = self.tokenizer.decode(self.ids)
+        piece, self.shown = text[self.shown:], len(text)
+        return piece

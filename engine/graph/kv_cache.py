@@ -1,0 +1,107 @@
+"""Building the two graphs of cached generation from a causal model's own modules.
+
+A generation graph carries a ``KVCache`` (``graph.kv_cache``): the i32 input
+``positions`` [batch, seq] of this call's tokens and, per attention layer in build
+order, a K and a V cache parameter ``kv_cache.N.k`` / ``kv_cache.N.v`` [batch,
+capacity, kv_heads*dim] that ``cache_write`` fills in place and that are outputs of the
+graph (so nothing prunes the writes). The prefill graph runs the prompt (positions
+0..P-1) with ordinary causal attention on its fresh keys; the decode graph runs one
+token and attends over the cache. Both name the same cache parameters, so a decode
+session shares the prefill's buffers.
+
+Modules call the functions below instead of ``Graph.attention``/``rope`` directly; on
+a graph without a cache they build exactly what they built before.
+"""
+
+from __future__ import annotations
+
+from ..errors import GraphError
+from .ir import Graph
+
+CACHE_PREFIX = "kv_cache."
+
+
+class KVCache:
+    """The generation state of a graph being built. In a decode graph RoPE is not a node
+    of its own: ``rotary`` leaves q and k as they are and notes (``pending``) the rotation
+    that ``cache_write`` and ``cached_attention`` then apply as they read them, saving a
+    decode step two dispatches a layer."""
+
+    def __init__(self, positions: int, capacity: int, prefill: bool):
+        self.positions, self.capacity, self.prefill = positions, int(capacity), bool(prefill)
+        self.layers = 0
+        self.pending: dict[int, tuple[int, float]] = {}   # node -> (heads, base) of its deferred rope
+
+    def rotary(self, g: Graph, x: int, num_heads: int, base: float) -> int:
+        if self.prefill:
+            return g.rope(x, num_heads, base=base, positions=self.positions)
+        self.pending[x] = (int(num_heads), float(base))
+        return x
+
+    def attend(self, g: Graph, q: int, k: int, v: int, num_heads: int, num_kv_heads: int | None,
+               scale: float | None) -> int:
+        batch, _, width = g.shape(k)
+        k_rope = self.pending.pop(k, (0, 10000.0))
+        q_rope = self.pending.pop(q, None)
+        written = []
+        for which, value, (heads, base) in (("k", k, k_rope), ("v", v, (0, 10000.0))):
+            name = f"{CACHE_PREFIX}{self.layers}.{which}"
+            cache = g.parameter(name, (batch, self.capacity, width), trainable=False, decay=False)
+            written.append(g.output(name, g.cache_write(cache, value, self.positions, heads, base)))
+        self.layers += 1
+        if self.prefill:
+            return g.attention(q, k, v, num_heads, num_kv_heads=num_kv_heads, causal=True, scale=scale)
+        return g.cached_attention(q, *written, self.positions, num_heads, num_kv_heads, scale,
+                                  rope=q_rope is not None, rope_base=q_rope[1] if q_rope else 10000.0)
+
+    def finish(self) -> None:
+        if self.pending:
+            raise GraphError(f"a decode graph rotated nodes {sorted(self.pending)} by RoPE without attending over "
+                             f"them; only q and k of self_attention can defer their rotation")
+
+
+def cache_of(g: Graph) -> KVCache | None:
+    return getattr(g, "kv_cache", None)
+
+
+def self_attention(g: Graph, q: int, k: int, v: int, num_heads: int, num_kv_heads: int | None = None,
+                   scale: float | None = None) -> int:
+    """Causal self-attention; over the KV cache in a generation graph."""
+    cache = cache_of(g)
+    if cache is None:
+        return g.attention(q, k, v, num_heads, num_kv_heads=num_kv_heads, causal=True, scale=scale)
+    return cache.attend(g, q, k, v, num_heads, num_kv_heads, scale)
+
+
+def rotary(g: Graph, x: int, num_heads: int, base: float) -> int:
+    """RoPE at positions 0..seq-1, or at the generation graph's positions."""
+    cache = cache_of(g)
+    return g.rope(x, num_heads, base=base) if cache is None else cache.rotary(g, x, num_heads, base)
+
+
+def position_rows(g: Graph, table: int, seq: int) -> int:
+    """Rows 0..seq-1 of a learned position table, or the rows of the generation graph's positions."""
+    cache = cache_of(g)
+    if cache is None:
+        return g.slice(table, 0, 0, seq)
+    return g.embedding(table, cache.positions)
+
+
+def last_token(g: Graph, x: int) -> int:
+    """In a generation graph only the last position's logits are needed: x [B, T, W] -> [B, 1, W]."""
+    if cache_of(g) is None:
+        return x
+    t = g.shape(x)[1]
+    return x if t == 1 else g.slice(x, 1, t - 1, t)
+
+
+def generation_graph(name: str, token_input: str, seq: int, capacity: int, prefill: bool, logits) -> Graph:
+    """A batch-1 generation graph: inputs ``token_input`` and ``positions`` [1, seq], output
+    ``logits`` [1, 1, vocab] of the last token (``logits(g, ids)`` builds the model)."""
+    g = Graph(f"{name}-{'prefill' if prefill else 'decode'}-{seq}of{capacity}")
+    ids = g.input(token_input, (1, seq), "i32")
+    g.kv_cache = KVCache(g.input("positions", (1, seq), "i32"), capacity, prefill)
+    g.output("logits", logits(g, ids))
+    g.kv_cache.finish()
+    g.kv_cache = None
+    return g

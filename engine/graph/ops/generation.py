@@ -1,0 +1,125 @@
+"""The ops of cached generation: ``cache_write`` puts a step's keys or values into a
+KV cache at their positions, ``cached_attention`` attends over the cache up to each
+query's position. Positions are an i32 [batch, seq] operand, not an attribute: a
+decode step's graph is compiled once and runs at every position.
+
+Both can apply RoPE at the positions they are given (the key before it is written, the
+query before it attends): a decode step then needs no rope dispatches of its own.
+
+A cache is a tensor [batch, capacity, kv_heads*dim]. ``cache_write`` is in place: its
+result is its cache operand with rows overwritten, in the cache's own storage, so the
+plan never copies a cache and a decode step allocates nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .forward import (_attention_shape, _mm_dims, _norm_shape, _rope_shape, matmul_ref, merge_heads, rms_norm_ref,
+                      rope_ref, sigmoid_ref, softmax_ref, split_heads)
+from .table import ATTENTION, COPY, MATMUL, TensorType, _fail, _require_float, defop
+
+
+def _positions_check(positions: TensorType, batch_seq: tuple[int, ...], what: str) -> None:
+    if positions.dtype != "i32" or positions.shape != tuple(batch_seq):
+        _fail(f"{what}: positions must be i32 {list(batch_seq)}, found {list(positions.shape)} {positions.dtype}")
+
+
+def _cache_write_shape(ts, a):
+    cache, x, positions = ts
+    _require_float([cache, x])
+    if a["rope_heads"]:
+        _rope_shape([x], {"num_heads": a["rope_heads"]})
+    if len(cache.shape) != 3 or len(x.shape) != 3 or cache.shape[0] != x.shape[0] or cache.shape[2] != x.shape[2]:
+        _fail(f"cache [batch, capacity, width] and x [batch, seq, width] disagree: {list(cache.shape)}, "
+              f"{list(x.shape)}")
+    if x.shape[1] > cache.shape[1]:
+        _fail(f"{x.shape[1]} rows do not fit a cache of {cache.shape[1]}")
+    _positions_check(positions, x.shape[:2], "cache_write")
+    return TensorType(cache.shape)
+
+
+def check_positions(positions: np.ndarray, capacity: int) -> None:
+    if positions.size and (positions.min() < 0 or positions.max() >= capacity):
+        raise IndexError(f"positions must lie in [0, {capacity}), found {positions.min()}..{positions.max()}")
+
+
+def cache_write_ref(cache, x, positions, rope_heads=0, rope_base=10000.0):
+    """cache with rows replaced by x (rotated by RoPE at its positions where ``rope_heads``)."""
+    positions = np.asarray(positions).astype(np.int64)
+    check_positions(positions, cache.shape[1])
+    if rope_heads:
+        x = rope_ref(x, positions, num_heads=rope_heads, base=rope_base)
+    out = np.array(cache, copy=True)
+    out[np.arange(x.shape[0])[:, None], positions] = x
+    return out
+
+
+defop("cache_write", COPY, _cache_write_shape, cache_write_ref, inplace=True,
+      doc="cache [B, S, W] with row positions[b, t] replaced by x[b, t] (x [B, T, W]), in the cache's storage; "
+          "rope_heads > 0 rotates x by RoPE (rope_heads heads, rope_base) at its positions first",
+      rope_heads=0, rope_base=10000.0)
+
+
+def _cached_attention_shape(ts, a):
+    q, k, v, positions = ts
+    out = _attention_shape([q, k, v], a)
+    if a["rope"]:
+        _rope_shape([q], a)
+    _positions_check(positions, q.shape[:2], "cached_attention")
+    return out
+
+
+def cached_attention_ref(q, k, v, positions, num_heads=1, num_kv_heads=None, scale=None, rope=False,
+                         rope_base=10000.0):
+    """softmax(q kᵀ * scale) v where query (b, t) sees the keys 0..positions[b, t]; ``rope``
+    rotates q by RoPE at its positions first."""
+    hkv = num_kv_heads or num_heads
+    if rope:
+        q = rope_ref(q, positions, num_heads=num_heads, base=rope_base)
+    qh = split_heads(q, num_heads)
+    kh = np.repeat(split_heads(k, hkv), num_heads // hkv, axis=1)
+    vh = np.repeat(split_heads(v, hkv), num_heads // hkv, axis=1)
+    scale = 1.0 / np.sqrt(qh.shape[-1]) if scale is None else scale
+    s = qh @ np.swapaxes(kh, -1, -2) * scale
+    positions = np.asarray(positions).astype(np.int64)
+    check_positions(positions, k.shape[1])
+    visible = np.arange(k.shape[1])[None, None, :] <= positions[:, :, None]
+    s = np.where(visible[:, None], s, -np.inf)
+    return merge_heads(softmax_ref(s) @ vh)
+
+
+defop("cached_attention", ATTENTION, _cached_attention_shape, cached_attention_ref,
+      doc="attention of q [B, T, H*D] over a KV cache [B, S, HKV*D]: query (b, t) sees keys 0..positions[b, t]; "
+          "rope=True rotates q by RoPE (rope_base) at its positions first",
+      num_heads=1, num_kv_heads=None, scale=None, rope=False, rope_base=10000.0)
+
+
+# ---------------------------------------------------------------- the decode step's fused MLP
+
+def _swiglu_matmul_shape(ts, a):
+    x, w_gate, w_up = ts[:3]
+    _require_float(ts)
+    tb = a["transpose_b"]
+    out = _mm_dims(x, w_gate, False, tb)
+    if _mm_dims(x, w_up, False, tb) != out:
+        _fail(f"gate {list(w_gate.shape)} and up {list(w_up.shape)} weights differ")
+    if len(ts) == 4:
+        _norm_shape(1)([x, ts[3]], a)
+    elif len(ts) != 3:
+        _fail(f"swiglu_matmul takes x, w_gate, w_up and optionally a norm weight, found {len(ts)} operands")
+    return TensorType(out)
+
+
+def swiglu_matmul_ref(x, w_gate, w_up, norm_weight=None, eps=1e-6, transpose_b=False):
+    """silu(x @ w_gate) * (x @ w_up), x first RMS-normalised by ``norm_weight`` where given."""
+    if norm_weight is not None:
+        x = rms_norm_ref(x, norm_weight, eps)
+    gate = matmul_ref(x, w_gate, False, transpose_b)
+    return gate * sigmoid_ref(gate) * matmul_ref(x, w_up, False, transpose_b)
+
+
+defop("swiglu_matmul", MATMUL, _swiglu_matmul_shape, swiglu_matmul_ref,
+      doc="silu(x @ w_gate) * (x @ w_up), x optionally rms-normalised by a 4th operand: a Llama MLP's first "
+          "half in one kernel where x has few rows (engine.optimize.few_rows: the decode step)",
+      eps=1e-6, transpose_b=False)

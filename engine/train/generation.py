@@ -1,0 +1,271 @@
+"""Generating tokens from a causal language model with a KV cache.
+
+The prompt runs once through a prefill graph that writes the cache; each new token runs
+a one-token decode graph that appends to the cache and attends over it (both built by
+the model, ``engine.graph.kv_cache``). On the GPU both are compiled plans built once
+per cache capacity (and prompt length, for the prefill): the decode session owns the
+weights and the caches, the prefill session shares them, and a decode step uploads
+two ints, records the plan's dispatches, copies the last logits into a mapped buffer
+kept for the purpose and reads them: it allocates nothing. On the reference backend
+the same graphs run in numpy, the caches passed from one step's outputs to the next.
+
+Sampling happens on the host from the last position's logits: greedy at temperature 0,
+else softmax(logits / T) restricted to the ``top_k`` most likely and the smallest set
+whose probability reaches ``top_p``, drawn with a generator seeded by ``seed``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import MeganeuraError
+from ..graph.kv_cache import CACHE_PREFIX
+
+MIN_CAPACITY = 256
+
+
+# ---------------------------------------------------------------- sampling
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is chosen: greedy (temperature 0), else sampled with top-k
+    (0: no limit) and nucleus (top-p) filtering."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise MeganeuraError(f"temperature must be a finite number >= 0, found {self.temperature}")
+        if self.top_k < 0:
+            raise MeganeuraError(f"top-k must be >= 0 (0: no limit), found {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise MeganeuraError(f"top-p must lie in (0, 1], found {self.top_p}")
+
+    def choose(self, logits: np.ndarray, rng: np.random.Generator) -> int:
+        logits = np.asarray(logits, np.float64).reshape(-1)
+        if self.temperature == 0:
+            return int(np.argmax(logits))
+        order = np.argsort(-logits, kind="stable")
+        if self.top_k:
+            order = order[:self.top_k]
+        z = logits[order] / self.temperature
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        if self.top_p < 1:
+            keep = int(np.searchsorted(np.cumsum(p), self.top_p) + 1)
+            order, p = order[:keep], p[:keep] / p[:keep].sum()
+        return int(order[rng.choice(len(order), p=p)])
+
+
+# ---------------------------------------------------------------- results
+
+@dataclass
+class Generation:
+    """One call's prompt and new ids, why it stopped (``"eos"``, ``"length"`` or
+    ``"cancelled"``) and its timings: the prefill (prompt in, first token out) and each
+    decode step, wall clock with the read-back of its logits."""
+
+    prompt: list[int]
+    tokens: list[int] = field(default_factory=list)
+    stopped: str = "length"
+    prefill_seconds: float = 0.0
+    per_token_ms: list[float] = field(default_factory=list)
+    capacity: int = 0
+
+    @property
+    def decode_tokens_per_second(self) -> float | None:
+        total = sum(self.per_token_ms)
+        return 1000.0 * len(self.per_token_ms) / total if total > 0 else None
+
+
+def cache_capacity(tokens: int, context_length: int) -> int:
+    """Cache rows for a sequence of ``tokens``: a power of two of at least MIN_CAPACITY
+    (a later, slightly longer request reuses the compiled sessions), at most the context."""
+    return min(context_length, max(MIN_CAPACITY, 1 << max(tokens - 1, 0).bit_length()))
+
+
+# ---------------------------------------------------------------- executors
+
+class _ReferenceSteps:
+    """The generation graphs on the numpy reference executor."""
+
+    def __init__(self, model, params: Mapping[str, np.ndarray], capacity: int):
+        self.model, self.params, self.capacity = model, dict(params), capacity
+        self.caches: dict[str, np.ndarray] = {}
+
+    def run(self, ids: Sequence[int], start: int, prefill: bool) -> np.ndarray:
+        from ..graph import reference
+        graph = self.model.generation_graph(len(ids), self.capacity, prefill)
+        for name in graph.parameters:
+            if name.startswith(CACHE_PREFIX) and name not in self.caches:
+                self.caches[name] = np.zeros(graph.shape(graph.parameters[name]), np.float32)
+        out = reference.run(graph, step_inputs(self.model, ids, start), {**self.params, **self.caches})
+        self.caches.update({k: v for k, v in out.items() if k.startswith(CACHE_PREFIX)})
+        return out["logits"].reshape(-1)
+
+
+class _GpuSteps:
+    """The generation graphs as GPU sessions: a decode session per capacity owning the
+    weights and caches, prefill sessions per prompt length sharing them."""
+
+    def __init__(self, model, params: Mapping[str, np.ndarray], capacity: int):
+        self.model, self.capacity = model, capacity
+        self.reports: dict[str, tuple] = {}   # "prefill" / "decode" -> (OptimizeReport, few-row fusions)
+        self.decode = self._build(model.generation_graph(1, capacity, prefill=False), "decode")
+        self.decode.set_parameters({k: v for k, v in params.items() if k in self.decode.graph.parameters})
+        self.prefills: dict[int, object] = {}
+        self.readback = self._readback_buffer(self.decode)
+
+    def _build(self, graph, phase: str, share_with=None):
+        from ..runtime.session import build_inference_session
+        graph, report, few = optimize_generation(graph)
+        self.reports[phase] = (report, few)
+        return build_inference_session(graph, share_with=share_with, optimize=False)
+
+    def _readback_buffer(self, session):
+        from ..runtime.device import wgpu_module
+        wgpu = wgpu_module()
+        nbytes = session.graph[session.graph.outputs["logits"]].nbytes
+        return session.device.create_buffer(label="logits read-back", size=-(-nbytes // 16) * 16,
+                                            usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+
+    def session(self, seq: int, prefill: bool):
+        if not prefill:
+            return self.decode
+        if seq not in self.prefills:
+            graph = self.model.generation_graph(seq, self.capacity, prefill=True)
+            self.prefills[seq] = self._build(graph, "prefill", share_with=self.decode)
+        return self.prefills[seq]
+
+    def run(self, ids: Sequence[int], start: int, prefill: bool) -> np.ndarray:
+        session = self.session(len(ids), prefill)
+        return run_step(session, step_inputs(self.model, ids, start), self.readback)
+
+
+def optimize_generation(graph):
+    """A generation graph fused for the GPU: ``optimize``, then the few-row fusions of a decode
+    step (engine.optimize.few_rows); returns (graph, OptimizeReport, {fusion: count})."""
+    from ..optimize import optimize
+    from ..optimize.few_rows import fuse_few_rows
+    graph, report = optimize(graph)
+    graph, few = fuse_few_rows(graph)
+    return graph, report, few
+
+
+def submission_chunks(count: int, first: int = 16, largest: int = 128) -> list[range]:
+    """Dispatch positions 0..count-1 in submissions that double from ``first`` up to
+    ``largest``: the GPU starts on the first while the host records the rest (recording
+    a 30-layer model's few hundred dispatches takes milliseconds, as long as running them)."""
+    chunks, start, size = [], 0, first
+    while start < count:
+        chunks.append(range(start, min(count, start + size)))
+        start, size = start + size, min(2 * size, largest)
+    return chunks
+
+
+def run_step(session, inputs: Mapping[str, np.ndarray], readback) -> np.ndarray:
+    """Upload ``inputs``, run the session's plan and read its ``logits`` through ``readback``
+    (a MAP_READ buffer): a few submissions, one wait, nothing allocated."""
+    from ..runtime.device import device_guard, wgpu_module
+    session.set_inputs(inputs)
+    device = session.device
+    buffer, offset, nbytes = session.output_location("logits")
+    with device_guard("running a generation step", device):
+        chunks = submission_chunks(session.dispatch_count)
+        for i, chunk in enumerate(chunks):
+            encoder = device.create_command_encoder(label="generation step")
+            session.record(encoder, dispatches=chunk)
+            if i == len(chunks) - 1:
+                encoder.copy_buffer_to_buffer(buffer, offset, readback, 0, -(-nbytes // 4) * 4)
+            device.queue.submit([encoder.finish()])
+        readback.map_sync(wgpu_module().MapMode.READ, 0, readback.size)
+        try:
+            raw = readback.read_mapped(0, nbytes)
+        finally:
+            readback.unmap()
+    return np.frombuffer(raw, np.float32).copy()
+
+
+def step_inputs(model, ids: Sequence[int], start: int) -> dict[str, np.ndarray]:
+    ids = np.asarray(ids, np.int32).reshape(1, -1)
+    positions = np.arange(start, start + ids.shape[1], dtype=np.int32).reshape(1, -1)
+    return {model.token_input: ids, "positions": positions}
+
+
+# ---------------------------------------------------------------- the generator
+
+class Generator:
+    """Generation from one model and its parameters; keeps its compiled sessions across
+    calls (the Studio generates again and again from one model)."""
+
+    def __init__(self, model, params: Mapping[str, np.ndarray] | None = None, backend: str = "gpu"):
+        if backend not in ("gpu", "reference"):
+            raise MeganeuraError(f"backend {backend!r} is not one of gpu, reference")
+        self.model, self.backend = model, backend
+        self.params = dict(model.init_params() if params is None else params)
+        self._steps: dict[int, object] = {}
+
+    def steps(self, capacity: int):
+        if capacity not in self._steps:
+            kind = _GpuSteps if self.backend == "gpu" else _ReferenceSteps
+            self._steps = {capacity: kind(self.model, self.params, capacity)}  # one capacity's buffers at a time
+        return self._steps[capacity]
+
+    def check(self, prompt: Sequence[int], max_new_tokens: int) -> int:
+        """The cache capacity for the request, after checking it against the model."""
+        vocab, context = self.model.vocab_size, self.model.context_length
+        if not prompt:
+            raise MeganeuraError("the prompt is empty; give at least one token")
+        bad = [int(t) for t in prompt if not 0 <= int(t) < vocab]
+        if bad:
+            raise MeganeuraError(f"prompt ids {bad[:5]} lie outside the vocabulary of {vocab}")
+        if max_new_tokens < 1:
+            raise MeganeuraError(f"max-new-tokens must be at least 1, found {max_new_tokens}")
+        total = len(prompt) + max_new_tokens
+        if total > context:
+            raise MeganeuraError(f"prompt ({len(prompt)} tokens) plus {max_new_tokens} new tokens is {total}, over "
+                                 f"the model's context length of {context}; shorten the prompt or generate fewer")
+        return cache_capacity(total, context)
+
+    def generate(self, prompt: Sequence[int], max_new_tokens: int = 32, sampling: Sampling = Sampling(),
+                 eos_ids: Sequence[int] = (), on_token: Callable[[int, float], None] | None = None,
+                 should_stop: Callable[[], bool] | threading.Event | None = None) -> Generation:
+        """New ids after ``prompt``, up to ``max_new_tokens`` or an id in ``eos_ids`` (kept
+        as the last token). ``on_token(id, milliseconds)`` sees each as it comes;
+        ``should_stop`` is checked before each decode step."""
+        prompt = [int(t) for t in prompt]
+        steps = self.steps(self.check(prompt, max_new_tokens))
+        stop = should_stop.is_set if isinstance(should_stop, threading.Event) else should_stop
+        rng = np.random.default_rng(sampling.seed)
+        result = Generation(prompt, capacity=steps.capacity)
+        start = time.perf_counter()
+        token = sampling.choose(steps.run(prompt, 0, prefill=True), rng)
+        result.prefill_seconds = time.perf_counter() - start
+        eos = {int(e) for e in eos_ids}
+        while True:
+            result.tokens.append(token)
+            if on_token:
+                on_token(token, 1000.0 * result.prefill_seconds if len(result.tokens) == 1
+                         else result.per_token_ms[-1])
+            if token in eos:
+                result.stopped = "eos"
+                break
+            if len(result.tokens) >= max_new_tokens:
+                break
+            if stop and stop():
+                result.stopped = "cancelled"
+                break
+            t0 = time.perf_counter()
+            logits = steps.run([token], len(prompt) + len(result.tokens) - 1, prefill=False)
+            token = sampling.choose(logits, rng)
+            result.per_token_ms.append(1000.0 * (time.perf_counter() - t0))
+        return result

@@ -1,0 +1,69 @@
+// Matmul archetype for a few rows (a decode step's M = 1): C[b] = epilogue(prologue(A[b]) @ B[b])
+// with ROWS rows, COLS output columns a workgroup and SLICES threads splitting K for each.
+// Threads follow B's contiguous axis: lanes over columns where B's columns are contiguous
+// (COL_OF = t % COLS), over K where its rows are (a transposed B: COL_OF = t / SLICES), so
+// every warp reads whole cache lines of the weights, the only large operand. The slices'
+// partial sums meet in workgroup memory. Same meta and operand addressing as matmul.wgsl.
+// Codegen fills the EXTRA slots for a second B (swiglu_matmul's up weight, operand 2,
+// accumulated beside the first) and for an RMS norm of A in the prologue (its sums of
+// squares gathered by the same loads, one partial per K slice); they are empty otherwise.
+// meta: [M, N, K, nbatch, eps, batch_shape[BR], per operand: batch_strides[BR], s_row, s_col]
+
+{{PRELUDE}}
+
+{{BINDINGS}}
+
+const BR: u32 = {{BR}}u;
+const ROWS: u32 = {{ROWS}}u;
+const COLS: u32 = {{COLS}}u;
+const SLICES: u32 = {{SLICES}}u;
+const UNROLL: u32 = {{UNROLL}}u;
+
+var<workgroup> part: array<f32, {{PARTIAL}}>;
+{{EXTRA_DECL}}
+
+{{OPERANDS}}
+
+@compute @workgroup_size({{THREADS}})
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let M = m(0u);
+    let N = m(1u);
+    let K = m(2u);
+    let b = wg.z;
+    let t = lid.x;
+    let c = {{COL_OF}};
+    let s = {{SLICE_OF}};
+    let a0 = boff(b, 0u);
+    let b0 = boff(b, 1u);
+    let sam = srow(0u);
+    let sak = scol(0u);
+    let sbk = srow(1u);
+    let sbn = scol(1u);
+{{EXTRA_SETUP}}
+    let col_b = wg.x * COLS + c;
+    var acc: array<f32, ROWS>;
+    if (col_b < N) {
+        // UNROLL steps of K at a time, their loads independent: one load in flight per
+        // thread left the kernel waiting on memory latency (17 us for 576 x 576 on the H100).
+        var ka = s;
+        for (; ka + (UNROLL - 1u) * SLICES < K; ka = ka + UNROLL * SLICES) {
+{{ACCUMULATE_UNROLLED}}
+        }
+        for (; ka < K; ka = ka + SLICES) {
+{{ACCUMULATE}}
+        }
+    }
+    for (var r = 0u; r < ROWS; r = r + 1u) { part[(r * COLS + c) * SLICES + s] = acc[r]; }
+{{EXTRA_STORE}}
+    workgroupBarrier();
+    for (var o = t; o < ROWS * COLS; o = o + COLS * SLICES) {
+        let row = o / COLS;
+        let col = wg.x * COLS + o % COLS;
+        if (col >= N) { continue; }
+        var v = 0.0;
+        for (var j = 0u; j < SLICES; j = j + 1u) { v = v + part[o * SLICES + j]; }
+{{EXTRA_SUM}}
+{{EPILOGUE}}
+        out[(b * M + row) * N + col] = v;
+    }
+}

@@ -1,0 +1,383 @@
+"""Generation with a KV cache (engine/train/generation.py, engine/graph/kv_cache.py and the
+ops cache_write / cached_attention): greedy ids against transformers' ``generate`` on tiny
+random checkpoints, cached decoding against recomputing the whole sequence, the kernels
+against the reference, sampling, bad requests and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import torch
+import transformers
+
+from engine import models
+from engine.autodiff.gradients import differentiate
+from engine.cli import main
+from engine.errors import GraphError, MeganeuraError
+from engine.graph import reference
+from engine.graph.ir import Graph
+from engine.importers import load_model
+from engine.runtime.session import Session
+from engine.train.generation import Sampling, cache_capacity, submission_chunks
+
+
+# ---------------------------------------------------------------- checkpoints
+
+def llama_checkpoint(path, tie=True):
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=48,
+                                   rms_norm_eps=1e-5, rope_theta=500.0, tie_word_embeddings=tie, eos_token_id=None,
+                                   bos_token_id=None)
+    hf = transformers.LlamaForCausalLM(cfg).eval()
+    hf.save_pretrained(path)
+    return hf, path
+
+
+def gpt2_checkpoint(path):
+    torch.manual_seed(1)
+    cfg = transformers.GPT2Config(vocab_size=90, n_embd=32, n_layer=2, n_head=4, n_positions=40,
+                                  bos_token_id=0, eos_token_id=0)
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    hf.save_pretrained(path)
+    return hf, path
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return llama_checkpoint(tmp_path_factory.mktemp("gen_llama"))
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory):
+    return gpt2_checkpoint(tmp_path_factory.mktemp("gen_gpt2"))
+
+
+def hf_greedy(hf, prompt, new):
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False,
+                          pad_token_id=hf.config.eos_token_id or 0)
+    return out[0, len(prompt):].tolist()
+
+
+# ---------------------------------------------------------------- the ops on the GPU
+
+def generation_ops_graph(b, t, s, h, hkv, d, rope):
+    g = Graph("cache ops")
+    q, k, v = g.input("q", (b, t, h * d)), g.input("k", (b, t, hkv * d)), g.input("v", (b, t, hkv * d))
+    pos = g.input("positions", (b, t), "i32")
+    kc = g.parameter("kc", (b, s, hkv * d), trainable=False)
+    vc = g.parameter("vc", (b, s, hkv * d), trainable=False)
+    kw = g.output("cache.k", g.cache_write(kc, k, pos, hkv if rope else 0, 700.0))
+    vw = g.output("cache.v", g.cache_write(vc, v, pos))
+    g.output("o", g.cached_attention(g.rope(q, h, base=700.0, positions=pos) if rope == "node" else q, kw, vw, pos,
+                                     h, hkv, rope=rope is True, rope_base=700.0))
+    return g
+
+
+@pytest.mark.parametrize("b,t,s,h,hkv,d,rope", [(1, 1, 40, 4, 2, 16, True), (2, 3, 300, 2, 1, 8, False),
+                                                 (1, 2, 70, 2, 2, 6, "node")])
+def test_cache_ops_on_the_gpu_match_the_reference(b, t, s, h, hkv, d, rope):
+    """Several 256-key rounds of the kernel (s=300), GQA, a head dim that is not a
+    multiple of 4 (scalar key reads), RoPE fused into both ops and as a node of its own."""
+    rng = np.random.default_rng(s)
+    g = generation_ops_graph(b, t, s, h, hkv, d, rope)
+    positions = np.stack([np.sort(rng.choice(s, t, replace=False)) for _ in range(b)]).astype(np.int32)
+    inputs = {"q": rng.standard_normal((b, t, h * d)), "k": rng.standard_normal((b, t, hkv * d)),
+              "v": rng.standard_normal((b, t, hkv * d)), "positions": positions}
+    inputs = {k: v.astype(np.float32) if v.dtype.kind == "f" else v for k, v in inputs.items()}
+    params = {"kc": rng.standard_normal((b, s, hkv * d)).astype(np.float32),
+              "vc": rng.standard_normal((b, s, hkv * d)).astype(np.float32)}
+    want = reference.run(g, inputs, params)
+    session = Session(g)
+    session.set_inputs(inputs)
+    session.set_parameters(params)
+    session.run()
+    for name, value in want.items():
+        got = session.read_output(name)
+        assert np.abs(got - value).max() <= 1e-5 * max(1.0, np.abs(value).max()), name
+    np.testing.assert_allclose(session.get_parameter("kc"), want["cache.k"], rtol=1e-5, atol=1e-6,
+                               err_msg="the write is in place, in the parameter")
+
+
+def test_cached_attention_over_a_prefix_equals_causal_attention():
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 5, 12)) for _ in range(3))
+    pos = np.tile(np.arange(5, dtype=np.int32), (2, 1))
+    from engine.graph.ops import attention_ref, cached_attention_ref, cache_write_ref
+    cache = cache_write_ref(np.zeros((2, 9, 12)), k, pos)
+    values = cache_write_ref(np.full((2, 9, 12), 7.0), v, pos)
+    got = cached_attention_ref(q, cache, values, pos, num_heads=3)
+    np.testing.assert_allclose(got, attention_ref(q, k, v, num_heads=3, causal=True), rtol=1e-12)
+
+
+def test_generation_ops_refuse_gradients_and_bad_positions():
+    g = Graph("trainable q")
+    q = g.parameter("q", (1, 1, 8))
+    kv, pos = g.input("kv", (1, 4, 8)), g.input("positions", (1, 1), "i32")
+    g.output("loss", g.sum(g.cached_attention(q, kv, kv, pos, 2)))
+    with pytest.raises(GraphError, match="inference only"):
+        differentiate(g)
+    from engine.graph.ops import cache_write_ref
+    with pytest.raises(IndexError, match="positions"):
+        cache_write_ref(np.zeros((1, 4, 2)), np.zeros((1, 1, 2)), np.array([[4]]))
+
+
+def test_plan_writes_the_cache_in_place_and_binds_it_once():
+    g = generation_ops_graph(1, 1, 8, 2, 2, 4, True)
+    session = Session(g)
+    plan = session.plan
+    cache = plan.parameters["kc"]
+    assert plan.outputs["cache.k"] == cache
+    writes = [d for d in plan.dispatches if d.kernel == "cache_write" and cache in d.writes]
+    assert len(writes) == 1 and cache not in writes[0].reads
+
+
+# ---------------------------------------------------------------- against transformers
+
+@pytest.mark.parametrize("backend", ["reference", "gpu"])
+@pytest.mark.parametrize("which", ["llama", "gpt2"])
+def test_greedy_ids_equal_transformers(request, which, backend):
+    hf, path = request.getfixturevalue(which)
+    model = load_model(str(path))
+    rng = np.random.default_rng(3)
+    for length, new in ((5, 12), (1, 6)):
+        prompt = rng.integers(1, model.vocab_size, length).tolist()
+        result = model.generate(prompt, max_new_tokens=new, backend=backend)
+        want = hf_greedy(hf, prompt, new)
+        assert result.tokens == want, (prompt, result.tokens, want)
+        assert result.stopped == ("eos" if want[-1] in model.eos_ids() else "length")
+
+
+def test_decoding_with_the_cache_equals_recomputing_the_sequence(llama):
+    """Every decode step's logits (GPU, one token over the cache) against the reference
+    forward over the whole sequence so far."""
+    _, path = llama
+    model = load_model(str(path))
+    gen = model.generator(backend="gpu")
+    ids = [5, 17, 3, 40]
+    steps = gen.steps(gen.check(ids, 6))
+    logits = steps.run(ids, 0, prefill=True)
+    for _ in range(6):
+        full = load_model(str(path), [f"seq={len(ids)}"])
+        want = full.run({"input_ids": np.array([ids], np.int32)}, backend="reference")["logits"][0, -1]
+        np.testing.assert_allclose(logits, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+        ids.append(int(np.argmax(logits)))
+        logits = steps.run(ids[-1:], len(ids) - 1, prefill=False)
+
+
+def test_gpt_tiny_generates_with_its_byte_tokenizer():
+    model = models.create("gpt-tiny")
+    params = model.init_params(0)
+    tok = model.tokenizer()
+    prompt = tok.encode("the cat")
+    assert prompt[0] == 256 and bytes(prompt[1:]) == b"the cat"
+    ref = model.generate(prompt, max_new_tokens=4, params=params, backend="reference")
+    gpu = model.generate(prompt, max_new_tokens=4, params=params, backend="gpu")
+    assert ref.tokens == gpu.tokens and len(ref.tokens) == 4
+
+
+def test_decode_graph_has_no_rope_nodes_and_names_its_caches(llama):
+    model = load_model(str(llama[1]))
+    decode = model.generation_graph(1, 64, prefill=False)
+    prefill = model.generation_graph(7, 64, prefill=True)
+    assert not any(n.op == "rope" for n in decode.nodes)
+    assert sum(n.op == "rope" for n in prefill.nodes) == 4
+    caches = {f"kv_cache.{i}.{w}" for i in range(2) for w in "kv"}
+    assert set(decode.parameters) - set(model.parameter_shapes()) == caches
+    assert set(prefill.parameters) == set(decode.parameters)
+    assert caches < set(decode.outputs) and decode.shape(decode.outputs["logits"]) == (1, 1, 96)
+
+
+def test_a_deferred_rope_must_reach_attention():
+    from engine.graph.kv_cache import generation_graph, rotary
+
+    def logits(g, ids):
+        x = g.embedding(g.parameter("table", (10, 8)), ids)
+        return rotary(g, x, 2, 100.0)
+    with pytest.raises(GraphError, match="without attending"):
+        generation_graph("bad", "ids", 1, 16, False, logits)
+
+
+def test_a_decode_step_allocates_nothing(llama, monkeypatch):
+    model = load_model(str(llama[1]))
+    gen = model.generator(backend="gpu")
+    gen.generate([1, 2, 3], 4)
+    session = gen.steps(gen.check([1, 2, 3], 4)).decode
+    device_type = type(session.device)
+    created = []
+    for method in ("create_buffer", "create_bind_group", "create_compute_pipeline"):
+        original = getattr(device_type, method)
+        monkeypatch.setattr(device_type, method,
+                            (lambda m, o: lambda self, *a, **k: created.append(m) or o(self, *a, **k))(method, original))
+    again = gen.generate([1, 2, 3], 8)
+    assert len(again.tokens) == 8 and len(again.per_token_ms) == 7
+    assert created == []
+
+
+# ---------------------------------------------------------------- sampling and limits
+
+def test_sampling_rules():
+    rng = np.random.default_rng(0)
+    logits = np.log(np.array([0.6, 0.3, 0.1]))
+    assert Sampling().choose(logits, rng) == 0
+    assert all(Sampling(temperature=5.0, top_k=1).choose(logits, rng) == 0 for _ in range(20))
+    assert all(Sampling(temperature=1.0, top_p=0.5).choose(logits, rng) == 0 for _ in range(20))
+    assert 2 not in {Sampling(temperature=1.0, top_k=2).choose(logits, rng) for _ in range(200)}
+    draws = [Sampling(temperature=1.0).choose(logits, rng) for _ in range(4000)]
+    np.testing.assert_allclose(np.bincount(draws, minlength=3) / 4000, [0.6, 0.3, 0.1], atol=0.03)
+    hot = [Sampling(temperature=2.0).choose(logits, rng) for _ in range(4000)]
+    flatter = np.exp(logits / 2) / np.exp(logits / 2).sum()
+    np.testing.assert_allclose(np.bincount(hot, minlength=3) / 4000, flatter, atol=0.03)
+    for bad in (dict(temperature=-1.0), dict(top_k=-2), dict(top_p=0.0), dict(top_p=1.5)):
+        with pytest.raises(MeganeuraError):
+            Sampling(**bad)
+
+
+def test_same_seed_same_sample_and_eos_stops(llama):
+    model = load_model(str(llama[1]))
+    gen = model.generator(backend="reference")
+    a = gen.generate([4, 9], 8, Sampling(temperature=1.0, seed=7))
+    b = gen.generate([4, 9], 8, Sampling(temperature=1.0, seed=7))
+    assert a.tokens == b.tokens
+    stop = gen.generate([4, 9], 8, Sampling(temperature=1.0, seed=7), eos_ids=[a.tokens[2]])
+    assert stop.tokens == a.tokens[:3] and stop.stopped == "eos"
+
+
+def test_bad_requests_are_refused(llama):
+    model = load_model(str(llama[1]))
+    gen = model.generator(backend="reference")
+    with pytest.raises(MeganeuraError, match="context length of 48"):
+        gen.generate(list(range(40)), 9)
+    with pytest.raises(MeganeuraError, match="empty"):
+        gen.generate([], 3)
+    with pytest.raises(MeganeuraError, match="outside the vocabulary of 96"):
+        gen.generate([3, 96], 3)
+    with pytest.raises(MeganeuraError, match="does not generate"):
+        models.create("mlp").generator()
+
+
+def test_capacity_and_submission_chunks():
+    assert cache_capacity(10, 4096) == 256 and cache_capacity(300, 4096) == 512 and cache_capacity(300, 400) == 400
+    chunks = submission_chunks(453)
+    assert [len(c) for c in chunks][:5] == [16, 32, 64, 128, 128]
+    assert [i for c in chunks for i in c] == list(range(453))
+
+
+# ---------------------------------------------------------------- the command line
+
+def test_cli_generate_json_and_stream(capsys):
+    assert main(["generate", "gpt-tiny", "--prompt", "the cat", "--max-new-tokens", "5", "--json",
+                 "--backend", "reference"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    model = models.create("gpt-tiny")
+    want = model.generate(model.tokenizer().encode("the cat"), 5, params=model.init_params(0), backend="reference")
+    assert out["tokens"] == want.tokens and out["text"] == model.tokenizer().decode(want.tokens)
+    assert out["prompt_tokens"] == 8 and out["stopped"] == "length" and len(out["per_token_ms"]) == 4
+    assert out["prefill_seconds"] > 0 and out["decode_tokens_per_second"] > 0 and out["adapter"] is None
+    assert main(["generate", "gpt-tiny", "--prompt-ids", "256,116,104", "--max-new-tokens", "3",
+                 "--backend", "reference"]) == 0
+    captured = capsys.readouterr()
+    assert "3 tokens (length)" in captured.err
+
+
+def test_cli_generate_with_a_tokenizer_json(llama, capsys, tmp_path):
+    import shutil
+    from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
+    folder = tmp_path / "with_tokenizer"
+    shutil.copytree(llama[1], folder)
+    words = ["hello", "world", "the", "cat", "sat"]
+    tok = Tokenizer(tok_models.WordLevel({w: i + 10 for i, w in enumerate(words)} | {"[UNK]": 0}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(folder / "tokenizer.json"))
+    assert main(["generate", str(folder), "--prompt", "hello world", "--max-new-tokens", "4", "--json",
+                 "--backend", "reference"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["prompt_tokens"] == 2
+    assert out["tokens"] == hf_greedy(llama[0], [10, 11], 4)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--prompt-ids", "1,x"], "give integers"),
+    (["--prompt-ids", "1,2", "--max-new-tokens", "5000"], "context length"),
+    (["--prompt", "hi", "--top-p", "2"], "top-p"),
+])
+def test_cli_generate_bad_input_exits_2(argv, message, capsys):
+    assert main(["generate", "gpt-tiny", "--backend", "reference", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_cli_generate_text_needs_a_tokenizer_or_bytes(gpt2, capsys):
+    assert main(["generate", str(gpt2[1]), "--prompt", "hi", "--backend", "reference"]) == 2
+    assert "give token ids" in capsys.readouterr().err
+
+
+def test_cli_profile_generate_separates_prefill_and_decode(tmp_path, capsys):
+    trace = tmp_path / "gen.json"
+    assert main(["profile", "gpt-tiny", "--set", "seq=8", "--generate", "2", "--json", "--trace", str(trace)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["phases"] == ["prefill", "decode"] and out["steps"] == 3
+    phases = [d["phase"] for d in out["dispatches"]]
+    assert set(phases) == {"prefill", "decode"} and phases.count("decode") % 2 == 0
+    assert {d["step"] for d in out["dispatches"] if d["phase"] == "prefill"} == {0}
+    assert {d["step"] for d in out["dispatches"] if d["phase"] == "decode"} == {1, 2}
+    assert any(r["name"].startswith("decode:") and "cached_attention" in r["name"] for r in out["per_kernel"])
+    assert all(r["name"].split(":")[0] in ("prefill", "decode") for r in out["per_kernel"])
+    events = json.loads(trace.read_text())["traceEvents"]
+    names = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    tid_of = {phase: next(t for t, n in names.items() if n.endswith(": " + phase)) for phase in ("prefill", "decode")}
+    slices = [e for e in events if e.get("cat") == "gpu"]
+    assert {e["tid"] for e in slices if e["name"].endswith("cached_attention")} == {tid_of["decode"]}
+    assert len([e for e in slices if e["tid"] == tid_of["prefill"]]) == phases.count("prefill")
+
+
+def test_cli_optimize_generation_graphs(capsys):
+    nodes = {}
+    for phase in ("decode", "prefill"):
+        assert main(["optimize", "gpt-tiny", "--set", "seq=8", "--generate", phase, "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["generate"] == phase and out["dispatches_after"] < out["dispatches_before"]
+        nodes[phase] = out["nodes_before"]
+    assert nodes["prefill"] > nodes["decode"]   # the prefill's RoPE nodes and its last-token slice
+    assert main(["optimize", "mlp", "--generate", "decode"]) == 2
+    assert "does not generate" in capsys.readouterr().err
+
+
+def test_few_row_fusions_keep_the_outputs_and_cut_dispatches(llama):
+    from engine.optimize import cost, optimize
+    from engine.optimize.few_rows import fuse_few_rows
+    model = load_model(str(llama[1]))
+    graph, _ = optimize(model.generation_graph(1, 64, prefill=False))
+    fused, counts = fuse_few_rows(graph)
+    assert counts == {"swiglu_matmul": 2, "norm_matmul_shared": 6}   # per layer: the MLP, and q, k, v
+    assert cost.graph_cost(fused)[1] == cost.graph_cost(graph)[1] - 8
+    assert not any(n.op in ("rms_norm", "mul") for n in fused.nodes)
+    params = {**model.init_params(), **{k: np.random.default_rng(1).standard_normal(graph.shape(i)).astype(np.float32)
+                                        for k, i in graph.parameters.items() if k.startswith("kv_cache.")}}
+    inputs = {"input_ids": np.array([[7]], np.int32), "positions": np.array([[5]], np.int32)}
+    want, got = reference.run(graph, inputs, params), reference.run(fused, inputs, params)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
+    prefill, _ = optimize(model.generation_graph(8, 64, prefill=True))
+    assert fuse_few_rows(prefill)[1] == {}, "eight rows are not few"
+
+
+@pytest.mark.parametrize("rows,tb,norm", [(1, False, True), (3, True, False), (2, True, True)])
+def test_swiglu_matmul_on_the_gpu(rows, tb, norm):
+    rng = np.random.default_rng(rows)
+    k, n = 300, 70
+    g = Graph("swiglu")
+    ops = [g.input("x", (1, rows, k)), g.input("wg", (n, k) if tb else (k, n)), g.input("wu", (n, k) if tb else (k, n))]
+    if norm:
+        ops.append(g.input("nw", (k,)))
+    g.output("y", g.apply("swiglu_matmul", *ops, transpose_b=tb, eps=1e-5))
+    inputs = {name: rng.standard_normal(g.shape(i)).astype(np.float32) for name, i in g.inputs.items()}
+    session = Session(g)
+    session.set_inputs(inputs)
+    session.run()
+    want = reference.run(g, inputs, {})["y"]
+    assert np.abs(session.read_output("y") - want).max() <= 2e-6 * np.abs(want).max()
