@@ -30,7 +30,8 @@ from engine.train.trainer import Trainer
 
 
 def test_cli_train_audio_align_50_steps_lowers_the_loss(capsys):
-    assert cli.main(["train", "audio-align", "--steps", "50", "--set", "mel_len=128", "--backend", "reference",
+    """At mel_len 64 (32 audio tokens) to keep CI fast: 5.49 -> 0.39 measured."""
+    assert cli.main(["train", "audio-align", "--steps", "50", "--set", "mel_len=64", "--backend", "reference",
                      "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     losses = out["losses"]
