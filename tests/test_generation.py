@@ -381,3 +381,13 @@ def test_swiglu_matmul_on_the_gpu(rows, tb, norm):
     session.run()
     want = reference.run(g, inputs, {})["y"]
     assert np.abs(session.read_output("y") - want).max() <= 2e-6 * np.abs(want).max()
+
+
+def test_a_generator_keeps_a_few_prefill_sessions(llama):
+    from engine.train.generation import MAX_PREFILLS
+    model = load_model(str(llama[1]))
+    gen = model.generator(backend="gpu")
+    for length in range(1, MAX_PREFILLS + 3):
+        gen.generate(list(range(1, length + 1)), 1)
+    steps = gen.steps(gen.check([1], 1))
+    assert list(steps.prefills) == list(range(3, MAX_PREFILLS + 3))

@@ -28,6 +28,7 @@ from ..errors import MeganeuraError
 from ..graph.kv_cache import CACHE_PREFIX
 
 MIN_CAPACITY = 256
+MAX_PREFILLS = 4     # prefill sessions (one per prompt length) a generator keeps
 
 
 # ---------------------------------------------------------------- sampling
@@ -142,6 +143,8 @@ class _GpuSteps:
         if not prefill:
             return self.decode
         if seq not in self.prefills:
+            if len(self.prefills) >= MAX_PREFILLS:   # each holds its own intermediates: keep the recent ones
+                del self.prefills[next(iter(self.prefills))]
             graph = self.model.generation_graph(seq, self.capacity, prefill=True)
             self.prefills[seq] = self._build(graph, "prefill", share_with=self.decode)
         return self.prefills[seq]
