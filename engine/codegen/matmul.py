@@ -146,7 +146,7 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
 
 VECTOR_ROWS = 8        # outputs of at most this many rows take the vector kernel
 VECTOR_THREADS = 256
-VECTOR_UNROLL = 8      # K steps a thread loads at once
+VECTOR_UNROLL = 8      # K steps a thread loads at once (16 measured the same on the H100)
 VECTOR_COLUMNS = 8     # output columns of a workgroup
 
 
