@@ -179,8 +179,6 @@ def generation_graph(model, phase: str):
     from ..train.generation import cache_capacity
     seq = int(model.settings.get("seq", 1)) if phase == "prefill" else 1
     prompt = int(model.settings.get("seq", 1))
-    if not model.generates:
-        model.causal_logits(None, 0)
     return model.generation_graph(seq, cache_capacity(prompt + 1, model.context_length), phase == "prefill")
 
 

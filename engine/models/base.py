@@ -229,12 +229,16 @@ class BuiltinModel:
         raise MeganeuraError(f"model {self.name!r} does not generate text; generation needs a causal language "
                              f"model (gpt-tiny, or a Llama-family or GPT-2 checkpoint)")
 
+    def require_generation(self) -> None:
+        """Raise the error of ``causal_logits`` unless this model generates."""
+        if not self.generates:
+            self.causal_logits(None, 0)
+
     def generation_graph(self, seq: int, capacity: int, prefill: bool) -> Graph:
         """A prefill (``seq`` prompt tokens) or decode (one token) graph over a KV cache of
         ``capacity`` positions (``engine.graph.kv_cache``)."""
         from ..graph.kv_cache import generation_graph
-        if not self.generates:
-            self.causal_logits(None, 0)
+        self.require_generation()
         return generation_graph(self.name, self.token_input, seq, capacity, prefill, self.causal_logits)
 
     def tokenizer(self):
@@ -249,8 +253,7 @@ class BuiltinModel:
     def generator(self, params: Mapping[str, np.ndarray] | None = None, backend: str = "gpu"):
         """An ``engine.train.generation.Generator``: compiled sessions kept across calls."""
         from ..train.generation import Generator
-        if not self.generates:
-            self.causal_logits(None, 0)
+        self.require_generation()
         return Generator(self, params, backend)
 
     def generate(self, prompt_ids, max_new_tokens: int = 32, temperature: float = 0.0, top_k: int = 0,
