@@ -15,7 +15,9 @@ from .ir import Graph
 from .ops import OPS
 
 
-def _check_array(kind: str, name: str, arr, node, float_dtype) -> np.ndarray:
+def check_array(kind: str, name: str, arr, node, float_dtype=np.float32) -> np.ndarray:
+    """``arr`` as the value of a graph input or parameter ``node``: its shape, and integers for
+    an i32 node (as int32), else floats of ``float_dtype``; ShapeError otherwise."""
     arr = np.asarray(arr)
     if tuple(arr.shape) != node.shape:
         raise ShapeError(f"{kind} {name!r}: expected shape {list(node.shape)}, found {list(arr.shape)}")
@@ -38,9 +40,9 @@ def evaluate(graph: Graph, inputs: Mapping[str, np.ndarray], params: Mapping[str
     live = graph.live_nodes() if keep == "outputs" else set(range(len(graph)))
     values: dict[int, np.ndarray] = {}
     for name, i in graph.inputs.items():
-        values[i] = _check_array("input", name, inputs[name], graph[i], float_dtype)
+        values[i] = check_array("input", name, inputs[name], graph[i], float_dtype)
     for name, i in graph.parameters.items():
-        values[i] = _check_array("parameter", name, params[name], graph[i], float_dtype)
+        values[i] = check_array("parameter", name, params[name], graph[i], float_dtype)
     for i, c in graph.constants.items():
         values[i] = c.astype(float_dtype) if c.dtype.kind == "f" else c
     for node in graph.nodes:

@@ -25,6 +25,7 @@ from ..compile.cache import cached_plan
 from .device import _limit, device_capabilities, device_guard, get_device, native_api, shader_checks, shader_module, wgpu_module
 from ..errors import DeviceError, MeganeuraError, ShapeError
 from ..graph.ir import Graph
+from ..graph.reference import check_array
 
 _NP = {"f32": np.float32, "i32": np.int32}
 
@@ -241,13 +242,7 @@ class Session:
 
     def _upload(self, kind: str, name: str, array, table: Mapping[str, int]):
         node = self._node_for(kind, name, table)
-        arr = np.asarray(array)
-        if tuple(arr.shape) != node.shape:
-            raise ShapeError(f"{kind} {name!r}: expected shape {list(node.shape)}, found {list(arr.shape)}")
-        if node.dtype == "i32":
-            if not np.issubdtype(arr.dtype, np.integer):
-                raise ShapeError(f"{kind} {name!r}: expected integers (i32), found {arr.dtype}")
-        self._write(node.id, arr.astype(_NP[node.dtype]))
+        self._write(node.id, check_array(kind, name, array, node))
 
     def _read(self, node) -> np.ndarray:
         if node.size == 0:
