@@ -102,10 +102,14 @@ class _ReferenceSteps:
     def __init__(self, model, params: Mapping[str, np.ndarray], capacity: int):
         self.model, self.params, self.capacity = model, dict(params), capacity
         self.caches: dict[str, np.ndarray] = {}
+        self.graphs: dict[tuple[int, bool], object] = {}   # (tokens, prefill) -> graph, built once
 
     def run(self, ids: Sequence[int], start: int, prefill: bool) -> np.ndarray:
         from ..graph import reference
-        graph = self.model.generation_graph(len(ids), self.capacity, prefill)
+        key = (len(ids), prefill)
+        if key not in self.graphs:
+            self.graphs[key] = self.model.generation_graph(len(ids), self.capacity, prefill)
+        graph = self.graphs[key]
         for name in graph.parameters:
             if name.startswith(CACHE_PREFIX) and name not in self.caches:
                 self.caches[name] = np.zeros(graph.shape(graph.parameters[name]), np.float32)
