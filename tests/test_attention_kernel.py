@@ -162,13 +162,15 @@ def test_grids_too_small_to_fill_the_gpu_split_their_keys():
     """whisper-tiny at batch 1 makes 47 x 6 workgroups, two for each of an H100's SMs: its
     keys are split; at batch 8 (2,256 workgroups) they are not, nor where a part would
     keep fewer than ATTENTION_MIN_PART blocks."""
-    fill, least = codegen.ATTENTION_FILL, codegen.ATTENTION_MIN_PART
+    fill, least = codegen.Tuning().attention_fill, codegen.ATTENTION_MIN_PART
     assert codegen.attention_splits(47 * 6, 47) == -(-fill // 282) > 1
     assert "keys split" in variant_of(1, 1500, 1500, 6, 6, 64)
     assert codegen.attention_splits(47 * 6 * 8, 47) == 1
     assert "split" not in variant_of(8, 1500, 1500, 6, 6, 64)
     assert codegen.attention_splits(10, 2 * least - 1) == 1
     assert codegen.attention_splits(1, 10_000) == codegen.ATTENTION_MAX_SPLITS
+    small_gpu = codegen.Tuning(attention_fill=282)     # a tuned adapter that 282 workgroups fill
+    assert codegen.attention_splits(47 * 6, 47, tuning=small_gpu) == 1
 
 
 @pytest.mark.parametrize("d", [5, 2, 68, 128])

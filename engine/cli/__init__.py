@@ -14,7 +14,7 @@ import sys
 import warnings
 
 from ..errors import MeganeuraError, MeganeuraWarning
-from . import commands, compare, doctor, generate, inspect, profile, runs, train  # noqa: F401  (each registers its subcommands)
+from . import commands, compare, doctor, generate, inspect, profile, runs, train, tune  # noqa: F401  (each registers its subcommands)
 from .doctor import doctor_report, format_doctor
 from .registry import COMMANDS, Command, check_writable, register_command
 

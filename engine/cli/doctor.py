@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 
 from .registry import register_command
 
@@ -84,6 +85,7 @@ def doctor_report() -> dict:
         "all_features": info["all_features"],
         "limits": info["limits"],
         "paths": kernel_paths(),
+        "tuning": asdict(device.device_capabilities().tuning),
         "versions": device.versions(),
     }
 
@@ -108,6 +110,9 @@ def format_doctor(report: dict) -> str:
     lines += ["", "Kernel paths"]
     for name, path in report["paths"].items():
         lines.append(f"  {name:<20}{path}")
+    tuning = report["tuning"]
+    lines += ["", f"Tuning ({'meganeura tune' if tuning['source'] == 'tuned' else 'defaults: run meganeura tune'})"]
+    lines += [f"  {name:<20}{value}" for name, value in tuning.items() if name != "source"]
     lines += ["", "Versions"]
     for name, value in report["versions"].items():
         lines.append(f"  {name:<18}{value if value is not None else 'not installed'}")

@@ -9,7 +9,7 @@ WGSL source, the binding layout, the per-dispatch parameter words ("meta") and t
 workgroup counts. Imports ``engine.graph`` and ``engine.errors`` only.
 """
 
-from .attention import (ATTENTION_BACKWARD, ATTENTION_FILL, ATTENTION_MAX_SPLITS, ATTENTION_MIN_PART,
+from .attention import (ATTENTION_BACKWARD, ATTENTION_MAX_SPLITS, ATTENTION_MIN_PART,
                         attention_backward_bytes, attention_backward_rows, attention_queries, attention_splits,
                         attention_variant, attention_workgroup_bytes)
 from .common import (MAX_WORKGROUPS, PLAIN, SUBGROUP_MATRIX_FEATURE, THREAD_LAYOUTS,
@@ -17,6 +17,7 @@ from .common import (MAX_WORKGROUPS, PLAIN, SUBGROUP_MATRIX_FEATURE, THREAD_LAYO
 from .dispatch import describe_paths, kernel_for, supported_ops, unsupported_ops
 from .matmul import (COOP, MATMUL_KERNELS, MATMUL_MAX_SPLITS, TILED, coop_workgroup_bytes, matmul_splits,
                      matmul_variant, operand_fetch, split_rule)
+from .tuning import TUNED_FIELDS, Tuning
 from .training import (gradient_copy_kernel, norm_partials, norm_total_kernel, optimizer_kernel,
                        sum_squares_kernel)
 

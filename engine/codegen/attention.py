@@ -14,6 +14,7 @@ from ..graph.ops import tiled_attention_head_dim
 from .common import (MAX_WORKGROUPS, PLAIN, WG, Capabilities, Kernel, UnsupportedOpError, _finish, _render,
                      _template, _thread_xy, f32_bits, grid_1d)
 from .copies import rope_frequencies
+from .tuning import Tuning
 
 
 def attention_variant(head_dim: int, knobs: Knobs = Knobs()) -> str:
@@ -121,28 +122,28 @@ def cached_attention_splits(rows: int, capacity: int) -> int:
     return max(1, min(CACHED_MAX_SPLITS, -(-capacity // CACHED_SPLIT_KEYS)))
 
 
-# An attention grid of fewer workgroups than this splits its streamed side (below);
-# measured on the H100 (docs/benchmarks.md, run 12).
-ATTENTION_FILL = 6 * 132   # six workgroups on each of an H100's 132 SMs
+# An attention grid of fewer workgroups than the adapter's ``Tuning.attention_fill``
+# splits its streamed side (below; docs/benchmarks.md, run 12).
 ATTENTION_MIN_PART = 8     # streamed blocks a part keeps at least
 ATTENTION_MAX_SPLITS = 16
 
 
-def attention_splits(grid: int, streamed_blocks: int, knobs: Knobs = Knobs()) -> int:
+def attention_splits(grid: int, streamed_blocks: int, knobs: Knobs = Knobs(), tuning: Tuning = Tuning()) -> int:
     """How many parts an attention kernel with ``grid`` workgroups (blocks of fixed rows x
     heads x batch) splits each workgroup's ``streamed_blocks`` blocks into. Whisper's
     encoder at batch 1 has 47 x 6 blocks of 32 queries, 282 workgroups of 128 threads:
     two an SM, too few to hide memory latency; splitting the keys three ways took its
     forward from 0.378 to 0.324 ms and its backward from 1.82 to 1.62 ms on the H100 (run
     12, 32-row blocks), at the price of partial results and a second dispatch that
-    combines them. Short streams lose: gpt-tiny's 256 causal keys ran 20% slower split
-    in two.
+    combines them; there six workgroups an SM, 792, filled it (``tuning.attention_fill``).
+    Short streams lose: gpt-tiny's 256 causal keys ran 20% slower split in two.
     ``knobs.attention_splits`` (``MEGANEURA_ATTENTION_SPLITS``) forces N (benchmarks and tests)."""
     if knobs.attention_splits:
         return max(1, min(knobs.attention_splits, streamed_blocks))
-    if grid >= ATTENTION_FILL:
+    fill = tuning.attention_fill
+    if grid >= fill:
         return 1
-    return max(1, min(-(-ATTENTION_FILL // grid), streamed_blocks // ATTENTION_MIN_PART, ATTENTION_MAX_SPLITS))
+    return max(1, min(-(-fill // grid), streamed_blocks // ATTENTION_MIN_PART, ATTENTION_MAX_SPLITS))
 
 
 def _split_grid(graph: Graph, node: Node, blocks: int, heads: int, bsz: int, splits: int):
@@ -236,7 +237,7 @@ def _forward_staging(threads: int, steps: int, knobs: Knobs) -> dict:
 def _attention_tiled(graph, node, bsz, t, s, h, hkv, d, causal, scale, caps: Capabilities = PLAIN) -> Kernel:
     bq = attention_queries(d, caps)
     blocks = -(-t // bq)
-    splits = attention_splits(blocks * h * bsz, -(-s // ATTENTION_KEYS), caps.knobs)
+    splits = attention_splits(blocks * h * bsz, -(-s // ATTENTION_KEYS), caps.knobs, caps.tuning)
     grid = _split_grid(graph, node, blocks, h, bsz, splits)
     meta = [t, s, h, hkv, causal, f32_bits(scale * math.log2(math.e)), splits, bsz]
     vec4 = "vec4<f32>"
@@ -368,7 +369,7 @@ def _attention_backward(graph: Graph, node: Node, caps: Capabilities = PLAIN) ->
     threads = 4 * rows
     fixed, streamed = (t, s) if mode.fixed_queries else (s, t * (h // hkv))
     blocks, heads = -(-fixed // rows), h if mode.fixed_queries else hkv
-    splits = attention_splits(blocks * heads * bsz, -(-streamed // ATTENTION_STREAMED), caps.knobs)
+    splits = attention_splits(blocks * heads * bsz, -(-streamed // ATTENTION_STREAMED), caps.knobs, caps.tuning)
     grid = _split_grid(graph, node, blocks, heads, bsz, splits)
     meta = [t, s, h, hkv, causal, f32_bits(scale * math.log2(math.e)), f32_bits(scale), splits, node.size]
     groups = -(-d // 16)

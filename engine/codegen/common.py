@@ -17,6 +17,7 @@ from ..config import Knobs, current
 from ..errors import DeviceError
 from ..graph.ir import Graph
 from ..paths import shader_dir
+from .tuning import Tuning
 
 
 MAX_WORKGROUPS = 65535
@@ -40,7 +41,8 @@ class Capabilities:
     requires it. ``matmul_f16``: matmuls and convolutions multiply f16 copies of their
     operands on the cooperative-matrix units, accumulating in f32 (Dawn's subgroup
     matrices; wgpu-native cannot enable them); asked for with ``MEGANEURA_PRECISION=f16``
-    where the device offers them (``engine.runtime.device_capabilities``).
+    where the device offers them (``engine.runtime.device_capabilities``). ``tuning``:
+    how many workgroups fill the adapter (``meganeura tune``'s, or the defaults).
     """
 
     subgroups: bool = False
@@ -48,10 +50,12 @@ class Capabilities:
     dialect: str = field(default_factory=lambda: default_dialect())   # "naga" or "tint"
     matmul_f16: bool = False
     knobs: Knobs = field(default_factory=Knobs)   # choices forced for benchmarks and tests (engine.config)
+    tuning: Tuning = field(default_factory=Tuning)
 
     @classmethod
     def from_features(cls, features, workgroup_storage: int | None = None, dialect: str | None = None,
-                      precision: str = "f32", fragments: bool = True, knobs: Knobs | None = None) -> "Capabilities":
+                      precision: str = "f32", fragments: bool = True, knobs: Knobs | None = None,
+                      tuning: Tuning | None = None) -> "Capabilities":
         """The capabilities a device with these wgpu feature names (and this much
         workgroup memory, default 32 KiB) gives, for kernels compiled by ``dialect``'s
         compiler; ``precision`` "f16" takes the cooperative-matrix matmul where offered
@@ -63,7 +67,8 @@ class Capabilities:
                 and fragments)
         return cls(subgroups=bool(names & {"subgroup", "subgroups"}),
                    workgroup_storage=int(workgroup_storage or cls.workgroup_storage),
-                   dialect=dialect, matmul_f16=coop and precision == "f16", knobs=knobs or Knobs())
+                   dialect=dialect, matmul_f16=coop and precision == "f16", knobs=knobs or Knobs(),
+                   tuning=tuning or Tuning())
 
 
 SUBGROUP_MATRIX_FEATURE = "chromium-experimental-subgroup-matrix"

@@ -14,6 +14,7 @@ from ..graph.ir import Graph, Node
 from .common import (MAX_WORKGROUPS, PLAIN, TILE, WG, Capabilities, Kernel, UnsupportedOpError, _finish, _render,
                      _thread_xy, contiguous_strides, f32_bits, forward_nodes, grid_1d)
 from .pointwise import ACTIVATION_EXPR
+from .tuning import Tuning
 
 
 # ---------------------------------------------------------------- matmul
@@ -289,7 +290,7 @@ def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, s
     the output) adds them and applies the epilogue."""
     subs = dict(subs)
     enables = subs.pop("ENABLES", ())
-    splits = matmul_splits(grid[0] * grid[1] * grid[2], k_, subs["BK"], caps.knobs)
+    splits = matmul_splits(grid[0] * grid[1] * grid[2], k_, subs["BK"], caps.knobs, caps.tuning)
     if grid[2] * splits > MAX_WORKGROUPS:
         splits = 1
     first = common if splits == 1 else dict(common, EPILOGUE="",
@@ -312,25 +313,25 @@ def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, s
     return k
 
 
-# Split-K, measured on the H100 (docs/benchmarks.md, run 15).
-MATMUL_RESIDENT = 4 * 132   # a wave: four 64 x 64 workgroups of 256 threads on each of 132 SMs
-                            # (run 15; not re-tuned for run 17's 128-thread workgroups)
+# Split-K (docs/benchmarks.md, run 15); how many workgroups fill the GPU is the adapter's
+# ``Tuning.matmul_resident`` (engine/codegen/tuning.py).
 MATMUL_MIN_SLICE = 256      # K a slice keeps at least: K = 384 lost at every split
 MATMUL_MAX_SPLITS = 16
 
 
-def matmul_splits(tiles: int, k: int, bk: int, knobs: Knobs = Knobs()) -> int:
+def matmul_splits(tiles: int, k: int, bk: int, knobs: Knobs = Knobs(), tuning: Tuning = Tuning()) -> int:
     """How many K slices a tiled matmul (or convolution) with ``tiles`` workgroups,
     reduction length ``k`` and K step ``bk`` is cut into (``split_rule``).
     ``knobs.matmul_splits`` (``MEGANEURA_MATMUL_SPLITS``) forces N (benchmarks and tests)."""
     if knobs.matmul_splits:
         return max(1, min(knobs.matmul_splits, -(-k // bk)))
-    return split_rule(tiles, k)
+    return split_rule(tiles, k, tuning)
 
 
-def split_rule(tiles: int, k: int) -> int:
-    """Where at least 3 slices would fit the GPU's resident workgroups in one wave, as
-    many as fit, each at least ``MATMUL_MIN_SLICE`` long; else 1. On the H100 whisper's
+def split_rule(tiles: int, k: int, tuning: Tuning = Tuning()) -> int:
+    """Where at least 3 slices would fit the GPU's resident workgroups in one wave
+    (``tuning.matmul_resident``), as many as fit, each at least ``MATMUL_MIN_SLICE``
+    long; else 1. On the H100 (where 528 fill a wave) whisper's
     fc2 ([1500, 384] out of K = 1536, 144 tiles) went from 0.127 to 0.100 ms in 3
     slices, gpt-tiny's weight gradient (K = 2048) from 0.163 to 0.128 ms, and a 32 x 4096
     x 4096 from 0.206 to 0.115 ms in 4; 2 slices gained nothing there, and no split of
@@ -340,9 +341,10 @@ def split_rule(tiles: int, k: int) -> int:
     0.27 ms (4 slices, the cap until run 17) to 0.14-0.18 ms. Outputs of more tiles
     than a third of the resident workgroups are left whole: 1024^3 (256 tiles) ran
     0.086 ms whole and 0.105 ms in 2 slices."""
-    if tiles > MATMUL_RESIDENT // 3:
+    resident = tuning.matmul_resident
+    if tiles > resident // 3:
         return 1
-    return max(1, min(MATMUL_RESIDENT // max(tiles, 1), k // MATMUL_MIN_SLICE, MATMUL_MAX_SPLITS))
+    return max(1, min(resident // max(tiles, 1), k // MATMUL_MIN_SLICE, MATMUL_MAX_SPLITS))
 
 
 def _tile_of(variant: str) -> tuple[int, int]:
@@ -359,7 +361,8 @@ def matmul_variant(m_: int, n_: int, nbatch: int, k_: int = 0, transpose_a: bool
                    caps: "Capabilities" = None) -> str:
     """Which matmul kernel a (batched) m x n output with reduction length ``k_`` gets.
     Measured on an H100 (docs/benchmarks.md, run 5): the 128 x 128 tile with BK 8 is
-    fastest once it makes at least two waves of workgroups (33 TFLOP/s at 4096^3; with
+    fastest once it makes at least two waves of workgroups (``tuning.matmul_resident`` / 2
+    of them; 33 TFLOP/s at 4096^3; with
     its k loop unrolled 34.0-36.9 in four calls where the loop gave 33.0-34.4, run 17);
     below that the 64 x 64 tile, which keeps more workgroups per SM, wins (23 TFLOP/s on
     gpt-tiny's 2048 x 1536 x 384, where the 128 tile gave 15-21). For a transposed A
@@ -380,22 +383,22 @@ def matmul_variant(m_: int, n_: int, nbatch: int, k_: int = 0, transpose_a: bool
     if forced in MATMUL_KERNELS and (forced not in COOP or caps.matmul_f16):
         return forced
     if caps.matmul_f16 and min(m_, n_, k_) >= COOP_FRAGMENT:
-        for variant in (coop_variant(m_, n_, nbatch), "c64"):
+        for variant in (coop_variant(m_, n_, nbatch, caps.tuning), "c64"):
             if coop_workgroup_bytes(variant) <= caps.workgroup_storage:
                 return variant
     tiles = lambda t: -(-m_ // t) * -(-n_ // t) * nbatch
-    if tiles(128) >= 264:
+    if tiles(128) >= caps.tuning.matmul_resident // 2:
         return "128k8u"
-    if (tiles(64) >= 64 and min(m_, n_) >= 64) or split_rule(tiles(64), k_) > 1:
+    if (tiles(64) >= 64 and min(m_, n_) >= 64) or split_rule(tiles(64), k_, caps.tuning) > 1:
         return "64t128" if transpose_a else "64"
     return "simple"
 
 
-def coop_variant(m_: int, n_: int, nbatch: int) -> str:
+def coop_variant(m_: int, n_: int, nbatch: int, tuning: Tuning = Tuning()) -> str:
     """The cooperative-matrix tile for an m x n output: 128 x 128 where that still makes a
-    wave of workgroups on the H100's 132 SMs, else 64 x 64 (split-K then fills the GPU
-    where K is long)."""
-    return "c128" if -(-m_ // 128) * -(-n_ // 128) * nbatch >= 132 else "c64"
+    wave of its workgroups (a quarter of ``tuning.matmul_resident``: they are four times
+    a 64 x 64 tile's), else 64 x 64 (split-K then fills the GPU where K is long)."""
+    return "c128" if -(-m_ // 128) * -(-n_ // 128) * nbatch >= tuning.matmul_resident // 4 else "c64"
 
 
 class TilePreset(NamedTuple):

@@ -147,9 +147,6 @@ def _loss(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     return k
 
 
-SUM_TO_WORKGROUPS = 132  # enough to fill an H100's SMs once
-
-
 def _sum_to(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     x = graph[node.inputs[0]]
     r = len(x.shape)
@@ -164,10 +161,11 @@ def _sum_to(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     red = [x.shape[d] if out_p[d] != x.shape[d] else 1 for d in range(r)]
     meta = [node.size, math.prod(red)] + list(out_p) + kept
     # Long reductions get more lanes per output, 64 when 16 would leave the GPU mostly
-    # idle (a bias gradient: 384 outputs made 24 workgroups); a short one keeps one lane
-    # per output.
+    # idle (a bias gradient: 384 outputs made 24 workgroups; ``tuning.sum_workgroups``
+    # fill it); a short one keeps one lane per output.
     count = math.prod(red)
-    outs = 256 if count <= 4 else 64 if count <= 64 else 16 if node.size >= 16 * SUM_TO_WORKGROUPS else 4
+    fill = caps.tuning.sum_workgroups
+    outs = 256 if count <= 4 else 64 if count <= 64 else 16 if node.size >= 16 * fill else 4
     return _finish("sum_to", "reduction", "sum_to.wgsl", ["x"], ["f32"], "f32", meta,
                    grid_1d(-(-node.size // outs)), RANK=r, OUTS=outs, REDUCED_OFFSET=_reduced_offset(red, xs))
 

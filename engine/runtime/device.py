@@ -27,6 +27,7 @@ from importlib import metadata
 from ..codegen.common import SUBGROUP_MATRIX_FEATURE, Capabilities
 from ..config import Config, current
 from ..errors import DeviceError
+from .tuning import adapter_tuning
 
 # Features the engine can use when the adapter offers them, by each backend's names
 # (kebab-case). Subgroups and cooperative matrices have had several names across
@@ -365,15 +366,17 @@ def versions() -> dict:
 
 def device_capabilities(device=None, config: Config | None = None) -> Capabilities:
     """The capabilities plans for ``device`` (default: the process's) are compiled with:
-    every feature of it that a kernel path uses, its workgroup memory, and ``config``'s
-    precision and knobs (default: the process's configuration)."""
+    every feature of it that a kernel path uses, its workgroup memory, ``config``'s
+    precision and knobs (default: the process's configuration) and the adapter's tuning
+    (``meganeura tune``'s cached winners, else the defaults)."""
     config = config or current()
     device = device if device is not None else get_device()
     return Capabilities.from_features(device.features,
                                               _limit(device.limits, "max_compute_workgroup_storage_size"),
                                               dialect="tint" if backend() == "dawn" else "naga",
                                               precision=config.precision, knobs=config.knobs,
-                                              fragments=backend() == "dawn" and has_coop_fragments(get_adapter()))
+                                              fragments=backend() == "dawn" and has_coop_fragments(get_adapter()),
+                                              tuning=adapter_tuning(adapter_info()))
 
 
 def adapter_summary() -> dict:

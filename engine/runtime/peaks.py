@@ -14,15 +14,12 @@ where the adapter lacks timestamp-query), the best of a few repeats each:
 Sizes follow the adapter: a software one (lavapipe) gets tiny work, so measuring takes
 well under a second there. The result is a JSON file in the user cache folder (beside
 the plan cache: ``MEGANEURA_CACHE`` or platformdirs'), one per ``peaks_key()``:
-adapter name, driver, backend, wgpu implementation and engine version. ``meganeura
-tune`` is meant to keep its measurements in the same folder, under the same key.
+adapter name, driver, backend, wgpu implementation and engine version
+(engine/runtime/adapter_cache.py, which ``meganeura tune``'s results share).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import re
 import time
 import warnings
 from dataclasses import replace
@@ -31,13 +28,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..compile.cache import default_cache_dir
 from ..compile.plan import compile_plan
 from ..config import current, use
 from ..errors import MeganeuraError
 from ..graph.ir import Graph
 from ..paths import shader_dir
-from ..version import __version__
+from .adapter_cache import adapter_key, key_file_name, measurements_dir, read_measurement, write_measurement  # noqa: F401
 from .device import adapter_info, device_capabilities, get_device, shader_module, wgpu_module
 from .profiler import DispatchTimestamps, timestamp_period, timestamp_support
 from .session import Session
@@ -58,33 +54,17 @@ def peaks_key(info: dict | None = None) -> dict:
     """What a measurement is valid for: the adapter's name, its driver, the graphics
     backend, the wgpu implementation and the engine version (``info``: an
     ``adapter_info()``, default the process's adapter)."""
-    info = info if info is not None else adapter_info()
-    return {"adapter": info["name"], "driver": info.get("description", ""), "backend": info["backend"],
-            "wgpu": info.get("wgpu", current().wgpu), "engine": __version__, "format": PEAKS_FORMAT}
-
-
-def key_file_name(key: dict) -> str:
-    """The cache file of ``key``: a readable adapter name and a hash of the whole key."""
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", key["adapter"]).strip("-")[:40] or "adapter"
-    return f"{slug}-{digest}.json"
+    return adapter_key(info if info is not None else adapter_info(), PEAKS_FORMAT)
 
 
 def peaks_dir(cache_dir=None) -> Path:
     """The folder of the measurements: ``cache_dir``, else ``peaks`` beside the plan cache."""
-    return Path(cache_dir) if cache_dir is not None else default_cache_dir().parent / "peaks"
+    return measurements_dir("peaks", cache_dir)
 
 
 def read_peaks(key: dict, cache_dir=None) -> dict | None:
     """The cached measurement for ``key``, or None (missing, unreadable or another key's)."""
-    path = peaks_dir(cache_dir) / key_file_name(key)
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("key") != key or not _valid(data.get("peaks")):
-        return None
-    return data["peaks"]
+    return read_measurement("peaks", key, cache_dir, _valid)
 
 
 def _valid(peaks) -> bool:
@@ -96,9 +76,7 @@ def _valid(peaks) -> bool:
 
 def write_peaks(key: dict, peaks: dict, cache_dir=None) -> Path:
     """Store ``peaks`` under ``key`` (written to a temp file and renamed)."""
-    from .trace import _atomic_write
-    path = peaks_dir(cache_dir) / key_file_name(key)
-    return _atomic_write(path, json.dumps({"key": key, "peaks": peaks}, indent=2, sort_keys=True).encode())
+    return write_measurement("peaks", key, peaks, cache_dir)
 
 
 def adapter_peaks(device=None, cache_dir=None, refresh: bool = False, progress=None) -> dict:

@@ -1,0 +1,79 @@
+"""``meganeura tune``: measure how many workgroups fill this adapter for each kernel
+family and cache the winners, which every later plan on the adapter reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from .commands import progress
+from .registry import register_command
+
+
+def _arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--show", action="store_true", help="print the tuning plans use now; measure nothing")
+    what.add_argument("--reset", action="store_true", help="forget this adapter's tuning (plans take the defaults)")
+
+
+def _adapter() -> dict:
+    from ..runtime.device import adapter_info
+    info = adapter_info()
+    return {k: info[k] for k in ("name", "backend", "wgpu", "software")}, info
+
+
+def current_tuning() -> dict:
+    """What plans on this adapter use now: the cached tuning run, or the defaults."""
+    from ..codegen import Tuning
+    from ..runtime.tuning import read_tuning, tuning_key
+    from ..runtime.adapter_cache import key_file_name, measurements_dir
+    adapter, info = _adapter()
+    key = tuning_key(info)
+    stored = read_tuning(key)
+    path = measurements_dir("tuning") / key_file_name(key)
+    base = stored if stored is not None else {"tuning": asdict(Tuning()), "defaults": asdict(Tuning())}
+    return {**base, "adapter": adapter, "key": key, "path": str(path), "cached": stored is not None}
+
+
+def format_tuning(report: dict) -> str:
+    lines = [f"Adapter  {report['adapter']['name']} ({report['adapter']['backend']}, {report['adapter']['wgpu']})"]
+    if report.get("measurements"):
+        lines.append(f"Timed    {report.get('timing', '?')}, {report.get('seconds', 0):.1f} s, "
+                     f"{report.get('measured_at', '')}")
+    lines.append("")
+    measurements = report.get("measurements", {})
+    for field, default in report["defaults"].items():
+        if field == "source":
+            continue
+        value = report["tuning"][field]
+        lines.append(f"{field:<18}{value:>6}   (default {default})")
+        for row in measurements.get(field, []):
+            mark = "  <- chosen" if row["value"] == value else ""
+            lines.append(f"    {row['value']:>6}  {row['ms']:9.3f} ms{mark}")
+    lines += ["", f"Source   {report['tuning']['source']}: "
+              + (f"cached in {report['path']}" if report.get("cached", True) else "the defaults (nothing cached)")]
+    return "\n".join(lines)
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from ..runtime.tuner import tune
+    if args.reset:
+        Path(current_tuning()["path"]).unlink(missing_ok=True)
+        report = current_tuning()
+        progress(f"forgot the tuning of {report['adapter']['name']}; plans take the defaults")
+    elif args.show:
+        report = current_tuning()
+    else:
+        adapter, _ = _adapter()
+        progress(f"tuning {adapter['name']}: timing kernels at several workgroup counts")
+        report = {**tune(progress=progress), "adapter": adapter, "cached": True}
+    print(json.dumps(report, indent=2) if args.json else format_tuning(report))
+    return 0
+
+
+register_command("tune", "measure how many workgroups fill this GPU per kernel family; cache the winners",
+                 _arguments, _tune)

@@ -1,0 +1,46 @@
+"""How many workgroups fill the adapter: the numbers kernel choices depend on, per adapter.
+
+A kernel with too few workgroups leaves processors idle, so codegen splits long
+reductions (split-K matmuls, streamed attention, sums) until the grid fills the GPU.
+How many workgroups "fill" it depends on the GPU: WebGPU reports no processor count, so
+``meganeura tune`` (engine/runtime/tuning.py) times the kernels that use each number at
+several values on the adapter and caches the winners; plans read them through
+``Capabilities.tuning``. Without a measurement the defaults assume a large GPU, because
+filling past a small GPU costs a finishing pass over partial results while leaving a
+large one idle costs most of its speed. Software adapters (lavapipe) keep the defaults
+too: speed is not what they are for, and they then exercise the same kernel paths
+(split-K, split attention) as a GPU does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Workgroups that fill the adapter, per kernel family (each field's comment says
+    which rule reads it). ``source`` says where they came from: "default" or "tuned"
+    (``meganeura tune`` measured them on this adapter)."""
+
+    matmul_resident: int = 512   # 64 x 64 matmul workgroups in one wave: split-K, the 128 and coop tiles
+    attention_fill: int = 768    # attention workgroups below which the streamed side splits
+    sum_workgroups: int = 128    # sum_to outputs widen their lanes only when they make this many workgroups
+    source: str = "default"
+
+    def __post_init__(self):
+        for f in fields(self):
+            if f.type == "int" and (not isinstance(getattr(self, f.name), int) or getattr(self, f.name) < 1):
+                raise ValueError(f"tuning {f.name} must be a positive whole number, not {getattr(self, f.name)!r}")
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Tuning":
+        """The tuning a plan or cache file stored (unknown keys, from another version, are refused)."""
+        names = {f.name for f in fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"unknown tuning fields {sorted(unknown)}")
+        return cls(**data)
+
+
+TUNED_FIELDS = tuple(f.name for f in fields(Tuning) if f.name != "source")

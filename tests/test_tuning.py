@@ -1,0 +1,141 @@
+"""Per-adapter tuning: the rules read ``Capabilities.tuning``, ``meganeura tune`` picks
+winners by time and caches them per adapter, and plans on the adapter read them back."""
+
+import json
+import subprocess
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import pytest
+
+from engine import codegen
+from engine.codegen import Tuning
+from engine.cli.tune import format_tuning
+from engine.codegen.matmul import coop_variant
+from engine.compile.plan import compile_plan
+from engine.config import current, use
+from engine.graph.ir import Graph
+from engine.runtime import tuner
+from engine.runtime.device import adapter_info, device_capabilities
+from engine.runtime.tuning import adapter_tuning, read_tuning, tuning_key, write_tuning
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL_GPU = Tuning(matmul_resident=64, attention_fill=96, sum_workgroups=16, source="tuned")
+
+
+@pytest.fixture
+def own_cache(tmp_path):
+    """The process's configuration with its caches in ``tmp_path`` (tuning there is private to the test)."""
+    previous = use(replace(current(), cache_dir=str(tmp_path)))
+    yield tmp_path
+    use(previous)
+
+
+def test_tuning_fields_are_checked():
+    assert Tuning.from_dict(asdict(SMALL_GPU)) == SMALL_GPU
+    with pytest.raises(ValueError, match="unknown tuning fields"):
+        Tuning.from_dict({**asdict(SMALL_GPU), "sm_count": 132})
+    with pytest.raises(ValueError, match="positive whole number"):
+        Tuning(matmul_resident=0)
+    assert set(codegen.TUNED_FIELDS) == {"matmul_resident", "attention_fill", "sum_workgroups"}
+
+
+def test_kernel_rules_follow_the_tuning():
+    """Whisper's weight gradient at batch 8 (36 tiles, K 12000) splits 14 ways where 512
+    workgroups fill the GPU, not at all where 64 do; a 2048 x 1536 output takes the
+    128 tile only on a GPU that its 192 tiles fill twice; attention splits by the fill."""
+    assert codegen.matmul_splits(36, 12000, 16) == 14
+    assert codegen.matmul_splits(36, 12000, 16, tuning=SMALL_GPU) == 1
+    big, small = codegen.PLAIN, replace(codegen.PLAIN, tuning=SMALL_GPU)
+    assert codegen.matmul_variant(2048, 1536, 1, 384, caps=big) == "64"
+    assert codegen.matmul_variant(2048, 1536, 1, 384, caps=small) == "128k8u"
+    assert coop_variant(512, 512, 1) == "c64" and coop_variant(512, 512, 1, SMALL_GPU) == "c128"
+    assert codegen.attention_splits(47 * 6, 47) == 3
+    assert codegen.attention_splits(47 * 6, 47, tuning=SMALL_GPU) == 1
+
+
+def _sum_plan(caps):
+    g = Graph("bias gradient")
+    g.output("s", g.apply("sum_to", g.input("x", (3000, 384)), shape=(384,)))
+    return compile_plan(g, loss=None, capabilities=caps)
+
+
+def test_plans_read_the_tuning_and_are_keyed_by_it():
+    """A bias gradient of 384 outputs takes 16 lanes an output only where 16 x 24 workgroups fill the GPU."""
+    default, tuned = _sum_plan(codegen.PLAIN), _sum_plan(replace(codegen.PLAIN, tuning=SMALL_GPU))
+    assert default.dispatches[0].workgroups != tuned.dispatches[0].workgroups
+    assert tuned.capabilities["tuning"] == asdict(SMALL_GPU)
+
+
+def test_winner_must_beat_the_default_by_the_margin():
+    rows = [{"value": 64, "ms": 0.99}, {"value": 512, "ms": 1.0}, {"value": 1024, "ms": 1.2}]
+    assert tuner.pick_winner(rows, 512) == 512                       # 1% faster: noise
+    rows[0]["ms"] = 0.9
+    assert tuner.pick_winner(rows, 512) == 64
+    assert tuner.pick_winner([{"value": 512, "ms": 1.0}, {"value": 128, "ms": 1.0}], 512) == 512
+
+
+def test_tune_field_times_each_distinct_plan_once(monkeypatch):
+    """Values giving the same dispatches are timed once; the fastest plan's value wins."""
+    timed = []
+
+    def fake_time(device, graph, plan, rng):
+        timed.append(plan)
+        return 1.0 if plan.dispatches[0].workgroups[0] < 30 else 2.0   # 16 lanes an output: faster here
+
+    monkeypatch.setattr(tuner, "_time_ms", fake_time)
+    workload = tuner._column_sum(3000, 384)
+    base = replace(codegen.PLAIN, tuning=Tuning())
+    winner, rows = tuner.tune_field(None, "sum_workgroups", base, [workload], (16, 24, 64, 512), None)
+    assert [r["value"] for r in rows] == [16, 24, 64, 128, 512]   # the default is always tried
+    assert len(timed) == 2                                           # 16 and 24 lanes: two plans
+    assert winner == 16 and rows[0]["ms"] == 1.0 and rows[-1]["ms"] == 2.0
+
+
+def test_tuning_cache_is_keyed_and_tolerates_garbage(tmp_path):
+    info = {"name": "Some GPU", "description": "driver 1.2", "backend": "Vulkan", "wgpu": "native"}
+    key = tuning_key(info)
+    assert adapter_tuning(info, tmp_path) == Tuning()
+    path = write_tuning(key, {"tuning": asdict(SMALL_GPU), "measurements": {}}, tmp_path)
+    assert adapter_tuning(info, tmp_path) == SMALL_GPU
+    assert adapter_tuning({**info, "description": "driver 1.3"}, tmp_path) == Tuning()   # a new driver: untuned
+    path.write_text(json.dumps({"key": key, "tuning": {"tuning": {"matmul_resident": -5}}}))
+    assert read_tuning(key, tmp_path) is None and adapter_tuning(info, tmp_path) == Tuning()
+    path.write_text("{not json")
+    assert adapter_tuning(info, tmp_path) == Tuning()
+
+
+def test_tune_on_this_adapter_caches_what_plans_then_use(own_cache):
+    """A real (software-sized) run on lavapipe: winners cached under the adapter's key,
+    and the capabilities of the next plans carry them."""
+    result = tuner.tune(fields=["sum_workgroups"])
+    assert Path(result["path"]).parent == own_cache / "tuning"
+    rows = result["measurements"]["sum_workgroups"]
+    assert {r["value"] for r in rows} >= {16, 128, 512} and all(r["ms"] > 0 for r in rows)
+    tuned = Tuning.from_dict(result["tuning"])
+    assert tuned.source == "tuned" and tuned.sum_workgroups in {r["value"] for r in rows}
+    assert read_tuning(tuning_key(adapter_info()))["tuning"] == result["tuning"]
+    assert device_capabilities().tuning == tuned
+
+
+def test_tune_command_json(tmp_path):
+    """``meganeura tune --show --json`` before and after ``--reset`` (the measuring run is
+    the test above, in process: a second one here would double its time)."""
+    env = {**__import__("os").environ, "MEGANEURA_CACHE": str(tmp_path)}
+    info = adapter_info()
+    write_tuning(tuning_key(info), {"tuning": asdict(SMALL_GPU), "defaults": asdict(Tuning()),
+                                    "measurements": {}}, tmp_path / "tuning")
+
+    def run(*args):
+        proc = subprocess.run([sys.executable, "-m", "engine", "tune", *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return proc
+
+    shown = json.loads(run("--show", "--json").stdout)
+    assert shown["cached"] and shown["tuning"] == asdict(SMALL_GPU) and shown["adapter"]["name"] == info["name"]
+    assert "matmul_resident       64   (default 512)" in format_tuning(shown)
+    shown = json.loads(run("--reset", "--json").stdout)
+    assert not shown["cached"] and shown["tuning"] == asdict(Tuning())
+    assert not Path(shown["path"]).exists()
