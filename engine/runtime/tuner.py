@@ -7,17 +7,18 @@ matmul with a long K, attention at batch 1, bias gradients) and a ladder of valu
 Every value's plans are compiled with only that field changed; values that give the
 same dispatches are timed once. The workloads' summed time picks the winner, which
 must beat the default by ``MARGIN`` to replace it, so noise does not move a number.
-A plan is timed as models run it: ``r`` and ``2 r`` steps recorded back to back into
-one command buffer each, from submit to a 4-byte read, the difference divided by ``r``
-(``back_to_back_ms``). Per-dispatch timestamps would not do: on wgpu-native they need a
-pass per dispatch, which made every split kernel (two dispatches) look 2-4x slower than
-it runs inside a model on the H100. Fields are tuned
-one after another, each on the winners so far. A software adapter (lavapipe) gets tiny
-workloads: there it checks the machinery, not speed.
+A plan is timed the way ``meganeura profile`` times a model: GPU timestamps around each
+dispatch inside one compute pass, the median step of ``STEPS`` (CPU wall time per
+submission where the adapter has no timestamps). Two other clocks misled on the H100:
+a pass per dispatch (needed without timestamps inside passes) made split kernels look
+2-4x slower on wgpu-native than they run inside a model, and wall time from submit to
+read-back moved by milliseconds on Dawn, whose read-back polls. A software adapter
+(lavapipe) gets tiny workloads: there it checks the machinery, not speed.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
@@ -29,11 +30,12 @@ from ..codegen import Capabilities, Tuning
 from ..compile.plan import compile_plan
 from ..graph.ir import Graph
 from .device import adapter_info, device_capabilities, get_device
+from .profiler import timestamp_support
 from .session import Session
 from .tuning import tuning_key, write_tuning
 
 MARGIN = 0.03   # a value must be this much faster than the default to replace it
-TRIALS = 3
+STEPS = 7
 
 
 @dataclass(frozen=True)
@@ -90,34 +92,14 @@ def _graph(workload: Workload) -> Graph:
     return g
 
 
-def back_to_back_ms(session: Session, target_ms: float = 5.0, trials: int = TRIALS) -> float:
-    """GPU ms of one step of ``session`` run back to back (see the module): ``r`` sized so
-    ``r`` steps take about ``target_ms``; the best of ``trials`` differences."""
-    queue = session.device.queue
-    sync = session.buffers[next(iter(session.plan.outputs.values()))]
-
-    def wall(n: int) -> float:
-        encoder = session.device.create_command_encoder(label="tune")
-        for _ in range(n):
-            session.record(encoder)
-        start = time.perf_counter()
-        queue.submit([encoder.finish()])
-        queue.read_buffer(sync, 0, 4)
-        return time.perf_counter() - start
-
-    once = wall(1)
-    reps = int(min(200, max(1, target_ms / 1e3 / max(once, 1e-6))))
-    wall(reps)
-    best = min(wall(2 * reps) - wall(reps) for _ in range(trials))
-    return max(best, 0.0) * 1e3 / reps if best > 0 else once * 1e3
-
-
 def _time_ms(device, graph: Graph, plan, rng) -> float:
-    """One step of ``plan`` (of ``graph``) on random inputs, run back to back, in ms."""
+    """The median profiled step of ``plan`` (of ``graph``) on random inputs, in ms."""
     session = Session(graph, plan, device)
     for name, node in graph.inputs.items():
         session.set_input(name, rng.standard_normal(graph[node].shape).astype(np.float32))
-    return back_to_back_ms(session)
+    session.run()
+    report = session.profile(steps=STEPS, measure_overhead=False, include_build_spans=False)
+    return statistics.median(report.gpu_step_ns) / 1e6
 
 
 def tune_field(device, field: str, base: Capabilities, workloads: list[Workload], values, rng,
@@ -170,7 +152,8 @@ def measure_tuning(device=None, software: bool | None = None, fields=None, progr
         measurements[field] = rows
     tuned = replace(base.tuning, source="tuned")
     return {"tuning": asdict(tuned), "defaults": asdict(Tuning()), "measurements": measurements,
-            "timing": "steps back to back, wall time from submit to read-back",
+            "timing": f"gpu timestamps ({timestamp_support(device)})" if timestamp_support(device)
+            else "cpu wall time per submission",
             "seconds": time.perf_counter() - start,
             "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
