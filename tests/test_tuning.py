@@ -78,19 +78,38 @@ def test_winner_must_beat_the_default_by_the_margin():
 
 def test_tune_field_times_each_distinct_plan_once(monkeypatch):
     """Values giving the same dispatches are timed once; the fastest plan's value wins."""
-    timed = []
+    built, timed = [], []
+    faster = {"16 lanes": 1.0}
 
-    def fake_time(device, graph, plan, rng):
+    def fake_session(device, graph, plan, rng):
+        built.append(plan)
+        return plan
+
+    def fake_time(plan):
         timed.append(plan)
-        return 1.0 if plan.dispatches[0].workgroups[0] < 30 else 2.0   # 16 lanes an output: faster here
+        return faster["16 lanes"] if plan.dispatches[0].workgroups[0] < 30 else 2.0
 
+    monkeypatch.setattr(tuner, "_session", fake_session)
     monkeypatch.setattr(tuner, "_time_ms", fake_time)
     workload = tuner._column_sum(3000, 384)
     base = replace(codegen.PLAIN, tuning=Tuning())
-    winner, rows = tuner.tune_field(None, "sum_workgroups", base, [workload], (16, 24, 64, 512), None)
+    winner, rows, confirmation = tuner.tune_field(None, "sum_workgroups", base, [workload], (16, 24, 64, 512), None)
     assert [r["value"] for r in rows] == [16, 24, 64, 128, 512]   # the default is always tried
-    assert len(timed) == 2                                           # 16 and 24 lanes: two plans
+    assert len(built) == 2                                           # 16 and 24 lanes: two plans
     assert winner == 16 and rows[0]["ms"] == 1.0 and rows[-1]["ms"] == 2.0
+    assert len(timed) == 2 + 2 * tuner.CONFIRMATIONS and confirmation["kept"]
+
+    def slower_when_timed_again(plan):      # a winner by noise: timed again, it loses
+        timed.append(plan)
+        if plan.dispatches[0].workgroups[0] >= 30:
+            return 2.0
+        return 1.0 if len(timed) <= 2 else 2.5
+
+    timed.clear()
+    monkeypatch.setattr(tuner, "_time_ms", slower_when_timed_again)
+    winner, _, confirmation = tuner.tune_field(None, "sum_workgroups", base, [workload], (16, 512), None)
+    assert winner == 128 and confirmation == {"winner": 16, "winner_ms": [2.5] * 3, "default_ms": [2.0] * 3,
+                                              "kept": False}
 
 
 def test_tuning_cache_is_keyed_and_tolerates_garbage(tmp_path):

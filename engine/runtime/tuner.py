@@ -6,7 +6,9 @@ few workloads shaped like the models' (whisper's weight gradients and fc2, a thi
 matmul with a long K, attention at batch 1, bias gradients) and a ladder of values.
 Every value's plans are compiled with only that field changed; values that give the
 same dispatches are timed once. The workloads' summed time picks the winner, which
-must beat the default by ``MARGIN`` to replace it, so noise does not move a number.
+must beat the default by ``MARGIN`` to replace it, and again when both are timed a few
+more times in turn, so noise does not move a number. The GPU is kept busy first: an
+idle H100's clocks made the first field's kernels look up to 4x slower.
 A plan is timed the way ``meganeura profile`` times a model: GPU timestamps around each
 dispatch inside one compute pass, the median step of ``STEPS`` (CPU wall time per
 submission where the adapter has no timestamps). Two other clocks misled on the H100:
@@ -36,6 +38,8 @@ from .tuning import tuning_key, write_tuning
 
 MARGIN = 0.03   # a value must be this much faster than the default to replace it
 STEPS = 7
+CONFIRMATIONS = 3
+WARM_UP_SECONDS = 1.5
 
 
 @dataclass(frozen=True)
@@ -92,39 +96,75 @@ def _graph(workload: Workload) -> Graph:
     return g
 
 
-def _time_ms(device, graph: Graph, plan, rng) -> float:
-    """The median profiled step of ``plan`` (of ``graph``) on random inputs, in ms."""
+def _session(device, graph: Graph, plan, rng) -> Session:
+    """A session of ``plan`` on random inputs, run once (buffers initialised, pipelines warm)."""
     session = Session(graph, plan, device)
     for name, node in graph.inputs.items():
         session.set_input(name, rng.standard_normal(graph[node].shape).astype(np.float32))
     session.run()
+    return session
+
+
+def _time_ms(session: Session) -> float:
+    """The median profiled step of ``session``, in ms."""
     report = session.profile(steps=STEPS, measure_overhead=False, include_build_spans=False)
     return statistics.median(report.gpu_step_ns) / 1e6
 
 
+def _warm_up(session: Session, seconds: float) -> None:
+    """Keep the GPU busy for ``seconds`` so its clocks have risen before anything is
+    timed (an idle H100 ran the first field's kernels up to 4x slower)."""
+    sync = session.buffers[next(iter(session.plan.outputs.values()))]
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(10):
+            session.run()
+        session.device.queue.read_buffer(sync, 0, 4)
+
+
 def tune_field(device, field: str, base: Capabilities, workloads: list[Workload], values, rng,
-               progress=None) -> tuple[int, list[dict]]:
+               progress=None) -> tuple[int, list[dict], dict]:
     """Time ``workloads`` at each of ``values`` of ``field`` (the rest of ``base.tuning``
-    kept); returns the winner and one row per value: its summed ms and per-workload ms."""
+    kept); returns the winner, one row per value (its summed ms and per-workload ms) and
+    the confirmation: a winner other than the default is timed again against it,
+    ``CONFIRMATIONS`` times each in turn, and kept only if its median still wins."""
     default = getattr(Tuning(), field)
     values = sorted(set(values) | {default, getattr(base.tuning, field)})
     graphs = [_graph(w) for w in workloads]
-    seen: dict[tuple, float] = {}
+    sessions: dict[tuple, Session] = {}
+    timed: dict[tuple, float] = {}
+    keys_of: dict[int, list[tuple]] = {}
     rows = []
     for value in values:
         caps = replace(base, tuning=replace(base.tuning, **{field: value}))
-        times = []
+        keys_of[value] = []
         for w, g in zip(workloads, graphs):
             plan = compile_plan(g, loss=None, capabilities=caps)
-            plan_key = (w.name, _plan_signature(plan))
-            if plan_key not in seen:
-                seen[plan_key] = _time_ms(device, g, plan, rng)
-            times.append(seen[plan_key])
+            key = (w.name, _plan_signature(plan))
+            if key not in sessions:
+                sessions[key] = _session(device, g, plan, rng)
+                timed[key] = _time_ms(sessions[key])
+            keys_of[value].append(key)
+        times = [timed[k] for k in keys_of[value]]
         rows.append({"value": value, "ms": float(sum(times)),
                      "workloads": {w.name: t for w, t in zip(workloads, times)}})
         if progress:
             progress(f"  {field} = {value}: {sum(times):.3f} ms")
-    return pick_winner(rows, default), rows
+    winner = pick_winner(rows, default)
+    confirmation = {}
+    if winner != default and keys_of[winner] != keys_of[default]:
+        again = {winner: [], default: []}
+        for _ in range(CONFIRMATIONS):
+            for value in again:
+                again[value].append(float(sum(_time_ms(sessions[k]) for k in keys_of[value])))
+        confirmation = {"winner": winner, "winner_ms": again[winner], "default_ms": again[default]}
+        if statistics.median(again[winner]) >= statistics.median(again[default]) * (1 - MARGIN):
+            winner = default
+        confirmation["kept"] = winner != default
+        if progress:
+            progress(f"  {field}: {confirmation['winner']} timed again against {default}: "
+                     f"{'kept' if confirmation['kept'] else 'not kept'}")
+    return winner, rows, confirmation
 
 
 def pick_winner(rows: list[dict], default: int) -> int:
@@ -142,16 +182,24 @@ def measure_tuning(device=None, software: bool | None = None, fields=None, progr
     base = replace(device_capabilities(device), tuning=Tuning())
     rng = np.random.default_rng(0)
     start = time.perf_counter()
-    measurements = {}
-    for field in fields or LADDERS:
+    fields = list(fields or LADDERS)
+    first = _graph(LADDERS[fields[0]][2 if software else 1][0])
+    _warm_up(_session(device, first, compile_plan(first, loss=None, capabilities=base), rng),
+             0.0 if software else WARM_UP_SECONDS)
+    measurements, confirmations = {}, {}
+    for field in fields:
         values, gpu_work, software_work = LADDERS[field]
         if progress:
             progress(f"tuning {field}")
-        winner, rows = tune_field(device, field, base, software_work if software else gpu_work, values, rng, progress)
+        winner, rows, confirmation = tune_field(device, field, base, software_work if software else gpu_work,
+                                                values, rng, progress)
         base = replace(base, tuning=replace(base.tuning, **{field: winner}))
         measurements[field] = rows
+        if confirmation:
+            confirmations[field] = confirmation
     tuned = replace(base.tuning, source="tuned")
     return {"tuning": asdict(tuned), "defaults": asdict(Tuning()), "measurements": measurements,
+            "confirmations": confirmations,
             "timing": f"gpu timestamps ({timestamp_support(device)})" if timestamp_support(device)
             else "cpu wall time per submission",
             "seconds": time.perf_counter() - start,
