@@ -9,7 +9,13 @@ Rows: prefill of a ``--prompt``-token prompt (wall time from the ids to the firs
 token on the host, median of the timed calls after one that builds the sessions) and
 decode tokens/s (the median decode step, ``--new`` tokens a call, EOS ignored).
 transformers: ``generate(do_sample=False, min_new_tokens=N)`` timed whole in fp32, fp16
-and bf16, tokens/s = N / (time - the prefill's time, a ``max_new_tokens=1`` call).
+and bf16, tokens/s = N / (time - the prefill's time, a ``max_new_tokens=1`` call); and
+"fp32 compiled": transformers' own recipe for a compiled decode, a static KV cache
+(``cache_implementation="static"``), with which ``generate`` compiles the decoding forward
+itself (``CompileConfig``'s default, mode "reduce-overhead": CUDA graphs). The cache is
+sized once (``max_cache_len`` = prompt + ``--new``) so every call reuses one compiled
+graph instead of recompiling per length; the warm-up call compiles. Left out under
+``--quick`` unless ``--compile`` (on a CPU it takes a C compiler and tens of seconds).
 Also: how many of our greedy ids equal transformers' fp32 ones.
 """
 
@@ -77,7 +83,16 @@ def _by_op(report) -> str:
                      for (phase, name), t in rows)
 
 
-def theirs(hf, prompt, new, calls, device, dtype):
+def compiled_generate(prompt_len: int, new: int, device) -> dict:
+    """``generate`` keywords for transformers' compiled decode: a static cache of one size
+    (so one compiled graph serves every call); off CUDA, compiling must be asked for."""
+    compile_config = transformers.CompileConfig()
+    if device.type != "cuda":
+        compile_config._compile_all_devices = True
+    return dict(cache_implementation="static", max_cache_len=prompt_len + new, compile_config=compile_config)
+
+
+def theirs(hf, prompt, new, calls, device, dtype, generate_kwargs=None):
     """(prefill ms, decode tokens/s, ids) of transformers' greedy generate in ``dtype``."""
     net = hf.to(device=device, dtype=dtype)
     x = torch.tensor([prompt], dtype=torch.long, device=device)
@@ -87,7 +102,8 @@ def theirs(hf, prompt, new, calls, device, dtype):
         sync()
         t = time.perf_counter()
         with torch.no_grad():
-            out = net.generate(x, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+            out = net.generate(x, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
+                               **(generate_kwargs or {}))
         sync()
         return 1e3 * (time.perf_counter() - t), out[0, len(prompt):].tolist()
 
@@ -106,6 +122,8 @@ def main(argv=None) -> int:
     p.add_argument("--calls", type=int, default=3)
     p.add_argument("--profile", action="store_true", help="also print the top kernels of a decode step")
     p.add_argument("--no-peers", action="store_true", help="leave transformers out (quick iterations)")
+    p.add_argument("--compile", action="store_true", help="time transformers' compiled decode under --quick too")
+    p.add_argument("--no-compile", action="store_true", help="leave transformers' compiled decode out")
     args = p.parse_args(argv)
     global PROFILE
     PROFILE = args.profile
@@ -118,16 +136,25 @@ def main(argv=None) -> int:
     hf.save_pretrained(folder)
     prompt = np.random.default_rng(0).integers(0, cfg["vocab_size"], prompt_len).tolist()
 
-    rows = []
+    rows, failed = [], []
     log(f"ours: llama, prompt {prompt_len}, {new} new tokens")
     model = load_model(str(folder))
     o_prefill, o_rate, o_ids, dispatches, build_s = ours(model, prompt, new, calls)
-    peers = () if args.no_peers else (("fp32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16))
-    for label, dtype in peers:
+    compiled = (args.compile or not args.quick) and not args.no_compile
+    peers = () if args.no_peers else (  # fp32 first: the later ones cast the weights
+        ("fp32", torch.float32, None),
+        *((("fp32 compiled", torch.float32, compiled_generate(prompt_len, new, device)),) if compiled else ()),
+        ("fp16", torch.float16, None), ("bf16", torch.bfloat16, None))
+    for label, dtype, kwargs in peers:
         log(f"transformers {label}")
-        rows.append((f"transformers {label}", *theirs(hf, prompt, new, calls, device, dtype)))
-    base = rows[0][2] if rows else o_rate
-    match = next((i for i, (a, b) in enumerate(zip(o_ids, rows[0][3])) if a != b), len(o_ids)) if rows else 0
+        try:
+            rows.append((f"transformers {label}", *theirs(hf, prompt, new, calls, device, dtype, kwargs)))
+        except Exception as exc:  # a peer that fails is a finding, not a crash
+            log(f"transformers {label} failed: {type(exc).__name__}: {str(exc)[:300]}")
+            failed.append(f"transformers {label}: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}")
+    fp32 = next((r for r in rows if r[0] == "transformers fp32"), None)
+    base = fp32[2] if fp32 else o_rate
+    match = next((i for i, (a, b) in enumerate(zip(o_ids, fp32[3])) if a != b), len(o_ids)) if fp32 else 0
     from engine import config
     table = [[f"ours ({config.current().precision})", fmt(o_prefill, " ms"), fmt(o_rate), fmt(o_rate / base)]]
     table += [[label, fmt(pre, " ms"), fmt(rate), fmt(rate / base)] for label, pre, rate, _ in rows]
@@ -141,6 +168,8 @@ def main(argv=None) -> int:
           f"SmolLM2-135M-shaped Llama ({sum(t.numel() for t in hf.parameters()) / 1e6:.1f} M parameters, random)")
     print(f"ours on {adapter_desc()}; torch {torch.__version__} on {device}, transformers {transformers.__version__}")
     print(markdown_table(["", f"prefill {prompt_len} tokens", "decode tokens/s", "ratio to transformers fp32"], table))
+    for line in failed:
+        print(f"- failed: {line}")
     print(f"\nour greedy ids equal transformers' fp32 for the first {match} of {len(o_ids)}; decode step "
           f"{dispatches} dispatches; sessions built in {build_s:.2f} s (first call)")
     if not args.quick:

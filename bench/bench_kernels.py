@@ -9,7 +9,8 @@ Each row is one kernel (a one-node graph session) with a forced variant: its GPU
 profiler's timestamped time is in the note), TFLOP/s, and its error against numpy float64
 (relative Frobenius norm), next to torch's time for the same op (CUDA events, median;
 fp32 with TF32 off, and the TF32 and fp16 rates as extra columns: what tensor cores
-give, which WGSL cannot reach here). ``--checks`` runs the
+give, which WGSL cannot reach here; the attention rows: scaled_dot_product_attention in
+fp32 and in bf16). ``--checks`` runs the
 matmul rows once per naga runtime-check mode (MEGANEURA_SHADER_CHECKS), each in a
 process of its own since the mode is read when pipelines are built.
 """
@@ -211,7 +212,8 @@ def _torch_heads(timer, inputs, b, d, h, hkv):
 
 def attention_rows(cases, steps, rng, timer, splits="auto"):
     """The attention kernels (one thread per query; tiled flash with each key split)
-    against torch's scaled_dot_product_attention in fp32 on the same tensors."""
+    against torch's scaled_dot_product_attention on the same tensors, in fp32 and with
+    them cast to bf16 (what autocast runs; the flash kernel on CUDA)."""
     import torch.nn.functional as F
     rows = []
     for label, b, t, s_, h, hkv, d, causal in cases:
@@ -223,12 +225,15 @@ def attention_rows(cases, steps, rng, timer, splits="auto"):
         ref = reference.run(g, inputs, {}, np.float64)["c"]
         tq, tk, tv = _torch_heads(timer, inputs, b, d, h, hkv)
         t_ms = timer.median_ms(lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal), max(steps, 10))
+        bq, bk, bv = (x.bfloat16() for x in (tq, tk, tv))
+        b_ms = timer.median_ms(lambda: F.scaled_dot_product_attention(bq, bk, bv, is_causal=causal), max(steps, 10))
         for variant, knobs in _attention_variants(splits):
             log(f"attention {label} {variant}")
             sess, ms, _ = _timed_session(g, inputs, knobs, steps)
             err = float(np.linalg.norm(sess.read_output("c") - ref) / np.linalg.norm(ref))
             rows.append([label, f"{b}x{t}x{s_} h{h}/{hkv} d{d}", variant, fmt(ms, " ms"), fmt(flops / ms / 1e9),
-                         fmt(t_ms, " ms"), fmt(ms / t_ms), f"err {err:.1e}; {sess.plan.dispatches[0].variant}"])
+                         fmt(t_ms, " ms"), fmt(ms / t_ms), fmt(b_ms, " ms"), fmt(ms / b_ms),
+                         f"err {err:.1e}; {sess.plan.dispatches[0].variant}"])
     return rows
 
 
@@ -350,8 +355,9 @@ def main(argv=None):
     attention_cases = ATTENTION_QUICK if args.quick else ATTENTION_FULL
     if args.attention:
         rows = attention_rows(attention_cases, steps, rng, timer, args.splits)
-        print_rows("attention (torch: scaled_dot_product_attention, fp32)",
-                   ["case", "shape", "variant", "ours", "ours TFLOP/s", "torch", "ours/torch", "note"], rows)
+        print_rows("attention (torch: scaled_dot_product_attention, fp32 and bf16)",
+                   ["case", "shape", "variant", "ours", "ours TFLOP/s", "torch", "ours/torch", "torch bf16",
+                    "ours/bf16", "note"], rows)
     if args.attention_backward:
         rows = attention_backward_rows(attention_cases, steps, rng, timer, args.splits)
         print_rows("attention backward: lse + dq + dk + dv (torch: autograd of scaled_dot_product_attention, fp32)",

@@ -1,34 +1,55 @@
-"""Our engine against PyTorch on the same work, in one process: one table with both
-times, the ratio (ours / torch: under 1 means we are faster) and TFLOP/s where it applies.
+"""Our engine against PyTorch on the same work, in one process: one table with our time,
+torch's in each way users run it and the ratio to each (ours / torch: under 1 means we
+are faster), and TFLOP/s where it applies.
 
     .venv/bin/python bench/bench_vs_torch.py            # full sizes (meant for a real GPU)
     .venv/bin/python bench/bench_vs_torch.py --quick    # tiny sizes: runs on lavapipe in seconds
 
+Torch columns, each timed the same way as the row's eager fp32 one:
+- eager fp32; eager bf16 (``torch.autocast`` around the forward and the loss, bf16 on
+  CUDA, the CPU autocast without it); compile fp32 (``torch.compile``, default mode, of
+  the forward and loss function, so the backward is compiled too; the optimizer step
+  stays eager); compile bf16 (both). Each compiled cell starts from a cleared dynamo
+  cache and gets at least one warm-up call, which compiles.
+- infer whisper-tiny b8 also has hf fp32 and hf fp16: transformers' WhisperEncoder
+  (whisper-tiny config, holding our model's weights) under ``no_grad``, fp32 and under
+  fp16 autocast.
+A cell that cannot run (torch.compile raising, no bf16, no transformers, ...) shows "-"
+and the lines under the table say why. ``--quick`` leaves torch.compile out (on the
+CPU it needs a C compiler and minutes); ``--compile`` puts it back, ``--no-compile``
+leaves it out of a full run.
+
 Rows:
 - matmul MxNxK (f32): ours is a one-node graph session timed with GPU timestamps
-  (engine.runtime.profiler, median over steps); torch is CUDA fp32 with TF32 off (timed with
-  CUDA events, median), TF32 on as an extra column. The max relative error of ours
-  against numpy float64 is printed too.
+  (engine.runtime.profiler, median over steps); torch is CUDA fp32 with TF32 off (timed
+  with CUDA events, median) and bf16 operands (the eager bf16 column), with TF32 on as
+  an extra TFLOP/s column; compile is not timed (one matmul is the same library call).
+  The max relative error of ours against numpy float64 is printed too.
 - train <model>: one full training step (forward, backward, AdamW update, loss read
   back) in wall time per step, median over steps after warm-up; torch does the same
   (``loss.item()`` every step).
 - train whisper-tiny b8: the same at batch 8.
 - audio-align smoke: the whole ``meganeura train audio-align`` recipe for 50 steps, wall
-  time end to end (session build included), against the same recipe in PyTorch.
+  time end to end (session build included; torch.compile's compilation likewise),
+  against the same recipe in PyTorch.
 - infer whisper-tiny: one forward pass; ours = run() back to back, synchronised by a
   4-byte read at the end, wall time / runs; torch under no_grad, CUDA events.
+- infer whisper-tiny b8: the same at batch 8, with the transformers columns.
 - host: CPU microseconds to record one dispatch (Session.record of a many-dispatch
   graph into an encoder, no wait); torch: CPU µs to launch one small op (no sync).
 - steps/s mlp: training steps per second (the inverse of the mlp row, listed for the issue).
 - memory: our plan's peak bytes (and all our buffers, optimizer state included) of a
-  whisper-tiny training step against torch.cuda.max_memory_allocated over one step.
+  whisper-tiny training step against torch.cuda.max_memory_allocated over one eager fp32 step.
 ``--profile-gpt`` adds the profiler's per-archetype and per-kernel tables of one gpt-tiny
-training step. Without CUDA, torch runs on the CPU and the table says so.
+training step. ``--only`` and ``--skip`` pick rows by name prefix. Without CUDA, torch
+runs on the CPU and the table says so.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import math
 import statistics
 import sys
@@ -57,6 +78,7 @@ FULL = {
     "whisper-tiny": ["batch=1", "mel_len=3000"],
     "gpt-tiny": ["batch=8", "seq=256"],
     "whisper-tiny b8": ["batch=8", "mel_len=3000"],
+    "infer whisper-tiny b8": ["batch=8", "mel_len=3000"],
     "audio-align": ["mel_len=500"], "smoke_steps": 50,
     "steps": 20, "mm_steps": 20, "warmup": 2,
 }
@@ -66,12 +88,14 @@ QUICK = {
     "whisper-tiny": ["batch=1", "mel_len=16"],
     "gpt-tiny": ["batch=1", "seq=8"],
     "whisper-tiny b8": ["batch=2", "mel_len=16"],
-    "audio-align": ["mel_len=16", "seq=4", "batch=2"], "smoke_steps": 2,
+    "infer whisper-tiny b8": ["batch=2", "mel_len=16"],
+    "audio-align": ["mel_len=16", "seq=4", "batch=2"], "smoke_steps": 1,
     "steps": 1, "mm_steps": 2, "warmup": 0,
 }
 
-ROW_NAMES = ["matmul", "train mlp", "train whisper-tiny", "train gpt-tiny", "infer whisper-tiny",
-             "host record/dispatch", "steps/s mlp", "memory whisper-tiny train"]
+ROW_NAMES = ["matmul", "train mlp", "train whisper-tiny", "train gpt-tiny", "train whisper-tiny b8",
+             "audio-align smoke", "infer whisper-tiny", "infer whisper-tiny b8", "host record/dispatch",
+             "steps/s mlp", "memory whisper-tiny train"]
 
 
 def log(msg):
@@ -108,6 +132,79 @@ class TorchTimer:
                 fn()
                 times.append((time.perf_counter() - t) * 1e3)
         return statistics.median(times)
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchVariant:
+    """One way users run the torch side: eager or ``torch.compile`` (default mode), in
+    fp32 or with the forward under autocast to ``autocast``."""
+    label: str
+    compiled: bool = False
+    autocast: torch.dtype | None = None
+
+    def context(self, device):
+        """The autocast region of the forward (and loss); a no-op in fp32."""
+        return torch.autocast(device.type, dtype=self.autocast, enabled=self.autocast is not None)
+
+    def prepare(self, fn):
+        """``fn``, or ``torch.compile(fn)`` from a cleared dynamo cache, so that no other
+        row's shapes turn this one's into dynamic-shape kernels."""
+        if not self.compiled:
+            return fn
+        torch._dynamo.reset()
+        return torch.compile(fn)
+
+    def warmup(self, warmup: int) -> int:
+        """Warm-up calls: at least one where the first call compiles."""
+        return max(warmup, 1) if self.compiled else warmup
+
+
+EAGER_FP32 = TorchVariant("eager fp32")
+TORCH_VARIANTS = (EAGER_FP32, TorchVariant("eager bf16", autocast=torch.bfloat16),
+                  TorchVariant("compile fp32", compiled=True),
+                  TorchVariant("compile bf16", compiled=True, autocast=torch.bfloat16))
+HF_VARIANTS = (TorchVariant("hf fp32"), TorchVariant("hf fp16", autocast=torch.float16))
+COLUMNS = [v.label for v in TORCH_VARIANTS + HF_VARIANTS]
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one short line: its type and the first two lines of its message
+    (inductor puts the cause on the second)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()][:2]
+    return f"{type(exc).__name__}: {' '.join(lines)}"[:200]
+
+
+class TorchColumns:
+    """Runs one row's torch side in each variant. A variant that is left out or raises
+    gives None and one line saying why; it never stops the run."""
+
+    def __init__(self, device, compile_off: str | None = None):
+        self.device = device
+        self.compile_off = compile_off    # why torch.compile is left out, or None
+
+    def left_out(self, variant: TorchVariant) -> str | None:
+        if variant.compiled and self.compile_off:
+            return self.compile_off
+        if variant.autocast == torch.bfloat16 and self.device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            return "no bf16 on this GPU"
+        return None
+
+    def run(self, variants, measure) -> tuple[dict, dict]:
+        """({label: measure(variant) or None}, {label: why it is None})."""
+        values, why = {}, {}
+        for v in variants:
+            values[v.label] = None
+            reason = self.left_out(v)
+            if reason is None:
+                log(f"  torch {v.label}")
+                try:
+                    values[v.label] = measure(v)
+                    continue
+                except Exception as exc:  # a variant that fails is a finding, not a crash
+                    reason = one_line(exc)
+                    log(f"  torch {v.label} failed: {reason}")
+            why[v.label] = reason
+        return values, why
 
 
 # ------------------------------------------------------------------ ours
@@ -205,10 +302,11 @@ def _span_s(session, prefix: str) -> float:
     return sum(end - start for name, start, end in session.build_spans if name.startswith(prefix)) / 1e9
 
 
-def audio_align_smoke(overrides, steps, timer) -> dict:
+def audio_align_smoke(overrides, steps, timer, columns) -> dict:
     """audio-align's training smoke (the recipe of ``meganeura train audio-align``):
     ``steps`` steps end to end, wall time from nothing built to the last loss, ours on
-    the GPU against the same recipe, weights and batches in PyTorch."""
+    the GPU against the same recipe, weights and batches in PyTorch (each variant; a
+    compiled one's compilation counts, as our session build does)."""
     from engine.train.data import DataLoader
     from engine.train.trainer import Trainer
     log(f"audio-align smoke {' '.join(overrides)} x {steps} steps")
@@ -222,33 +320,48 @@ def audio_align_smoke(overrides, steps, timer) -> dict:
     built = time.perf_counter()
     ours = trainer.fit(batches).losses
     ours_s, build_s = time.perf_counter() - t, built - t
-    timer.sync()
-    t = time.perf_counter()
-    theirs = tr.audio_align_training_losses(model, params, batches, config, device=timer.device)
-    timer.sync()
-    torch_s = time.perf_counter() - t
-    return {"name": f"audio-align smoke {steps} steps", "ours": ours_s, "torch": torch_s, "unit": "s",
+    losses = {}
+
+    def recipe(variant):
+        if variant.compiled:
+            torch._dynamo.reset()
+        timer.sync()
+        t = time.perf_counter()
+        losses[variant.label] = tr.audio_align_training_losses(model, params, batches, config, device=timer.device,
+                                                               autocast=variant.autocast, compiled=variant.compiled)
+        timer.sync()
+        return time.perf_counter() - t
+
+    torch_s, why = columns.run(TORCH_VARIANTS, recipe)
+    theirs = losses.get(EAGER_FP32.label)
+    versus = f" vs {theirs[0]:.3f} -> {theirs[-1]:.3f}" if theirs else ""
+    return {"name": f"audio-align smoke {steps} step{'s' if steps != 1 else ''}", "ours": ours_s, "torch": torch_s,
+            "why": why, "unit": "s",
             "note": f"{' '.join(overrides)}; wall time incl. build (ours: build {build_s:.2f} s, of which "
                     f"pipelines {_span_s(trainer.session, 'create pipelines'):.2f} s; steps "
-                    f"{ours_s - build_s:.2f} s); loss {ours[0]:.3f} -> {ours[-1]:.3f} vs {theirs[0]:.3f} -> {theirs[-1]:.3f}"}
+                    f"{ours_s - build_s:.2f} s); loss {ours[0]:.3f} -> {ours[-1]:.3f}{versus}"}
 
 
 # ------------------------------------------------------------------ torch
 
-def torch_train(name, model, params, inputs, steps, timer, warmup=2):
+def torch_train(name, model, params, inputs, steps, timer, warmup=2, variant=EAGER_FP32):
+    """(ms per step, last loss, peak CUDA bytes or None) of the training step in ``variant``,
+    from fresh weights and optimizer."""
     frozen = {"model.encoder.embed_positions.weight"} if name == "whisper-tiny" else set()
     w = torch_models.to_torch(model.to_file_layout(params), timer.device, frozen)
     x = {k: torch.tensor(v, device=timer.device) for k, v in inputs.items()}
     opt = torch.optim.AdamW([t for k, t in w.items() if t.requires_grad], lr=1e-4, weight_decay=0.0)
+    loss_of = variant.prepare(lambda w, x: torch_models.loss_fn(name, w, x))
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = torch_models.loss_fn(name, w, x)
+        with variant.context(timer.device):
+            loss = loss_of(w, x)
         loss.backward()
         opt.step()
         return loss.item()
 
-    for _ in range(warmup):
+    for _ in range(variant.warmup(warmup)):
         step()
     if timer.cuda:
         torch.cuda.synchronize()
@@ -262,11 +375,40 @@ def torch_train(name, model, params, inputs, steps, timer, warmup=2):
     return statistics.median(times) * 1e3, loss, peak
 
 
-def torch_infer(name, model, params, inputs, steps, timer):
+def torch_infer(model, params, inputs, steps, timer, variant=EAGER_FP32):
+    """ms of one whisper encoder forward (the tests' torch implementation) in ``variant``."""
     w = torch_models.to_torch(model.to_file_layout(params), timer.device, frozen=set(model.to_file_layout(params)))
-    x = {k: torch.tensor(v, device=timer.device) for k, v in inputs.items()}
-    with torch.no_grad():
-        return timer.median_ms(lambda: torch_models.whisper_encoder(x["mel"], w), steps)
+    mel = torch.tensor(inputs["mel"], device=timer.device)
+    return time_forward(variant.prepare(torch_models.whisper_encoder), (mel, w), steps, timer, variant)
+
+
+def time_forward(forward, args, steps, timer, variant) -> float:
+    """Median ms of ``forward(*args)`` under ``no_grad`` and ``variant``'s autocast."""
+    def call():
+        with torch.no_grad(), variant.context(timer.device):
+            forward(*args)
+    return timer.median_ms(call, steps)
+
+
+def hf_whisper_encoder(model, params, device):
+    """transformers' WhisperEncoder holding our whisper-tiny's weights (the names are
+    Hugging Face's already). WhisperConfig's defaults are whisper-tiny's sizes; it insists
+    on exactly 2 * max_source_positions mel frames, so that is sized to ours."""
+    import transformers
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+    frames = model.settings["mel_len"] // 2
+    encoder = WhisperEncoder(transformers.WhisperConfig(max_source_positions=frames))
+    state = {k.removeprefix("model.encoder."): torch.tensor(v) for k, v in model.to_file_layout(params).items()}
+    state["embed_positions.weight"] = state["embed_positions.weight"][:frames]
+    encoder.load_state_dict(state, strict=True)
+    return encoder.to(device).eval()
+
+
+def torch_matmul(a, b, timer, steps, variant) -> float:
+    """ms of ``a @ b``: fp32 with TF32 off, or with the operands in ``variant``'s autocast dtype."""
+    if variant.autocast is not None:
+        a, b = a.to(variant.autocast), b.to(variant.autocast)
+    return timer.median_ms(lambda: a @ b, steps)
 
 
 def torch_launch_us(timer, n=2000):
@@ -301,18 +443,48 @@ def fmt(v, unit=""):
     return f"{v:.3g}{unit}"
 
 
+TFLOPS_COLUMNS = ("ours", "fp32", "tf32", "bf16")
+
+
 def print_table(rows, torch_desc, adapter):
-    cols = ["workload", "ours", "torch", "ours/torch", "ours TFLOP/s", "torch TFLOP/s", "torch tf32", "note"]
+    """One line per row: ours, then each torch column that any row has (its time and
+    ours / it), TFLOP/s where a row has them, the note; then why each "-" is one."""
+    labels = [c for c in COLUMNS if any(c in r["torch"] for r in rows)]
+    tflops = any("tflops" in r for r in rows)
+    cols = ["workload", "ours"] + [c for label in labels for c in (label, f"ours/{label}")] \
+        + ([f"{c} TFLOP/s" for c in TFLOPS_COLUMNS] if tflops else []) + ["note"]
     data = []
     for r in rows:
-        ratio = r["ours"] / r["torch"] if r.get("torch") else None
-        data.append([r["name"], fmt(r["ours"], " " + r["unit"]), fmt(r.get("torch"), " " + r["unit"]),
-                     fmt(ratio), fmt(r.get("ours_tf")), fmt(r.get("torch_tf")), fmt(r.get("tf32")),
-                     r.get("note", "")])
+        unit = " " + r["unit"]
+        cells = [r["name"], fmt(r["ours"], unit)]
+        for label in labels:
+            theirs = r["torch"].get(label)
+            cells += [fmt(theirs, unit), fmt(r["ours"] / theirs if theirs else None)]
+        if tflops:
+            cells += [fmt(r.get("tflops", {}).get(c)) for c in TFLOPS_COLUMNS]
+        data.append(cells + [r.get("note", "")])
     print(f"ours: {adapter}")
     print(f"torch: {torch_desc}")
     print(markdown_table(cols, data))
+    for line in failure_notes(rows):
+        print(line)
     sys.stdout.flush()
+
+
+def failure_notes(rows) -> list[str]:
+    """One line per reason a torch cell shows "-": the columns and rows it hit, and why."""
+    rows_hit: dict[str, dict[str, list[str]]] = {}
+    for r in rows:
+        for label, why in r.get("why", {}).items():
+            rows_hit.setdefault(why, {}).setdefault(label, []).append(r["name"])
+    lines = []
+    for why, by_label in rows_hit.items():
+        labels_hit: dict[tuple, list[str]] = {}
+        for label, names in by_label.items():
+            labels_hit.setdefault(tuple(names), []).append(label)
+        where = "; ".join(f"{', '.join(labels)} in {', '.join(names)}" for names, labels in labels_hit.items())
+        lines.append(f"- {where}: {why}")
+    return lines
 
 
 def markdown_table(cols, rows) -> str:
@@ -333,64 +505,122 @@ def adapter_desc():
         return "wgpu adapter"
 
 
+def matmul_rows(shapes, mm_steps, rng, timer, columns) -> list[dict]:
+    """Ours (timestamped) against torch fp32 (TF32 off) and bf16, TF32 as TFLOP/s only."""
+    rows = []
+    reps = max(mm_steps, 10)
+    for m, n, k in shapes:
+        log(f"matmul {m}x{n}x{k}")
+        flops = 2.0 * m * n * k
+        ours_ms, err, kernel = ours_matmul(m, n, k, mm_steps, rng)
+        a = torch.randn(m, k, device=timer.device)
+        b = torch.randn(k, n, device=timer.device)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        times, why = columns.run([v for v in TORCH_VARIANTS if not v.compiled],
+                                 lambda v: torch_matmul(a, b, timer, reps, v))
+        for v in TORCH_VARIANTS:
+            if v.compiled:
+                times[v.label], why[v.label] = None, "not timed: compiled, one matmul is the same library call"
+        tf32 = None
+        if timer.cuda:
+            torch.backends.cuda.matmul.allow_tf32 = True
+            tf32 = flops / timer.median_ms(lambda: a @ b, reps) / 1e9
+            torch.backends.cuda.matmul.allow_tf32 = False
+        rate = lambda ms: flops / ms / 1e9 if ms else None
+        rows.append({"name": f"matmul {m}x{n}x{k}", "ours": ours_ms, "torch": times, "why": why, "unit": "ms",
+                     "tflops": {"ours": rate(ours_ms), "fp32": rate(times["eager fp32"]), "tf32": tf32,
+                                "bf16": rate(times["eager bf16"])},
+                     "note": f"rel err {err:.1e}; {kernel}"})
+    return rows
+
+
+def train_row(row, cfg, steps, rng, timer, columns):
+    """(the row of one model's training step in each torch variant, our session, the
+    eager fp32 peak CUDA bytes or None)."""
+    name = row.split()[0]
+    log(f"train {row} {' '.join(cfg[row])}")
+    ours_ms, loss, s, model, params, inputs, build_s = ours_train(name, cfg[row], steps, rng, cfg["warmup"])
+    results, why = columns.run(TORCH_VARIANTS, lambda v: torch_train(name, model, params, inputs, steps, timer,
+                                                                     cfg["warmup"], v))
+    eager = results[EAGER_FP32.label]
+    versus = f" vs {eager[1]:.4g}" if eager else ""
+    return ({"name": f"train {row}", "ours": ours_ms, "torch": {k: v and v[0] for k, v in results.items()},
+             "why": why, "unit": "ms",
+             "note": f"{' '.join(cfg[row])}; {len(s._steps)} dispatches; loss {loss:.4g}{versus}; "
+                     f"build {build_s:.1f} s"},
+            s, eager[2] if eager else None)
+
+
+def infer_b8_row(overrides, steps, rng, timer, columns) -> dict:
+    """The whisper-tiny encoder forward at batch 8 against the tests' torch encoder in each
+    variant and transformers' WhisperEncoder (our weights) in fp32 and fp16 autocast."""
+    log(f"infer whisper-tiny b8 {' '.join(overrides)}")
+    ours_ms, s, model, params, inputs = ours_infer("whisper-tiny", overrides, steps, rng)
+    times, why = columns.run(TORCH_VARIANTS, lambda v: torch_infer(model, params, inputs, steps, timer, v))
+    mel = torch.tensor(inputs["mel"], device=timer.device)
+    load = functools.cache(lambda: hf_whisper_encoder(model, params, timer.device))
+    agreement = {}
+
+    def hf(variant):
+        encoder = load()
+        if variant.autocast is None:
+            with torch.no_grad():
+                theirs = encoder(mel).last_hidden_state.cpu().numpy()
+            ours = s.read_output("hidden")
+            agreement["err"] = float(np.abs(ours - theirs).max() / np.abs(theirs).max())
+        return time_forward(encoder, (mel,), steps, timer, variant)
+
+    hf_times, hf_why = columns.run(HF_VARIANTS, hf)
+    err = f"; ours vs hf fp32: largest difference / largest value {agreement['err']:.1e}" if "err" in agreement else ""
+    return {"name": "infer whisper-tiny b8", "ours": ours_ms, "torch": {**times, **hf_times}, "why": {**why, **hf_why},
+            "unit": "ms", "note": f"{' '.join(overrides)}; {len(s._steps)} dispatches{err}"}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="tiny sizes (for lavapipe and the smoke test)")
+    p.add_argument("--compile", action="store_true", help="time torch.compile under --quick too (slow on a CPU)")
+    p.add_argument("--no-compile", action="store_true", help="leave torch.compile out (16 compilations in a full run)")
     p.add_argument("--profile-gpt", action="store_true", help="print the profiler tables of a gpt-tiny step")
     p.add_argument("--only", default="", help="comma-separated row prefixes to run (default: all)")
+    p.add_argument("--skip", default="", help="comma-separated row prefixes to leave out")
     args = p.parse_args(argv)
     cfg = QUICK if args.quick else FULL
     rng = np.random.default_rng(0)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     timer = TorchTimer(dev)
+    columns = TorchColumns(dev, "compile: left out (--no-compile)" if args.no_compile else
+                           "compile: left out in --quick (--compile forces it)" if args.quick and not args.compile
+                           else None)
     if dev.type == "cuda":
-        torch_desc = f"{torch.__version__} on {torch.cuda.get_device_name()} (CUDA, fp32; tf32 column with TF32 on)"
+        torch_desc = f"{torch.__version__} on {torch.cuda.get_device_name()} (CUDA; fp32 with TF32 off for matmuls)"
     else:
         torch_desc = f"{torch.__version__} on CPU (no CUDA here: torch times are CPU times)"
     only = [s for s in args.only.split(",") if s]
-    want = lambda name: not only or any(name.startswith(o) for o in only)
+    skip = [s for s in args.skip.split(",") if s]
+    hit = lambda names, prefixes: any(n.startswith(o) for n in names for o in prefixes)
+    want = lambda *names: (not only or hit(names, only)) and not hit(names, skip)   # a row's name and aliases
     rows = []
     steps = cfg["steps"]
 
     if want("matmul"):
-        for m, n, k in cfg["matmul"]:
-            log(f"matmul {m}x{n}x{k}")
-            flops = 2.0 * m * n * k
-            ours_ms, err, kernel = ours_matmul(m, n, k, cfg["mm_steps"], rng)
-            a = torch.randn(m, k, device=dev)
-            b = torch.randn(k, n, device=dev)
-            torch.backends.cuda.matmul.allow_tf32 = False
-            t32 = timer.median_ms(lambda: a @ b, max(cfg["mm_steps"], 10))
-            tf32 = None
-            if timer.cuda:
-                torch.backends.cuda.matmul.allow_tf32 = True
-                t_tf = timer.median_ms(lambda: a @ b, max(cfg["mm_steps"], 10))
-                torch.backends.cuda.matmul.allow_tf32 = False
-                tf32 = flops / t_tf / 1e9
-            rows.append({"name": f"matmul {m}x{n}x{k}", "ours": ours_ms, "torch": t32, "unit": "ms",
-                         "ours_tf": flops / ours_ms / 1e9, "torch_tf": flops / t32 / 1e9, "tf32": tf32,
-                         "note": f"rel err {err:.1e}; {kernel}"})
+        rows += matmul_rows(cfg["matmul"], cfg["mm_steps"], rng, timer, columns)
 
-    mlp_ms = mlp_torch = None
+    mlp = None
     for row in ("mlp", "whisper-tiny", "gpt-tiny", "whisper-tiny b8"):
-        name = row.split()[0]
         if not want("train " + row) and not (row == "mlp" and want("steps/s")) \
                 and not (row == "whisper-tiny" and want("memory")):
             continue
-        log(f"train {row} {' '.join(cfg[row])}")
-        ours_ms, loss, s, model, params, inputs, build_s = ours_train(name, cfg[row], steps, rng, cfg["warmup"])
-        t_ms, t_loss, peak = torch_train(name, model, params, inputs, steps, timer, cfg["warmup"])
-        rows.append({"name": f"train {row}", "ours": ours_ms, "torch": t_ms, "unit": "ms",
-                     "note": f"{' '.join(cfg[row])}; {len(s._steps)} dispatches; "
-                             f"loss {loss:.4g} vs {t_loss:.4g}; build {build_s:.1f} s"})
+        r, s, peak = train_row(row, cfg, steps, rng, timer, columns)
+        rows.append(r)
         if row == "mlp":
-            mlp_ms, mlp_torch = ours_ms, t_ms
+            mlp = r
         if row == "whisper-tiny" and want("memory"):
             ours_all = sum(int(b.size) for b in s.buffers)
             rows.append({"name": "memory whisper-tiny train", "ours": s.plan.peak_bytes / 2**20,
-                         "torch": peak / 2**20 if peak else None, "unit": "MiB",
+                         "torch": {EAGER_FP32.label: peak / 2**20 if peak else None}, "unit": "MiB",
                          "note": f"ours: plan peak; all our buffers incl. AdamW state {ours_all / 2**20:.0f} MiB; "
-                                 f"torch: max_memory_allocated over {steps} steps"
+                                 f"torch: max_memory_allocated over {steps} eager fp32 steps"
                                  + ("" if peak else " (no CUDA: not measured)")})
         if row == "gpt-tiny" and args.profile_gpt:
             rep = s.profile(steps=3, train=True, measure_overhead=False, include_build_spans=False)
@@ -401,29 +631,33 @@ def main(argv=None):
             print()
         del s
 
-    if want("smoke"):
-        rows.append(audio_align_smoke(cfg["audio-align"], cfg["smoke_steps"], timer))
+    if want("audio-align smoke", "smoke"):
+        rows.append(audio_align_smoke(cfg["audio-align"], cfg["smoke_steps"], timer, columns))
 
-    if want("infer") or want("host"):
+    if want("infer whisper-tiny") or want("host"):
         log("infer whisper-tiny")
-        name, ov = "whisper-tiny", cfg["whisper-tiny"]
-        ours_ms, s, model, params, inputs = ours_infer(name, ov, steps, rng)
-        if want("infer"):
-            t_ms = torch_infer(name, model, params, inputs, steps, timer)
-            rows.append({"name": "infer whisper-tiny", "ours": ours_ms, "torch": t_ms, "unit": "ms",
+        ov = cfg["whisper-tiny"]
+        ours_ms, s, model, params, inputs = ours_infer("whisper-tiny", ov, steps, rng)
+        if want("infer whisper-tiny"):
+            times, why = columns.run(TORCH_VARIANTS, lambda v: torch_infer(model, params, inputs, steps, timer, v))
+            rows.append({"name": "infer whisper-tiny", "ours": ours_ms, "torch": times, "why": why, "unit": "ms",
                          "note": f"{' '.join(ov)}; {len(s._steps)} dispatches"})
         if want("host"):
             us, nd = ours_record_us(s)
-            rows.append({"name": "host record/dispatch", "ours": us, "torch": torch_launch_us(timer), "unit": "us",
+            rows.append({"name": "host record/dispatch", "ours": us, "unit": "us",
+                         "torch": {EAGER_FP32.label: torch_launch_us(timer)},
                          "note": f"ours: record {nd} dispatches of whisper-tiny infer into one pass; "
                                  f"torch: launch one small op, no sync"})
-    if mlp_ms is not None and want("steps/s"):
-        rows.append({"name": "steps/s mlp", "ours": 1e3 / mlp_ms, "torch": 1e3 / mlp_torch, "unit": "/s",
+        del s
+    if want("infer whisper-tiny b8"):
+        rows.append(infer_b8_row(cfg["infer whisper-tiny b8"], steps, rng, timer, columns))
+    if mlp is not None and want("steps/s"):
+        rows.append({"name": "steps/s mlp", "ours": 1e3 / mlp["ours"], "why": mlp["why"], "unit": "/s",
+                     "torch": {k: 1e3 / v if v else None for k, v in mlp["torch"].items()},
                      "note": "higher is better (ratio > 1 = we are faster)"})
 
     print_table(rows, torch_desc, adapter_desc())
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -40,6 +40,7 @@ def test_train_gpu_lowers_the_loss_saves_weights_and_csv(capsys, tmp_path):
     assert code == 0, err
     r = json.loads(out)
     assert r["backend"] == "gpu" and r["steps"] == 15 and len(r["losses"]) == 15
+    assert isinstance(r["build_seconds"], float) and r["build_seconds"] > 0
     assert r["adapter"]["name"] and r["adapter"]["backend"] == "Vulkan"
     assert r["losses"][-1] < 0.5 * r["losses"][0]
     model = models.create("mlp", ["batch=16"])

@@ -240,6 +240,7 @@ def test_cli_profile_json_and_trace(capsys, tmp_path):
     assert "profile step 2/2" in err
     d = json.loads(out)
     assert d["model"] == "mlp" and d["steps"] == 2 and d["timestamps"] is True
+    assert isinstance(d["build_seconds"], float) and d["build_seconds"] > 0
     assert d["adapter"]["name"] and d["adapter"]["backend"]
     assert len(d["gpu_step_ns"]) == 2 and all(t > 0 for t in d["gpu_step_ns"])
     assert d["dispatches"] and {d_["step"] for d_ in d["dispatches"]} == {0, 1}
@@ -257,7 +258,7 @@ def test_cli_profile_train(capsys, tmp_path):
     out, err = capsys.readouterr()
     assert code == 0, err
     d = json.loads(out)
-    assert d["train"] is True and len(d["gpu_step_ns"]) == 2
+    assert d["train"] is True and len(d["gpu_step_ns"]) == 2 and d["build_seconds"] > 0
     kernels = {row["kernel"] for row in d["dispatches"]}
     assert {"train:sum_squares", "train:norm_total"} <= kernels
     # mlp trains with AdamW and no weight decay: one group, one update per step naming its parameters

@@ -151,11 +151,13 @@ def mlp_forward(x, w) -> torch.Tensor:
 
 # ---------------------------------------------------------------- training
 
-def audio_align_training_losses(model, params, batches, config, device=None) -> list[float]:
+def audio_align_training_losses(model, params, batches, config, device=None, autocast=None,
+                                compiled=False) -> list[float]:
     """audio-align's training recipe in PyTorch float32: frozen encoder (no gradient,
     its output computed without a graph), AdamW, clipping by the global norm summed in
     float64 like the engine (torch's clip_grad_norm_ sums in float32 and overflows on
-    this model's first step, ~7e21). One loss per batch."""
+    this model's first step, ~7e21). One loss per batch. For the benchmark: the forward
+    and loss under autocast to ``autocast`` (a dtype), and through ``torch.compile``."""
     graph = model.build(train=True)
     trainable = sorted(n for n, m in graph.param_meta.items() if m["trainable"])
     w = leaves(model.to_file_layout(params), trainable=set(trainable).__contains__, dtype=torch.float32,
@@ -163,14 +165,18 @@ def audio_align_training_losses(model, params, batches, config, device=None) -> 
     params_ = [w[n] for n in trainable]
     opt = torch.optim.AdamW(params_, lr=config.lr, betas=config.betas, eps=config.eps,
                             weight_decay=config.weight_decay)
+    encode, decode = (torch.compile(whisper_forward), torch.compile(audio_align_forward)) if compiled \
+        else (whisper_forward, audio_align_forward)
+    device_type = torch.device(device or "cpu").type
     losses = []
     for batch in batches:
         mel = torch.tensor(np.asarray(batch["mel"]), dtype=torch.float32, device=device)
         tokens = torch.tensor(np.asarray(batch["tokens"]), device=device)
-        with torch.no_grad():
-            hidden = whisper_forward(mel, w)
-        logits = audio_align_forward(mel, tokens, w, hidden=hidden)
-        loss = cross_entropy(logits, torch.tensor(np.asarray(batch["targets"]), device=device))
+        with torch.autocast(device_type, dtype=autocast, enabled=autocast is not None):
+            with torch.no_grad():
+                hidden = encode(mel, w)
+            logits = decode(mel, tokens, w, hidden=hidden)
+            loss = cross_entropy(logits, torch.tensor(np.asarray(batch["targets"]), device=device))
         opt.zero_grad()
         loss.backward()
         norm = sum(float(p.grad.double().square().sum()) for p in params_) ** 0.5

@@ -10,6 +10,7 @@ Chrome trace). Progress goes to stderr, one line per step.
 from __future__ import annotations
 
 import argparse
+import time
 
 import numpy as np
 
@@ -68,7 +69,7 @@ def profile_built_model(model, params, steps: int, *, train: bool = False, graph
     optimized forward graph to run (inference only; by default the model's graph is built
     and optimized here). ``progress`` gets one line per phase and per step (raising in it
     cancels the run)."""
-    from ..compile import plan as compile_mod
+    from ..compile.cache import cached_optimize, cached_plan
     from ..runtime import session as runtime
     from ..runtime.report import SpanRecorder, add_build_spans
     from ..runtime.peaks import adapter_peaks
@@ -84,6 +85,8 @@ def profile_built_model(model, params, steps: int, *, train: bool = False, graph
             graph = model.build(train=bool(train))
     say(f"profiling {model.name} ({'training' if train else 'forward'} step, "
         f"{len(graph.nodes)} nodes) for {steps} steps")
+    runtime.get_device()   # the process's device, before the build is timed
+    start = time.perf_counter()
     if train:
         from ..train.config import TrainConfig
         from ..train.session import build_session
@@ -93,19 +96,20 @@ def profile_built_model(model, params, steps: int, *, train: bool = False, graph
             add_build_spans(rec, session)
     else:
         if not optimized:
-            from ..optimize import optimize as fuse
             with rec.span("optimize"):
-                graph, _ = fuse(graph)
+                graph, _ = cached_optimize(graph)
         with rec.span("compile plan"):
-            plan = compile_mod.compile_plan(graph, loss="loss", capabilities=runtime.device_capabilities())
+            plan = cached_plan(graph, loss="loss", capabilities=runtime.device_capabilities())
         session = runtime.build_inference_session(graph, plan)
         add_build_spans(rec, session)
+    build_seconds = time.perf_counter() - start
     with rec.span("upload parameters and inputs"):
         session.set_parameters({k: v for k, v in params.items() if k in graph.parameters})
         inputs = model.example_inputs(train=bool(train), seed=seed)
         session.set_inputs({k: v for k, v in inputs.items() if k in graph.inputs})
     report = profile_session(session, steps, train=bool(train), model=model.name, mode=mode,
                              spans=rec, include_build_spans=False, progress=progress)
+    report.build_seconds = build_seconds
     with rec.span("adapter peaks (roofline)"):
         report.peaks = adapter_peaks(session.device, progress=say)
     return report, session

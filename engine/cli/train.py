@@ -138,9 +138,12 @@ def _report(args, model, run, status: str, seconds: float) -> int:
         history.to_csv(args.loss_csv)
     losses = list(history.losses)
     backend = run.options.backend
+    session = run.trainer.session
     if args.json:
         _print_json({"model": model.name, "backend": backend, "adapter": adapter_summary(backend),
-                     "steps": len(losses), "losses": losses, "seconds": seconds, "stopped": status == "stopped",
+                     "steps": len(losses), "losses": losses, "seconds": seconds,
+                     "build_seconds": session.build_seconds if session is not None else None,
+                     "stopped": status == "stopped",
                      "saved": args.save, "run_dir": str(run.directory.path), "status": status,
                      "first_step": run.first_step, "last_step": run.trainer.step_count,
                      "checkpoint": str(run.checkpoint) if run.checkpoint else None})

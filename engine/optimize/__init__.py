@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 
 from ..errors import GraphError
 from ..graph.ir import Graph
-from . import cost, egraph, pointwise, rules
+from . import cost
 from .report import OptimizeReport
 
 __all__ = ["optimize", "OptimizeReport"]
@@ -22,6 +22,7 @@ __all__ = ["optimize", "OptimizeReport"]
 def optimize(graph: Graph, *, max_iterations: int = 30, node_limit: int = 500_000,
              time_limit: float = 20.0, fuse_pointwise: bool = True) -> tuple[Graph, OptimizeReport]:
     """The fused equivalent of ``graph`` (same inputs, parameters, outputs, constants)."""
+    from . import egraph, pointwise, rules   # egglog loads here, not with the package: a cached graph needs none of it
     if not graph.outputs:
         raise GraphError(f"graph {graph.name!r} has no outputs: nothing to optimize")
     t0 = time.perf_counter()
@@ -87,6 +88,8 @@ def _where(node) -> str:
 def _attribute(graph: Graph, out: Graph, origins: dict[int, list[int]]):
     """Per rule: applications in the result and the bytes they saved (a node's saving is
     shared evenly by the rules it embodies)."""
+    from . import rules
+
     def const_value(i):
         c = graph.constants.get(i)
         return float(c) if c is not None and c.shape == () and c.dtype.kind == "f" else None

@@ -43,6 +43,11 @@ class OptimizeReport:
             "rule_modules": {k: dict(v) for k, v in self.rule_modules.items()},
         }
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "OptimizeReport":
+        """The report ``to_dict`` gave (the optimized-graph cache keeps it beside the graph)."""
+        return cls(**{**d, "origins": {int(k): list(v) for k, v in d["origins"].items()}})
+
     def format_table(self) -> str:
         def mb(n):
             return f"{n / 1e6:,.2f} MB"

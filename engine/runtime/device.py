@@ -118,7 +118,8 @@ _dawn_toggled = False
 
 
 def _wgpu():
-    """``wgpu_module()``, with Dawn's instance given our toggles before its first use."""
+    """``wgpu_module()``, with Dawn's instance given our toggles before its first use, and
+    on wgpu-native the C types the last processes used parsed at once (``ffi_types``)."""
     global _dawn_toggled
     wgpu = wgpu_module()
     if backend() == "dawn" and not _dawn_toggled:
@@ -127,6 +128,9 @@ def _wgpu():
         except RuntimeError:   # the instance exists already (another library made it)
             pass
         _dawn_toggled = True
+    elif backend() == "native":
+        from .ffi_types import prewarm
+        prewarm(native_api().ffi)
     return wgpu
 
 

@@ -138,6 +138,7 @@ class ProfileReport:
     note: str = ""
     trace: str | None = None
     peaks: dict | None = None   # the adapter's roofs (engine.runtime.peaks), for the roofline
+    build_seconds: float | None = None   # building the session profiled (optimize, compile, pipelines)
 
     # ---------------------------------------------------------- aggregates
 
@@ -217,6 +218,7 @@ class ProfileReport:
             "overhead": self.overhead,
             "memory": self.memory,
             "peaks": self.peaks,
+            "build_seconds": self.build_seconds,
             "cpu_spans": [{"name": s.name, "depth": s.depth, "start_ns": s.start_ns, "dur_ns": s.dur_ns}
                           for s in self.spans],
             "trace": self.trace,

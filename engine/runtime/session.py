@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import codegen
 from ..compile.plan import ALIGN, ExecutionPlan, KernelSource, Transfer, compile_plan
-from ..compile.cache import cached_plan
+from ..compile.cache import cached_optimize, cached_plan
 from .device import _limit, device_capabilities, device_guard, get_device, native_api, shader_checks, shader_module, wgpu_module
 from ..errors import DeviceError, MeganeuraError, ShapeError
 from ..graph.ir import Graph
@@ -259,6 +259,11 @@ class Session:
         return len(self._pipelines)
 
     @property
+    def build_seconds(self) -> float:
+        """Wall time of the build, from the first of ``build_spans`` to the end of the last."""
+        return (self.build_spans[-1][2] - self.build_spans[0][1]) / 1e9
+
+    @property
     def dispatch_count(self) -> int:
         """Dispatches a step records (``record``'s positions are 0..dispatch_count-1)."""
         return len(self._steps)
@@ -397,15 +402,18 @@ def _dispatch_raw(compute_pass, steps, positions) -> None:
 def build_inference_session(graph: Graph, plan: ExecutionPlan | None = None, share_with: Session | None = None,
                             optimize: bool = True, capabilities: codegen.Capabilities | None = None) -> Session:
     """A Session running ``graph`` forward on the default device, fused by
-    ``engine.optimize`` unless ``optimize=False`` (or a plan is given), compiled for the
-    device's capabilities. With ``share_with`` (e.g. a training session of the same
-    model at another batch size) it uses that session's parameter buffers: every update
-    the other session makes is seen here, with no copy."""
-    if optimize and plan is None:
-        from ..optimize import optimize as fuse
-        graph, _ = fuse(graph)
+    ``engine.optimize`` (through the on-disk cache) unless ``optimize=False`` (or a plan
+    is given), compiled for the device's capabilities. With ``share_with`` (e.g. a
+    training session of the same model at another batch size) it uses that session's
+    parameter buffers: every update the other session makes is seen here, with no copy."""
     shared = share_with.parameter_buffers() if share_with is not None else None
     device = share_with.device if share_with is not None else get_device()
+    start = time.perf_counter_ns()
+    if optimize and plan is None:
+        graph, _ = cached_optimize(graph)
     if plan is None:
         plan = cached_plan(graph, loss="loss", capabilities=capabilities or device_capabilities(device))
-    return Session(graph, plan, device, shared)
+    prepared = time.perf_counter_ns()
+    session = Session(graph, plan, device, shared)
+    session.build_spans.insert(0, ("optimize and compile plan", start, prepared))
+    return session

@@ -11,13 +11,14 @@ the gradient norm (one buffer) is its only wait.
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 
 from .. import codegen
 from ..autodiff.gradients import differentiate
 from ..compile.plan import STATE_NAMES, OptimizerSpec
-from ..compile.cache import cached_plan
+from ..compile.cache import cached_plan, cached_training_graph
 from ..runtime.device import device_guard, get_device
 from ..errors import TrainingError
 from ..graph.ir import Graph
@@ -30,25 +31,30 @@ class TrainingSession(Session):
     """The pipeline of DESIGN.md: optimize the forward graph, differentiate it (so the
     backward of fused ops is fused too), optimize the training graph again, compile it
     with the optimizer, and build the GPU session. ``optimize=False`` skips both fusion
-    passes."""
+    passes. The graphs and the plan come from the on-disk cache when a process built
+    them before (``engine.compile.cache``)."""
 
     is_training = True
 
     def __init__(self, graph: Graph, config: TrainConfig | None = None, device=None, optimize: bool = True,
                  capabilities: codegen.Capabilities | None = None):
-        from ..optimize import optimize as fuse
         self.config = config or TrainConfig()
+        device = device if device is not None else get_device()
+        start = time.perf_counter_ns()
         forward = freeze_by_multiplier(graph, self.config)
         if optimize:
-            forward, self.forward_report = fuse(forward)
-        train_graph, self.pairs = differentiate(forward, self.config.loss)
-        if optimize:
-            train_graph, self.training_report = fuse(train_graph)
-        device = device if device is not None else get_device()
+            train_graph, self.pairs, self.forward_report, self.training_report = cached_training_graph(
+                forward, self.config.loss)
+        else:
+            train_graph, self.pairs = differentiate(forward, self.config.loss)
+        optimized = time.perf_counter_ns()
         spec = OptimizerSpec.from_config(self.config, graph, [name for name, _ in self.pairs])
         plan = cached_plan(train_graph, gradients=dict(self.pairs), loss=self.config.loss,
                            capabilities=capabilities or device_capabilities(device), optimizer=spec)
+        compiled = time.perf_counter_ns()
         super().__init__(train_graph, plan, device)
+        self.build_spans = [("optimize, differentiate, optimize", start, optimized),
+                            ("compile plan", optimized, compiled), *self.build_spans]
         self.model_graph = graph
         self.step_count = 0
 
