@@ -20,7 +20,8 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--reset", action="store_true", help="forget this adapter's tuning (plans take the defaults)")
 
 
-def _adapter() -> dict:
+def _adapter() -> tuple[dict, dict]:
+    """(the adapter as reports show it, its whole ``adapter_info()``)."""
     from ..runtime.device import adapter_info
     info = adapter_info()
     return {k: info[k] for k in ("name", "backend", "wgpu", "software")}, info
@@ -30,11 +31,11 @@ def current_tuning() -> dict:
     """What plans on this adapter use now: the cached tuning run, or the defaults."""
     from ..codegen import Tuning
     from ..runtime.tuning import read_tuning, tuning_key
-    from ..runtime.adapter_cache import key_file_name, measurements_dir
+    from ..runtime.adapter_cache import measurement_path
     adapter, info = _adapter()
     key = tuning_key(info)
     stored = read_tuning(key)
-    path = measurements_dir("tuning") / key_file_name(key)
+    path = measurement_path("tuning", key)
     base = stored if stored is not None else {"tuning": asdict(Tuning()), "defaults": asdict(Tuning())}
     return {**base, "adapter": adapter, "key": key, "path": str(path), "cached": stored is not None}
 

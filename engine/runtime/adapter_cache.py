@@ -38,11 +38,15 @@ def measurements_dir(kind: str, cache_dir=None) -> Path:
     return Path(cache_dir) if cache_dir is not None else default_cache_dir().parent / kind
 
 
+def measurement_path(kind: str, key: dict, cache_dir=None) -> Path:
+    """The file holding ``kind``'s measurement for ``key``."""
+    return measurements_dir(kind, cache_dir) / key_file_name(key)
+
+
 def read_measurement(kind: str, key: dict, cache_dir=None, valid: Callable[[object], bool] = bool) -> dict | None:
     """The payload stored for ``key``, or None (missing, unreadable, another key's or not ``valid``)."""
-    path = measurements_dir(kind, cache_dir) / key_file_name(key)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(measurement_path(kind, key, cache_dir).read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or data.get("key") != key or not valid(data.get(kind)):
@@ -52,5 +56,4 @@ def read_measurement(kind: str, key: dict, cache_dir=None, valid: Callable[[obje
 
 def write_measurement(kind: str, key: dict, payload: dict, cache_dir=None) -> Path:
     """Store ``payload`` under ``key`` (written to a temp file and renamed)."""
-    path = measurements_dir(kind, cache_dir) / key_file_name(key)
-    return _atomic_write(path, json.dumps({"key": key, kind: payload}, indent=2, sort_keys=True).encode())
+    return _atomic_write(measurement_path(kind, key, cache_dir), json.dumps({"key": key, kind: payload}, indent=2, sort_keys=True).encode())
