@@ -39,6 +39,7 @@ from engine import codegen, config  # noqa: E402
 from engine.runtime.device import adapter_info, get_device, shader_checks  # noqa: E402
 from engine.graph import reference  # noqa: E402
 from engine.graph.ir import Graph  # noqa: E402
+from engine.graph.ops import attention_grad_kv_layout  # noqa: E402
 from engine.runtime.session import Session  # noqa: E402
 from engine.runtime.device import device_capabilities  # noqa: E402
 
@@ -176,8 +177,8 @@ ATTENTION_FULL = [("whisper encoder", 1, 1500, 1500, 6, 6, 64, False),
 ATTENTION_QUICK = [("small causal", 1, 40, 40, 2, 1, 16, True), ("small cross", 1, 40, 130, 2, 1, 16, False)]
 
 
-ATTENTION_BACKWARD_OPS = {"attention_lse": 1, "attention_grad_q": 3, "attention_grad_k": 3,
-                          "attention_grad_v": 2}   # op: its passes over the scores
+ATTENTION_BACKWARD_OPS = {"attention_lse": 1, "attention_grad_q": 3,
+                          "attention_grad_kv": 4}   # op: its passes over the scores
 
 
 def _attention_variants(splits: str) -> list[tuple[str, dict]]:
@@ -238,7 +239,7 @@ def attention_rows(cases, steps, rng, timer, splits="auto"):
 
 
 def attention_backward_rows(cases, steps, rng, timer, splits="auto"):
-    """The fused backward ops (lse, dq, dk, dv) as one graph per case and key split,
+    """The fused backward ops (lse, dq, dk with dv) as one graph per case and key split,
     each op's GPU time, against torch's backward of scaled_dot_product_attention (fp32,
     autograd through the efficient kernel) on the same tensors."""
     import torch.nn.functional as F
@@ -250,8 +251,9 @@ def attention_backward_rows(cases, steps, rng, timer, splits="auto"):
         attrs = dict(num_heads=h, num_kv_heads=hkv, causal=causal)
         g.output("lse_out", g.apply("attention_lse", q, k, **attrs))
         g.output("dq", g.apply("attention_grad_q", q, k, v, dout, lse, delta, **attrs))
-        g.output("dk", g.apply("attention_grad_k", q, k, v, dout, lse, delta, **attrs))
-        g.output("dv", g.apply("attention_grad_v", q, k, dout, lse, **attrs))
+        kv = g.apply("attention_grad_kv", q, k, v, dout, lse, delta, **attrs)
+        for name, at in zip(("dk", "dv"), attention_grad_kv_layout(g.shape(k))[0]):
+            g.output(name, g.apply("part", kv, offset=at, shape=g.shape(k)))
         inputs = {nm: rng.standard_normal(g[i].shape, dtype=np.float32) for nm, i in g.inputs.items()}
         inputs["lse"] = np.abs(inputs["lse"]) + np.log(s_)
         pairs = b * h * t * s_ * (0.5 if causal else 1.0)

@@ -31,7 +31,8 @@ Rows:
 - train whisper-tiny b8: the same at batch 8.
 - audio-align smoke: the whole ``meganeura train audio-align`` recipe for 50 steps, wall
   time end to end (session build included; torch.compile's compilation likewise),
-  against the same recipe in PyTorch.
+  against the same recipe in PyTorch; ours first with empty build caches, then again
+  with the caches the first run filled (the row "..., warm cache").
 - infer whisper-tiny: one forward pass; ours = run() back to back, synchronised by a
   4-byte read at the end, wall time / runs; torch under no_grad, CUDA events.
 - infer whisper-tiny b8: the same at batch 8, with the transformers columns.
@@ -302,24 +303,41 @@ def _span_s(session, prefix: str) -> float:
     return sum(end - start for name, start, end in session.build_spans if name.startswith(prefix)) / 1e9
 
 
-def audio_align_smoke(overrides, steps, timer, columns) -> dict:
+def ours_smoke(model, params, config, batches) -> dict:
+    """One run of our side of the smoke: the session built from nothing in this process
+    (the on-disk caches of ``MEGANEURA_CACHE`` as they are), then the steps."""
+    from engine.train.trainer import Trainer
+    t = time.perf_counter()
+    trainer = Trainer(model.build(train=True), params, config, backend="gpu")
+    built = time.perf_counter()
+    losses = trainer.fit(batches).losses
+    end = time.perf_counter()
+    return {"s": end - t, "build": built - t, "steps": end - built, "losses": losses,
+            "pipelines": _span_s(trainer.session, "create pipelines")}
+
+
+def audio_align_smoke(overrides, steps, timer, columns) -> list[dict]:
     """audio-align's training smoke (the recipe of ``meganeura train audio-align``):
     ``steps`` steps end to end, wall time from nothing built to the last loss, ours on
     the GPU against the same recipe, weights and batches in PyTorch (each variant; a
-    compiled one's compilation counts, as our session build does)."""
+    compiled one's compilation counts, as our session build does). Ours runs twice: with
+    empty build caches (a fresh ``MEGANEURA_CACHE``: a first run), then with the caches
+    that run filled (every later ``meganeura train`` of the model); two rows."""
+    import tempfile
+    from engine import config as engine_config
     from engine.train.data import DataLoader
-    from engine.train.trainer import Trainer
     log(f"audio-align smoke {' '.join(overrides)} x {steps} steps")
     model = models.create("audio-align", overrides)
     config = TrainConfig(**model.TRAIN_DEFAULTS, steps=steps, batch_size=model.settings["batch"], seed=0)
     params = model.init_params(0)
     loader = DataLoader(model.dataset(0), config.batch_size, shuffle=True, seed=0, drop_last=True)
     batches = [b for epoch in range(steps) for b in loader.batches(epoch)][:steps]
-    t = time.perf_counter()
-    trainer = Trainer(model.build(train=True), params, config, backend="gpu")
-    built = time.perf_counter()
-    ours = trainer.fit(batches).losses
-    ours_s, build_s = time.perf_counter() - t, built - t
+    with tempfile.TemporaryDirectory(prefix="meganeura-smoke-cache-") as cache:
+        previous = engine_config.use(dataclasses.replace(engine_config.current(), cache_dir=cache))
+        try:
+            runs = [ours_smoke(model, params, config, batches) for _ in ("cold", "warm")]
+        finally:
+            engine_config.use(previous)
     losses = {}
 
     def recipe(variant):
@@ -334,12 +352,14 @@ def audio_align_smoke(overrides, steps, timer, columns) -> dict:
 
     torch_s, why = columns.run(TORCH_VARIANTS, recipe)
     theirs = losses.get(EAGER_FP32.label)
-    versus = f" vs {theirs[0]:.3f} -> {theirs[-1]:.3f}" if theirs else ""
-    return {"name": f"audio-align smoke {steps} step{'s' if steps != 1 else ''}", "ours": ours_s, "torch": torch_s,
-            "why": why, "unit": "s",
-            "note": f"{' '.join(overrides)}; wall time incl. build (ours: build {build_s:.2f} s, of which "
-                    f"pipelines {_span_s(trainer.session, 'create pipelines'):.2f} s; steps "
-                    f"{ours_s - build_s:.2f} s); loss {ours[0]:.3f} -> {ours[-1]:.3f}{versus}"}
+    versus = f" vs eager fp32's {theirs[0]:.3f} -> {theirs[-1]:.3f}" if theirs else ""
+    name = f"audio-align smoke {steps} step{'s' if steps != 1 else ''}"
+    return [{"name": name + suffix, "ours": run["s"], "torch": torch_s, "why": why, "unit": "s",
+             "note": f"{' '.join(overrides)}; wall time incl. build ({caches}: build {run['build']:.2f} s, of which "
+                     f"pipelines {run['pipelines']:.2f} s; steps {run['steps']:.2f} s); "
+                     f"loss {run['losses'][0]:.3f} -> {run['losses'][-1]:.3f}{versus}"}
+            for run, suffix, caches in zip(runs, ("", ", warm cache"),
+                                           ("empty caches", "the first run's graph and plan caches"))]
 
 
 # ------------------------------------------------------------------ torch
@@ -632,7 +652,7 @@ def main(argv=None):
         del s
 
     if want("audio-align smoke", "smoke"):
-        rows.append(audio_align_smoke(cfg["audio-align"], cfg["smoke_steps"], timer, columns))
+        rows += audio_align_smoke(cfg["audio-align"], cfg["smoke_steps"], timer, columns)
 
     if want("infer whisper-tiny") or want("host"):
         log("infer whisper-tiny")

@@ -8,6 +8,9 @@
 //     row sums; O = sum_p 2^(m_p - M) O_p / sum_p 2^(m_p - M) l_p, M = max_p m_p.
 //   MODE_SUM (dq, dk, dv): out = sum_p partials[p * N + i].
 //   MODE_LOGSUMEXP (lse): out = M + log sum_p exp(L_p - M); a part that saw no key holds -inf.
+// STORE_LSE (attention_stats: the forward keeps its softmax's statistics for the backward):
+// MODE_SOFTMAX also writes each row's log-sum-exp, (M + log2 sum_p 2^(m_p - M) l_p) ln 2, at
+// element LSE_AT + (b T + t) H + h of out (codegen's _store_lse).
 // meta: [N, splits, B, T, H, D4, TQ = ceil(T / 4)]; grid: ceil(N / 256), folded.
 
 {{PRELUDE}}
@@ -59,9 +62,22 @@ fn combine(i: u32) -> {{OUT_TYPE}} {
     return select({{ZERO}}, num / den, den > 0.0);
 }
 
+// Row r's log-sum-exp (natural log) from the parts' maxima and sums.
+fn row_lse(r: u32) -> f32 {
+    let h = r % m(4u);
+    let t = (r / m(4u)) % m(3u);
+    let b = r / (m(4u) * m(3u));
+    var top = NEG;
+    for (var p = 0u; p < m(1u); p = p + 1u) { top = max(top, row_stat(p, b, h, t, 0u)); }
+    var den = 0.0;
+    for (var p = 0u; p < m(1u); p = p + 1u) { den = den + exp2(row_stat(p, b, h, t, 0u) - top) * row_stat(p, b, h, t, 1u); }
+    return (top + log2(den)) * 0.6931471805599453;
+}
+
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_id) lid: vec3<u32>) {
     let i = flat_index(wg, nwg, lid, 256u);
     if (i < m(0u)) { out[i] = combine(i); }
+{{STORE_LSE}}
 }

@@ -31,6 +31,9 @@
 // Thread (tx < 16, ty), a warp 8 x 4 of them (THREAD_XY: codegen's thread layouts): ty owns
 // queries 4ty..4ty+3, tx keys 4tx..4tx+3 of each block and output columns 4tx..4tx+3
 // (threads with tx >= D / 4 own no column).
+// LSE_AT > 0 (attention_stats, a training graph's forward): out also holds each row's
+// log-sum-exp of its scaled scores (natural log), [B, T, H] from element LSE_AT on, for the
+// backward; with SPLIT attention_splits.wgsl writes it.
 // meta: [T, S, H, HKV, causal, scale * log2(e), splits, B]; grid: (ceil(T / BQ), H, B * splits)
 
 {{PRELUDE}}
@@ -48,6 +51,7 @@ const KR: u32 = KV4 + 1u;     // a d-row of K padded by a vec4 (staging stores h
 const PS: u32 = QV + 1u;      // padded row of Ps and red
 const NEG: f32 = -1.0e30;     // finite "no score yet": exp2(NEG - NEG) stays a number
 const SPLIT: bool = {{SPLIT}};
+const LSE_AT: u32 = {{LSE_AT}}u;
 
 var<workgroup> Qs: array<vec4<f32>, D * QV>;
 var<workgroup> KVs: array<vec4<f32>, D * KR>;    // K, then V, of the current key block
@@ -139,6 +143,13 @@ fn store_stats(part: u32, b: u32, h: u32, t: u32, mx: vec4<f32>, l: vec4<f32>) {
     if (t < T) { out[at] = mx; out[at + 1u] = l; }
 }
 
+// Row t's log-sum-exp into element LSE_AT + (b T + t) H + h of out.
+fn store_lse(b: u32, h: u32, t: u32, x: f32) {
+    let T = m(0u);
+    let e = LSE_AT + (b * T + t) * m(2u) + h;
+    if (t < T) { out[e / 4u][e % 4u] = x; }
+}
+
 fn masked(s: vec4<f32>, seen: vec4<bool>) -> vec4<f32> { return select(vec4<f32>(NEG), s, seen); }
 
 fn probabilities(s: vec4<f32>, mx: vec4<f32>, seen: vec4<bool>) -> vec4<f32> {
@@ -215,6 +226,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     if (SPLIT) {
         inv = vec4<f32>(1.0);
         if (tx == 0u) { store_stats(part, b, h, rows.x, mx, total); }
+    } else if (LSE_AT > 0u && tx == 0u) {
+        let lse = (mx + log2(total)) * 0.6931471805599453;
+        store_lse(b, h, rows.x, lse.x);
+        store_lse(b, h, rows.y, lse.y);
+        store_lse(b, h, rows.z, lse.z);
+        store_lse(b, h, rows.w, lse.w);
     }
     if (tx < D4) {
         store_row(part, b, h, rows.x, tx, o[0] * inv.x);

@@ -1,7 +1,8 @@
-"""Attention's fused backward (flash attention 2): the attention_lse and attention_grad_q/k/v
-kernels on lavapipe against their numpy references, the references against finite
-differences and torch autograd, the gradient rule against the decomposed one, a GPU
-training step, and whisper-tiny's training plan without its T x S matrices.
+"""Attention's fused backward (flash attention 2): the attention_lse, attention_grad_q and
+attention_grad_kv (dk and dv packed, split by ``part`` views) kernels on lavapipe against
+their numpy references, the references against finite differences and torch autograd,
+the gradient rule against the decomposed one, GPU training steps, and whisper-tiny's
+training plan without its T x S matrices.
 
 Sequence lengths are chosen off the 32-row blocks (1, 33, 70, 130) so the edge masking
 runs; head dims off 64 so threads without an output column run too."""
@@ -18,8 +19,8 @@ from engine.graph import reference
 from engine.autodiff import gradients as autodiff
 from engine.autodiff.gradients import differentiate
 from engine.compile.plan import OptimizerSpec, compile_plan
-from engine.errors import GraphError
-from engine.graph.ops import ATTENTION, OPS, attention_ref
+from engine.errors import GraphError, ShapeError
+from engine.graph.ops import ATTENTION, OPS, PART_ALIGN, attention_grad_kv_layout, attention_ref, part_ref
 from engine.optimize import optimize
 from engine.runtime.dispatches import estimate_flops
 from engine.runtime.session import build_inference_session
@@ -28,7 +29,7 @@ from engine.train.session import build_session
 from test_attention_kernel import CASES as FORWARD_CASES
 from test_runtime import TOL, rel_err
 
-BACKWARD_OPS = ("attention_lse", "attention_grad_q", "attention_grad_k", "attention_grad_v")
+BACKWARD_OPS = ("attention_lse", "attention_grad_q", "attention_grad_kv")
 
 
 def attention_attrs(heads, kv_heads, causal, scale):
@@ -53,27 +54,29 @@ def with_row_stats(x, attrs, dtype=np.float32):
 
 
 def backward_graph(batch, t, s, heads, kv_heads, d, attrs):
-    """One node of each backward op, on inputs q, k, v, dout, lse, delta."""
+    """One node of each backward op, on inputs q, k, v, dout, lse, delta; dk and dv are
+    ``part`` views of attention_grad_kv's packed result."""
     g = Graph("attention-backward")
     q, k, v, dout = (g.input(n, shape) for n, shape in (("q", [batch, t, heads * d]), ("k", [batch, s, kv_heads * d]),
                                                          ("v", [batch, s, kv_heads * d]), ("dout", [batch, t, heads * d])))
     lse, delta = g.input("lse", [batch, t, heads]), g.input("delta", [batch, t, heads])
     g.output("lse_out", g.apply("attention_lse", q, k, **attrs))
     g.output("dq", g.apply("attention_grad_q", q, k, v, dout, lse, delta, **attrs))
-    g.output("dk", g.apply("attention_grad_k", q, k, v, dout, lse, delta, **attrs))
-    g.output("dv", g.apply("attention_grad_v", q, k, dout, lse, **attrs))
+    kv = g.apply("attention_grad_kv", q, k, v, dout, lse, delta, **attrs)
+    for name, at in zip(("dk", "dv"), attention_grad_kv_layout(g.shape(k))[0]):
+        g.output(name, g.apply("part", kv, offset=at, shape=g.shape(k)))
     return g
 
 
 def run_backward(batch, t, s, heads, kv_heads, d, causal=False, scale=None, inputs=None, seed=0):
-    """(GPU outputs, float64 reference outputs) of the four ops."""
+    """(GPU outputs, float64 reference outputs) of the three ops (dk, dv from one)."""
     attrs = attention_attrs(heads, kv_heads, causal, scale)
     g = backward_graph(batch, t, s, heads, kv_heads, d, attrs)
     inputs = inputs if inputs is not None else backward_inputs(batch, t, s, heads, kv_heads, d, attrs, seed)
     session = build_inference_session(g, optimize=False)
     kernels = [dispatch for dispatch in session.plan.dispatches if dispatch.archetype == ATTENTION]
-    assert [dispatch.variant.startswith("tiled backward") for dispatch in kernels] == [True] * 4
-    assert len(session.plan.dispatches) == 4 + sum("split" in dispatch.variant for dispatch in kernels)
+    assert [dispatch.variant.startswith("tiled backward") for dispatch in kernels] == [True] * 3
+    assert len(session.plan.dispatches) == 3 + sum("split" in dispatch.variant for dispatch in kernels)
     session.set_inputs(inputs)
     session.run()
     ref = reference.run(g, inputs, {}, np.float64)
@@ -95,7 +98,7 @@ CASES = {name: shape for name, shape in FORWARD_CASES.items() if name not in ("o
 @pytest.mark.parametrize("case", CASES)
 def test_backward_kernels_match_the_reference(case, splits, monkeypatch, configure):
     """Also with the streamed side split among three workgroups a block of fixed rows:
-    dq, dk, dv add their parts up, lse takes their logsumexp (causal: some parts see no
+    dq and the packed dk, dv add their parts up, lse takes their logsumexp (causal: some parts see no
     visible score and hold -inf)."""
     configure(attention_splits=splits)
     assert_close(*run_backward(*CASES[case]))
@@ -148,12 +151,12 @@ def test_layers_of_one_head_dim_share_pipelines():
         g = backward_graph(*shape, attention_attrs(shape[3], shape[4], causal, scale))
         return [codegen.kernel_for(g, n).source for n in g.nodes if n.op in BACKWARD_OPS]
     a, b = sources(2, 70, 70, 6, 2, 64, causal=True), sources(1, 33, 130, 2, 2, 64, scale=0.3)
-    assert a == b and len(set(a)) == 4
+    assert a == b and len(set(a)) == 3
 
 
 def test_profiler_counts_each_op_by_its_passes_over_the_scores():
     """The Studio colours them as attention, and the profiler's flops follow their matmul-
-    shaped passes: the forward's 2 (q kᵀ, P v), lse's 1, dq's and dk's 3, dv's 2."""
+    shaped passes: the forward's 2 (q kᵀ, P v), lse's 1, dq's 3, dk and dv's 4."""
     attrs = attention_attrs(6, 2, False, None)
     g = backward_graph(2, 70, 45, 6, 2, 64, attrs)
     q, k, v = (g.inputs[n] for n in "qkv")
@@ -161,7 +164,7 @@ def test_profiler_counts_each_op_by_its_passes_over_the_scores():
     pairs = 2 * 6 * 70 * 45
     assert estimate_flops(g, forward) == 4 * pairs * 64 + 5 * pairs
     passes = {n.op: (estimate_flops(g, n) - 5 * pairs) / (2 * pairs * 64) for n in g.nodes if n.op in BACKWARD_OPS}
-    assert passes == {"attention_lse": 1, "attention_grad_q": 3, "attention_grad_k": 3, "attention_grad_v": 2}
+    assert passes == {"attention_lse": 1, "attention_grad_q": 3, "attention_grad_kv": 4}
     assert all(OPS[op].archetype == ATTENTION for op in BACKWARD_OPS)
 
 
@@ -170,6 +173,52 @@ def test_head_dims_without_tiled_kernels_are_refused_by_codegen():
     node = next(n for n in g.nodes if n.op == "attention_grad_q")
     with pytest.raises(codegen.UnsupportedOpError, match="head dim 6"):
         codegen.kernel_for(g, node)
+
+
+# ---------------------------------------------------------------- the part view
+
+def test_parts_of_a_packed_result_bind_its_segments_through_a_plan():
+    """``part`` views of one computed flat tensor (and a reshape of one) are its buffer at
+    their offsets: a kernel reading two parts and the parts read as outputs give numpy's
+    values; an offset off PART_ALIGN or past the end is refused."""
+    g = Graph("parts")
+    x = g.input("x", (3 * PART_ALIGN + 10,))
+    packed = g.exp(x)
+    first = g.apply("part", packed, offset=0, shape=(2, 30))
+    last = g.apply("part", packed, offset=3 * PART_ALIGN, shape=(10,))
+    middle = g.reshape(g.apply("part", packed, offset=PART_ALIGN, shape=(60,)), (2, 30))
+    g.output("first", first)
+    g.output("last", last)
+    g.output("sum", g.add(first, g.mul(middle, middle)))
+    value = np.random.default_rng(4).standard_normal(g.shape(x)).astype(np.float32)
+    session = build_inference_session(g, optimize=False)
+    session.set_input("x", value)
+    session.run()
+    e = np.exp(value.astype(np.float64))
+    want = {"first": e[:60].reshape(2, 30), "last": e[-10:],
+            "sum": e[:60].reshape(2, 30) + e[PART_ALIGN:PART_ALIGN + 60].reshape(2, 30) ** 2}
+    assert_close({n: session.read_output(n) for n in want}, want)
+    assert_close(reference.run(g, {"x": value}, {}, np.float64), want)
+    for offset, n in ((1, 10), (3 * PART_ALIGN, 11)):
+        with pytest.raises(ShapeError, match="does not fit"):
+            g.apply("part", packed, offset=offset, shape=(n,))
+
+
+def test_gpu_training_step_with_gradients_that_are_parts():
+    """k and v as parameters: their gradients are the parts of attention_grad_kv's result
+    themselves, which cannot be computed right in their arena slots (the packed result
+    holds both), so each is copied there."""
+    g, params, _ = attention_loss_graph(2, 33, 70, 4, 2, 16, True, None)
+    params = {n: a.astype(np.float32) for n, a in params.items()}
+    session = build_session(g, TrainConfig(optimizer="sgd", lr=0.1), params)
+    assert sum(d.kernel == "copy:gradient" for d in session.plan.dispatches) >= 2
+    loss, _ = session.step()
+    train, pairs = differentiate(g)
+    assert [train[train.outputs[name]].op for p, name in pairs if p in "kv"] == ["part", "part"]
+    want = reference.run(train, {}, params, np.float64)
+    assert abs(loss - want["loss"]) <= 1e-5 * abs(want["loss"])
+    for p, name in pairs:
+        assert rel_err(session.read_output(name), want[name]) < TOL, p
 
 
 # ---------------------------------------------------------------- the references against the math
@@ -193,8 +242,8 @@ def attention_loss_grads_fd(q, k, v, r, attrs, h=1e-6):
 
 def reference_grads(x, attrs):
     dq = OPS["attention_grad_q"].ref(x["q"], x["k"], x["v"], x["dout"], x["lse"], x["delta"], **attrs)
-    dk = OPS["attention_grad_k"].ref(x["q"], x["k"], x["v"], x["dout"], x["lse"], x["delta"], **attrs)
-    dv = OPS["attention_grad_v"].ref(x["q"], x["k"], x["dout"], x["lse"], **attrs)
+    kv = OPS["attention_grad_kv"].ref(x["q"], x["k"], x["v"], x["dout"], x["lse"], x["delta"], **attrs)
+    dk, dv = (part_ref(kv, at, x["k"].shape) for at in attention_grad_kv_layout(x["k"].shape)[0])
     return dq, dk, dv
 
 
@@ -268,7 +317,7 @@ def test_fused_rule_matches_the_decomposed_one(causal, monkeypatch):
     g, params, _ = attention_loss_graph(2, 5, 7, 6, 2, 8, causal, 0.5)
     fused, pairs = differentiate(g)
     ops = [n.op for n in fused.nodes]
-    assert all(ops.count(op) == 1 for op in BACKWARD_OPS) and "softmax" not in ops
+    assert all(ops.count(op) == 1 for op in BACKWARD_OPS) and ops.count("part") == 2 and "softmax" not in ops
     assert not any(n.shape[-2:] == (5, 7) for n in fused.nodes)   # no [.., T, S] tensor
     monkeypatch.setitem(autodiff.GRADIENTS, "attention", autodiff.decomposed_attention_grad)
     decomposed, decomposed_pairs = differentiate(g)
@@ -320,7 +369,9 @@ def test_gpu_training_step_gradients_match_the_reference():
               for n, i in g.parameters.items()}
     batch = {n: rng.standard_normal(g[i].shape).astype(np.float32) for n, i in g.inputs.items()}
     session = build_session(g, TrainConfig(optimizer="sgd", lr=0.1), params)
-    assert {d.kernel.split(":")[0] for d in session.plan.dispatches} >= set(BACKWARD_OPS)
+    kernels = {d.kernel.split(":")[0] for d in session.plan.dispatches}
+    # the forward keeps its log-sum-exp for the backward (engine.optimize.attention_stats)
+    assert kernels >= set(BACKWARD_OPS) - {"attention_lse"} | {"attention_stats"} and "attention_lse" not in kernels
     session.set_inputs(batch)
     loss, _ = session.step()
     train, pairs = differentiate(g)
@@ -368,8 +419,8 @@ def test_fixed_rows_follow_the_devices_workgroup_memory():
             kernel = codegen.kernel_for(g, n, caps)
             assert kernel.notes["variant"].startswith(f"tiled backward: {rows} "), kernel.notes["variant"]
             assert f"@workgroup_size({4 * rows})" in kernel.source
-            has_dp = n.op in ("attention_grad_q", "attention_grad_k")
-            assert codegen.attention_backward_bytes(rows, 64, has_dp, n.op != "attention_lse") <= caps.workgroup_storage
+            grads = n.op != "attention_lse"
+            assert codegen.attention_backward_bytes(rows, 64, grads, grads) <= caps.workgroup_storage
     modes = codegen.ATTENTION_BACKWARD
     assert [codegen.attention_backward_rows(d, modes["attention_grad_q"], lavapipe) for d in (8, 36, 64)] == [64, 32, 16]
     assert [codegen.attention_backward_rows(d, modes["attention_lse"], lavapipe) for d in (8, 36, 64)] == [64, 64, 32]
@@ -377,16 +428,18 @@ def test_fixed_rows_follow_the_devices_workgroup_memory():
 
 @pytest.mark.parametrize("case", ["gqa-3-groups-causal", "cross-more-keys"])
 def test_staging_without_the_register_prefetch_matches_too(case, monkeypatch, configure):
-    """dq, dk and dv fetch a block's second operand into registers at its start (dv ran
-    20% faster on the H100); MEGANEURA_ATTENTION_PREFETCH=0 stages it where it is used,
-    for benchmarks, and must give the same results."""
+    """dq and dkdv fetch a block's q into registers at its start (dv ran 20% faster on the
+    H100), dkdv its dO too, staged from there twice; MEGANEURA_ATTENTION_PREFETCH=0 stages
+    them where they are used, for benchmarks, and must give the same results."""
     g = backward_graph(*CASES[case][:6], attention_attrs(*CASES[case][3:5], *CASES[case][6:]))
     caps = lambda: codegen.Capabilities(knobs=config.current().knobs)  # noqa: E731
     sources = lambda: {n.op: codegen.kernel_for(g, n, caps()).source for n in g.nodes if n.op in BACKWARD_OPS}
     prefetched = sources()
     configure(attention_prefetch=0)
     direct = sources()
-    for op in ("attention_grad_q", "attention_grad_k", "attention_grad_v"):
+    for op in ("attention_grad_q", "attention_grad_kv"):
         assert "let pre0 = fetch_element" in prefetched[op] and "let pre0" not in direct[op], op
+    assert prefetched["attention_grad_kv"].count("put_element(tid + 0u, ypre0);") == 2
+    assert "ypre" not in prefetched["attention_grad_q"] + direct["attention_grad_kv"]
     assert prefetched["attention_lse"] == direct["attention_lse"]
     assert_close(*run_backward(*CASES[case]))

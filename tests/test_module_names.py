@@ -153,14 +153,14 @@ def test_fusion_keeps_the_modules_of_what_it_merges(gpt_tiny):
 
 def test_backward_nodes_carry_their_forward_nodes_modules(gpt_tiny):
     _, forward, train, _ = gpt_tiny
-    grads = [n for n in train.nodes if n.op.startswith("attention_grad")]
-    assert len(grads) == 18 and {n.modules for n in grads} == {(f"layers.{i}.attn",) for i in range(6)}
+    grads = [n for n in train.nodes if n.op in ("attention_grad_q", "attention_grad_kv", "part")]
+    assert len(grads) == 24 and {n.modules for n in grads} == {(f"layers.{i}.attn",) for i in range(6)}
     backward = train.nodes[len(forward.nodes):]
     scoped = [n for n in backward if n.modules]
     assert len(scoped) > 0.95 * len(backward)       # all but the loss's own gradient and a few shared constants
     fused, _ = optimize(train)
-    assert {n.modules for n in fused.nodes if n.op == "attention_grad_q"} == {(f"layers.{i}.attn",)
-                                                                           for i in range(6)}
+    for op in ("attention_grad_q", "attention_grad_kv"):
+        assert {n.modules for n in fused.nodes if n.op == op} == {(f"layers.{i}.attn",) for i in range(6)}
 
 
 def test_kernel_names_carry_the_common_module_prefix(gpt_tiny):
@@ -223,7 +223,7 @@ def test_profile_groups_by_module_and_the_groups_sum_to_the_total(llama_folder, 
     assert sum(r["gpu_ns_per_step"] for r in rows.values()) == pytest.approx(sum(per_step.values()) / 2)
     layer1 = sum(d["gpu_ns"] for d in out["dispatches"] if d["module"].startswith("model.layers.1"))
     assert rows["model.layers.1"]["gpu_ns"] == layer1
-    assert any(d["kernel"] == "model.layers.0.self_attn:attention:causal=True" for d in out["dispatches"])
+    assert any(d["kernel"] == "model.layers.0.self_attn:attention_stats:causal=True" for d in out["dispatches"])
     assert all(d["kernel"].startswith(d["module"] + ":") for d in out["dispatches"]
                if d["module"] not in ("", OPTIMIZER_STEP))
 

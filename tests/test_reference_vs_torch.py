@@ -23,6 +23,7 @@ side).
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass
 from typing import Callable
@@ -36,7 +37,7 @@ from hypothesis import strategies as st
 
 from engine.graph import reference
 from engine.graph.ir import Graph
-from engine.graph.ops import OPS, SOURCE
+from engine.graph.ops import OPS, SOURCE, attention_grad_kv_layout, attention_stats_layout
 
 F32_REL_TOL = 1e-5
 F64_RTOL = 1e-9
@@ -262,6 +263,20 @@ def sum_to_cases(rng):
 
 
 @case
+def part_cases(rng):
+    """A segment of a packed result, read at its offset (a multiple of PART_ALIGN) in
+    another shape: torch's view of the flat storage is the reference."""
+    def build(offset, shape):
+        return lambda g, x: g.apply("part", x, offset=offset, shape=shape)
+
+    def torch_part(offset, shape):
+        return lambda x: x.reshape(-1)[offset:offset + math.prod(shape)].reshape(shape)
+    return [Case(f"offset={offset} {list(shape)}", {"x": normal(rng, 3, 100)},
+                 build(offset, shape), torch_part(offset, shape))
+            for offset, shape in ((0, (2, 5)), (64, (4, 3, 5)), (192, (108,)))]
+
+
+@case
 def softmax_cases(rng):
     return [Case(f"{op}{list(s)}", {"x": normal(rng, *s, scale=3.0)},
                  (lambda op: lambda g, x: getattr(g, op)(x))(op),
@@ -468,8 +483,10 @@ def heads_last(x):
 
 
 def torch_attention_backward(op, heads, kv_heads, causal, scale):
-    """The backward ops by flash attention's backward formulas, in torch: P = exp(s - lse),
-    dS = P (dO vᵀ - delta), dq = scale dS k, dk = scale dSᵀ q, dv = Pᵀ dO (kv groups summed)."""
+    """The backward ops (and attention_stats, the forward keeping its lse for them) by flash
+    attention's backward formulas, in torch: P = exp(s - lse),
+    dS = P (dO vᵀ - delta), dq = scale dS k, dk = scale dSᵀ q, dv = Pᵀ dO (kv groups summed;
+    attention_grad_kv packs dk and dv as attention_grad_kv_layout says)."""
     def repeat(x):
         return heads_first(x, kv_heads).repeat_interleave(heads // kv_heads, dim=1)
 
@@ -481,21 +498,29 @@ def torch_attention_backward(op, heads, kv_heads, causal, scale):
         s = torch_scores(q, k, heads, kv_heads, causal, scale)
         if op == "attention_lse":
             return torch.logsumexp(s, -1).transpose(1, 2)
+        if op == "attention_stats":   # the forward's result and lse, packed
+            (out_at, lse_at), total = attention_stats_layout(q.shape, heads)
+            packed = torch.zeros(total, dtype=q.dtype)
+            packed[out_at:out_at + q.numel()] = heads_last(torch.softmax(s, -1) @ repeat(v)).reshape(-1)
+            packed[lse_at:lse_at + q.numel() // (q.shape[-1] // heads)] = torch.logsumexp(s, -1).transpose(1, 2).reshape(-1)
+            return packed
         p = torch.exp(s - lse.transpose(1, 2)[..., None])
         do = heads_first(dout, heads)
-        if op == "attention_grad_v":
-            return heads_last(group_sum(p.mT @ do))
         ds = p * (do @ repeat(v).mT - delta.transpose(1, 2)[..., None])
         factor = (q.shape[-1] // heads) ** -0.5 if scale is None else scale
         if op == "attention_grad_q":
             return heads_last(factor * ds @ repeat(k))
-        return heads_last(group_sum(factor * ds.mT @ heads_first(q, heads)))
+        offsets, total = attention_grad_kv_layout(k.shape)
+        packed = torch.zeros(total, dtype=q.dtype)
+        for at, x in zip(offsets, (factor * ds.mT @ heads_first(q, heads), p.mT @ do)):
+            packed[at:at + k.numel()] = heads_last(group_sum(x)).reshape(-1)
+        return packed
     return fn
 
 
-ATTENTION_BACKWARD_OPERANDS = {"attention_lse": ("q", "k"), "attention_grad_v": ("q", "k", "dout", "lse"),
+ATTENTION_BACKWARD_OPERANDS = {"attention_stats": ("q", "k", "v"), "attention_lse": ("q", "k"),
                                "attention_grad_q": ("q", "k", "v", "dout", "lse", "delta"),
-                               "attention_grad_k": ("q", "k", "v", "dout", "lse", "delta")}
+                               "attention_grad_kv": ("q", "k", "v", "dout", "lse", "delta")}
 
 
 @case

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..errors import GraphError
 from ..graph.ir import Graph, Node
-from ..graph.ops import OPS, SOURCE, pool_divisor, tiled_attention_head_dim
+from ..graph.ops import OPS, SOURCE, attention_grad_kv_layout, pool_divisor, tiled_attention_head_dim
 
 GradientRule = Callable[[Graph, Node, int], tuple]
 
@@ -343,7 +343,8 @@ decomposed_attention_grad = through(attention_parts)
 
 def attention_grad(g, n, d):
     """FlashAttention-2's backward: the forward's row log-sum-exp, Delta = rowsum(dO * O)
-    and fused dq, dk, dv kernels that recompute the probabilities block by block, so no
+    and fused kernels that recompute the probabilities block by block, one for dq and one
+    for dk and dv together (packed in one result, which ``part`` views split), so no
     [B, H, T, S] tensor exists. Head dims the tiled kernels lack take the decomposition."""
     q, k, v = n.inputs
     h = n.attrs["num_heads"]
@@ -353,9 +354,9 @@ def attention_grad(g, n, d):
     per_head = (b, t, h, width // h)
     lse = g.apply("attention_lse", q, k, **n.attrs)
     delta = g.sum(g.mul(g.reshape(d, per_head), g.reshape(n.id, per_head)), axis=-1)
-    return (g.apply("attention_grad_q", q, k, v, d, lse, delta, **n.attrs),
-            g.apply("attention_grad_k", q, k, v, d, lse, delta, **n.attrs),
-            g.apply("attention_grad_v", q, k, d, lse, **n.attrs))
+    kv = g.apply("attention_grad_kv", q, k, v, d, lse, delta, **n.attrs)
+    dk, dv = (g.apply("part", kv, offset=at, shape=g.shape(k)) for at in attention_grad_kv_layout(g.shape(k))[0])
+    return g.apply("attention_grad_q", q, k, v, d, lse, delta, **n.attrs), dk, dv
 
 
 def rope_grad(g, n, d):
@@ -367,9 +368,12 @@ def inference_only(g, n, d):
                      f"differentiate the model's training graph instead")
 
 
-def few_rows_only(g, n, d):
-    raise GraphError(f"{g.format_node(n)}: {n.op} is made by the few-row pass of generation graphs, after "
-                     f"autodiff; differentiate the graph before that pass")
+def after_autodiff(made_by: str):
+    """The rule of an op a pass makes after autodiff (``made_by``): differentiating it is a mistake."""
+    def rule(g, n, d):
+        raise GraphError(f"{g.format_node(n)}: {n.op} is made by {made_by}, after autodiff; differentiate "
+                         f"the graph before that pass")
+    return rule
 
 
 # ---------------------------------------------------------------- rules of the ONNX import ops
@@ -480,7 +484,8 @@ GRADIENTS: dict[str, GradientRule] = {
     "rope": rope_grad,
     "cache_write": inference_only,
     "cached_attention": inference_only,
-    "swiglu_matmul": few_rows_only,
+    "swiglu_matmul": after_autodiff("the few-row pass of generation graphs"),
+    "attention_stats": after_autodiff("engine.optimize.attention_stats"),
     "conv1d": conv_grad,
     "conv2d": conv_grad,
     "reshape": lambda g, n, d: (g.reshape(d, g.shape(n.inputs[0])),),

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from ..config import Knobs
 from ..errors import DeviceError
 from ..graph.ir import Graph, Node
-from ..graph.ops import tiled_attention_head_dim
+from ..graph.ops import attention_grad_kv_layout, attention_stats_layout, tiled_attention_head_dim
 from .common import (MAX_WORKGROUPS, PLAIN, WG, Capabilities, Kernel, UnsupportedOpError, _finish, _render,
                      _template, _thread_xy, f32_bits, grid_1d)
 from .copies import rope_frequencies
@@ -39,10 +39,24 @@ def _attention_dims(node: Node, q: Node, k: Node):
     return bsz, t, k.shape[1], h, hkv, d, int(bool(a.get("causal"))), scale
 
 
+def attention_stats_at(graph: Graph, node: Node) -> int:
+    """Where an ``attention_stats`` node's log-sum-exp starts in its packed result (0 for
+    ``attention``, which keeps none)."""
+    if node.op != "attention_stats":
+        return 0
+    return attention_stats_layout(graph[node.inputs[0]].shape, node.attrs["num_heads"])[0][1]
+
+
 def _attention(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    """attention, and attention_stats (the tiled kernel writing its rows' log-sum-exp too),
+    on the f32 kernels."""
     bsz, t, s, h, hkv, d, causal, scale = _attention_dims(node, graph[node.inputs[0]], graph[node.inputs[1]])
-    if attention_variant(d, caps.knobs) == "tiled":
-        return _attention_tiled(graph, node, bsz, t, s, h, hkv, d, causal, scale, caps)
+    lse_at = attention_stats_at(graph, node)
+    if lse_at and not tiled_attention_head_dim(d):
+        raise UnsupportedOpError(f"{graph.format_node(node)}: no attention_stats kernel for head dim {d} (it takes "
+                                 f"multiples of 4 up to 64)")
+    if lse_at or attention_variant(d, caps.knobs) == "tiled":
+        return _attention_tiled(graph, node, bsz, t, s, h, hkv, d, causal, scale, caps, lse_at)
     return _attention_per_query(graph, node, bsz, t, s, h, hkv, d, causal, scale)
 
 
@@ -157,11 +171,18 @@ def _split_grid(graph: Graph, node: Node, blocks: int, heads: int, bsz: int, spl
 _SPLIT_MODES = {"softmax": 0, "sum": 1, "logsumexp": 2}
 
 
+_STORE_LSE = """    if (i < m(0u) && i % m(5u) == 0u) {{
+        let e = {at}u + i / m(5u);
+        out[e / 4u][e % 4u] = row_lse(i / m(5u));
+    }}"""
+
+
 def _split_combine(kernel: Kernel, mode: str, splits: int, n: int, partials: int, dims=(0, 0, 0, 0),
-                   streamed: str = "keys") -> Kernel:
+                   streamed: str = "keys", lse_at: int = 0) -> Kernel:
     """Make ``kernel`` (whose output binding now receives ``partials`` floats from
     ``splits`` parts) the first stage of a two-dispatch node whose second stage combines
-    the parts into the ``n`` outputs (vec4s for ``softmax``): attention_splits.wgsl."""
+    the parts into the ``n`` outputs (vec4s for ``softmax``): attention_splits.wgsl. With
+    ``lse_at`` (softmax), the rows' log-sum-exp go to out from that element on."""
     bsz, t, h, d4 = dims
     typ = "vec4<f32>" if mode == "softmax" else "f32"
     zero = "vec4<f32>(0.0)" if mode == "softmax" else "0.0"
@@ -169,7 +190,8 @@ def _split_combine(kernel: Kernel, mode: str, splits: int, n: int, partials: int
     kernel.finish = _finish(f"{kernel.name}:combine", "reduction", "attention_splits.wgsl", ["partials"], [typ],
                             typ, [n, splits, bsz, t, h, d4, -(-t // 4)], grid_1d(-(-n // WG)),
                             MODE=_SPLIT_MODES[mode], OUT_TYPE=typ, ZERO=zero,
-                            STAT="partials[at][t % 4u]" if mode == "softmax" else "0.0")
+                            STAT="partials[at][t % 4u]" if mode == "softmax" else "0.0",
+                            STORE_LSE=_STORE_LSE.format(at=lse_at) if lse_at else "")
     kernel.finish.guarded = True
     kernel.notes["variant"] += f", {streamed} split {splits} ways"
     return kernel
@@ -234,7 +256,8 @@ def _forward_staging(threads: int, steps: int, knobs: Knobs) -> dict:
     return staging
 
 
-def _attention_tiled(graph, node, bsz, t, s, h, hkv, d, causal, scale, caps: Capabilities = PLAIN) -> Kernel:
+def _attention_tiled(graph, node, bsz, t, s, h, hkv, d, causal, scale, caps: Capabilities = PLAIN,
+                     lse_at: int = 0) -> Kernel:
     bq = attention_queries(d, caps)
     blocks = -(-t // bq)
     splits = attention_splits(blocks * h * bsz, -(-s // ATTENTION_KEYS), caps.knobs, caps.tuning)
@@ -246,26 +269,28 @@ def _attention_tiled(graph, node, bsz, t, s, h, hkv, d, causal, scale, caps: Cap
     kernel = _finish("attention", "attention", "attention_tiled.wgsl", ["q", "k", "v"], [vec4] * 3, vec4,
                      meta, grid, D=d, BQ=bq, THREADS=threads, THREAD_XY=_thread_xy("warp", caps.knobs),
                      ROWS=_render("attention_rows.wgsl", PARTIALS="red", STRIDE="PS"),
-                     SPLIT="true" if splits > 1 else "false", **_forward_staging(threads, stage, caps.knobs),
+                     SPLIT="true" if splits > 1 else "false", LSE_AT=lse_at,
+                     **_forward_staging(threads, stage, caps.knobs),
                      SCORES="\n".join(f"        s = outer_step(s, Qs[{i}u * QV + ty], KVs[{i}u * KR + tx]);"
                                        for i in range(d)),
                      ACCUMULATE="\n".join(f"            o = outer_step(o, KVs[{j}u * D4 + tx], "
                                            f"Ps[{_p_row(j)}u * PS + ty]);" for j in range(ATTENTION_KEYS)))
     kernel.notes["variant"] = (f"tiled (flash) {bq} queries x {ATTENTION_KEYS} keys, "
-                               f"4x4 scores and 4x4 outputs/thread")
+                               f"4x4 scores and 4x4 outputs/thread" + (", its rows' log-sum-exp kept" if lse_at else ""))
     kernel.guarded = True
     if splits > 1:
         rows = bsz * t * h
         stats = splits * bsz * h * -(-t // 4) * 8
-        _split_combine(kernel, "softmax", splits, rows * d // 4, splits * rows * d + stats, (bsz, t, h, d // 4))
+        _split_combine(kernel, "softmax", splits, rows * d // 4, splits * rows * d + stats, (bsz, t, h, d // 4),
+                       lse_at=lse_at)
     return kernel
 
 
 @dataclass(frozen=True)
 class _BackwardMode:
     """One kernel of attention_backward.wgsl: its MODE (the template's MODE_LSE, MODE_DQ,
-    MODE_DK, MODE_DV), the node's operand names and the operands playing the roles A, B
-    (fixed side: scores, dP) and X, Y (streamed side)."""
+    MODE_DKDV), the node's operand names and the operands playing the roles A, B (fixed
+    side: scores, dP) and X, Y (streamed side)."""
 
     index: int
     operands: tuple[str, ...]
@@ -273,13 +298,18 @@ class _BackwardMode:
 
     @property
     def fixed_queries(self) -> bool:
-        """lse and dq own blocks of queries; dk and dv blocks of keys."""
+        """lse and dq own blocks of queries; dkdv blocks of keys."""
         return self.index <= 1
 
     @property
     def has_dp(self) -> bool:
-        """dq and dk need dP = dO vᵀ (and so the B operand and Delta)."""
-        return self.index in (1, 2)
+        """dq and dkdv need dP = dO vᵀ (and so the B operand and Delta)."""
+        return self.index > 0
+
+    @property
+    def pair(self) -> bool:
+        """dkdv writes two results, dk and dv, packed (attention_grad_kv_layout)."""
+        return self.index == 2
 
     @property
     def accumulates(self) -> bool:
@@ -291,8 +321,7 @@ _GRAD_OPERANDS = ("q", "k", "v", "dout", "lse", "delta")
 ATTENTION_BACKWARD = {
     "attention_lse": _BackwardMode(0, ("q", "k"), ("q", "q", "k", "k")),
     "attention_grad_q": _BackwardMode(1, _GRAD_OPERANDS, ("q", "dout", "k", "v")),
-    "attention_grad_k": _BackwardMode(2, _GRAD_OPERANDS, ("k", "v", "q", "dout")),
-    "attention_grad_v": _BackwardMode(3, ("q", "k", "dout", "lse"), ("k", "k", "q", "dout")),
+    "attention_grad_kv": _BackwardMode(2, _GRAD_OPERANDS, ("k", "v", "q", "dout")),
 }
 ATTENTION_STREAMED = 64   # streamed rows per block of attention_backward.wgsl (16 threads x 4)
 
@@ -327,34 +356,40 @@ def _score_lines(fixed: str, acc: str, d: int, indent: int) -> str:
                      for i in range(d))
 
 
-def _accumulate_lines(groups: int) -> str:
-    """o += Ps . Ss over the block's streamed rows, 4 at a time, unrolled: column r of o is
-    output column tx + 16 r (r < groups), read from d-row tx + 16 r of Ss as a vec4 over 4
+def _accumulate_lines(groups: int, acc: str = "o", indent: int = 12) -> str:
+    """acc += Ps . Ss over the block's streamed rows, 4 at a time, unrolled: column r of acc
+    is output column tx + 16 r (r < groups), read from d-row tx + 16 r of Ss as a vec4 over 4
     streamed rows."""
     lines = []
     for jj in range(ATTENTION_STREAMED // 4):
         loads = " ".join(f"let x{r} = Ss[xc + {16 * r}u * CV + {jj}u];" for r in range(groups))
-        lines.append(f"{' ' * 12}{{ {loads}")
+        lines.append(f"{' ' * indent}{{ {loads}")
         for c in "xyzw":
             j = 4 * jj + "xyzw".index(c)
             x = ", ".join(f"x{r}.{c}" if r < groups else "0.0" for r in range(4))
-            lines.append(f"{' ' * 14}o = accumulate_step(o, Ps[{_p_row(j)}u * PR + ty], vec4<f32>({x}));")
+            lines.append(f"{' ' * (indent + 2)}{acc} = accumulate_step({acc}, Ps[{_p_row(j)}u * PR + ty], "
+                         f"vec4<f32>({x}));")
         lines[-1] += " }"
     return "\n".join(lines)
 
 
 def _staging(mode: _BackwardMode, threads: int, steps: int, knobs: Knobs) -> dict:
-    """The staging lines of attention_backward.wgsl's loop: the second operand of a block
-    (dq, dk: X; dv: Y) fetched into registers pre0.. at its start and put into Ss where it
-    is needed; lse, with one operand, stages X directly. ``MEGANEURA_ATTENTION_PREFETCH=0``
-    stages both directly (benchmarks; see attention_prefetch)."""
-    direct = {role: f"        stage_stream({role}, tid, b, stream_head, c0);" for role in ("ROLE_X", "ROLE_Y")}
+    """The staging lines of attention_backward.wgsl's loop. A block's X is fetched into
+    registers pre0.. at its start and put into Ss after dP; dkdv fetches Y (dO) there too,
+    into ypre0.., and puts it into Ss twice, for dP and for P Y: on the H100 at whisper-tiny's
+    batch 8, dkdv took 3.40 ms a layer so, 3.85 fetching Y from memory again for P Y and 4.10
+    fetching it into registers again before dS X. lse, with one operand, stages X directly;
+    ``MEGANEURA_ATTENTION_PREFETCH=0`` stages all directly (benchmarks; see attention_prefetch)."""
+    direct = {role: f"stage_stream({role}, tid, b, stream_head, c0);" for role in ("ROLE_X", "ROLE_Y")}
     if mode.index == 0 or attention_prefetch(knobs) == 0:
-        return dict(PREFETCH="", STAGE_X=direct["ROLE_X"], STAGE_Y=direct["ROLE_Y"])
-    fetch = _per_element("let pre{n} = fetch_element(second, {e}, b, stream_head, c0);", threads, steps)
-    put = _per_element("put_element({e}, pre{n});", threads, steps)
-    dv = mode.index == 3
-    return dict(PREFETCH=fetch, STAGE_X=direct["ROLE_X"] if dv else put, STAGE_Y=put if dv else direct["ROLE_Y"])
+        return dict(PREFETCH="", STAGE_Y=" " * 12 + direct["ROLE_Y"], STAGE_X=" " * 8 + direct["ROLE_X"],
+                    RESTAGE_Y=" " * 16 + direct["ROLE_Y"] if mode.pair else "")
+    fetch = lambda role, name: _per_element(  # noqa: E731
+        f"let {name}{{n}} = fetch_element({role}, {{e}}, b, stream_head, c0);", threads, steps)
+    put = lambda name, indent: _per_element(f"put_element({{e}}, {name}{{n}});", threads, steps, indent)  # noqa: E731
+    return dict(PREFETCH=(fetch("ROLE_Y", "ypre") + "\n" if mode.pair else "") + fetch("ROLE_X", "pre"),
+                STAGE_Y=put("ypre", 12) if mode.pair else " " * 12 + direct["ROLE_Y"], STAGE_X=put("pre", 8),
+                RESTAGE_Y=put("ypre", 16) if mode.pair else "")
 
 
 def _attention_backward(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
@@ -371,7 +406,8 @@ def _attention_backward(graph: Graph, node: Node, caps: Capabilities = PLAIN) ->
     blocks, heads = -(-fixed // rows), h if mode.fixed_queries else hkv
     splits = attention_splits(blocks * heads * bsz, -(-streamed // ATTENTION_STREAMED), caps.knobs, caps.tuning)
     grid = _split_grid(graph, node, blocks, heads, bsz, splits)
-    meta = [t, s, h, hkv, causal, f32_bits(scale * math.log2(math.e)), f32_bits(scale), splits, node.size]
+    dv_at = attention_grad_kv_layout(k.shape)[0][1] if mode.pair else 0
+    meta = [t, s, h, hkv, causal, f32_bits(scale * math.log2(math.e)), f32_bits(scale), splits, node.size, dv_at]
     groups = -(-d // 16)
     stage_steps = -(-ATTENTION_STREAMED * d // 4 // threads)
     types = ["f32" if n in ("lse", "delta") else "vec4<f32>" for n in mode.operands]
@@ -387,7 +423,8 @@ def _attention_backward(graph: Graph, node: Node, caps: Capabilities = PLAIN) ->
                      **_staging(mode, threads, stage_steps, caps.knobs),
                      SCORES=_score_lines("As", "s", d, 8),
                      DP=_score_lines("Bs", "dp", d, 12) if mode.has_dp else "",
-                     ACCUMULATE=_accumulate_lines(groups) if mode.accumulates else "")
+                     ACCUMULATE=_accumulate_lines(groups) if mode.accumulates else "",
+                     ACCUMULATE_V=_accumulate_lines(groups, "ov", 16) if mode.pair else "")
     fixed, streamed = ("queries", "keys") if mode.fixed_queries else ("keys", "queries")
     kernel.notes["variant"] = (f"tiled backward: {rows} {fixed} a workgroup, {streamed} streamed "
                                f"{ATTENTION_STREAMED} at a time, 4x4 scores and 4x{groups} outputs/thread")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from ..graph.ir import Graph, Node
 from ..graph.ops import OPS
-from .attention import (ATTENTION_BACKWARD, ATTENTION_KEYS, _attention, _attention_backward, _cached_attention,
-                        attention_queries)
+from .attention import ATTENTION_BACKWARD, ATTENTION_KEYS, _attention_backward, _cached_attention, attention_queries
+from .attention_coop import attention_forward, coop_attention_supported
 from .common import Capabilities, Kernel, PLAIN, UnsupportedOpError
 from .convolution import _conv
 from .copies import _cache_write, _copy, _embedding, _embedding_grad, _rope
@@ -33,7 +33,7 @@ for _op in ("transpose", "broadcast_to", "slice", "pad", "concat"):
 _BUILDERS["embedding"] = _embedding
 _BUILDERS["rope"] = _rope
 _BUILDERS["conv1d"] = _BUILDERS["conv2d"] = _conv
-_BUILDERS["attention"] = _attention
+_BUILDERS["attention"] = _BUILDERS["attention_stats"] = attention_forward
 _BUILDERS["cached_attention"] = _cached_attention
 _BUILDERS["cache_write"] = _cache_write
 _BUILDERS["swiglu_matmul"] = _swiglu_matmul
@@ -80,5 +80,8 @@ def describe_paths(caps: Capabilities) -> dict:
                        "accumulation, for products of at least 16 x 16 x 16; the rest register-blocked f32"
                        if caps.matmul_f16 else
                        "register-blocked f32 (vec4 loads where the layout allows)"),
-            "attention": f"flash, {q} queries x {ATTENTION_KEYS} keys a workgroup at head dim 64 "
-                         f"({caps.workgroup_storage // 1024} KiB of workgroup memory)"}
+            "attention": ("flash on cooperative matrices (f16 q, k, v and P, f32 scores and softmax) at head "
+                          "dims of whole fragments up to 64; the backward f32"
+                          if coop_attention_supported(64, caps) else
+                          f"flash, {q} queries x {ATTENTION_KEYS} keys a workgroup at head dim 64 "
+                          f"({caps.workgroup_storage // 1024} KiB of workgroup memory)")}

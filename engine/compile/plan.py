@@ -297,23 +297,37 @@ def capabilities_dict(caps: codegen.Capabilities) -> dict:
 
 
 def storage_roots(graph: Graph) -> dict[int, int]:
-    """A view (reshape) and an in-place op (``cache_write``) share their first operand's
-    storage: each node's storage root."""
+    """A view (reshape, part) and an in-place op (``cache_write``) share their first
+    operand's storage: each node's storage root."""
     root = {}
     for n in graph.nodes:
         root[n.id] = root[n.inputs[0]] if OPS[n.op].archetype == VIEW or OPS[n.op].inplace else n.id
     return root
 
 
+def part_offsets(graph: Graph) -> dict[int, int]:
+    """The nodes whose value is a part of their storage root's (a ``part`` of a packed
+    result, and views of one), with the element offset where it starts there."""
+    within: dict[int, int] = {}
+    for n in graph.nodes:
+        if n.op == "part":
+            within[n.id] = within.get(n.inputs[0], 0) + n.attrs["offset"]
+        elif OPS[n.op].archetype == VIEW and n.inputs[0] in within:
+            within[n.id] = within[n.inputs[0]]
+    return within
+
+
 # ---------------------------------------------------------------- the builder
 
 class _PlanBuilder:
     """Buffers, placements and dispatches of a plan being compiled. ``storage`` maps a
-    storage root to (buffer, byte offset, byte extent)."""
+    storage root to (buffer, byte offset, byte extent); ``within`` a part of one to its
+    element offset there."""
 
     def __init__(self, graph: Graph, caps: codegen.Capabilities):
         self.graph, self.caps = graph, caps
         self.root = storage_roots(graph)
+        self.within = part_offsets(graph)
         self.buffers: list[Buffer] = []
         self.storage: dict[int, tuple[int, int, int]] = {}
         self.dispatches: list[Dispatch] = []
@@ -330,7 +344,12 @@ class _PlanBuilder:
         self.storage[self.root[node_id]] = (buffer, offset, self.buffers[buffer].nbytes if extent is None else extent)
 
     def slot_of(self, node_id: int) -> tuple[int, int, int]:
-        return self.storage[self.root[node_id]]
+        """(buffer, byte offset, byte extent) of a node's value: its root's slot, or for a
+        part the bytes of the part."""
+        buffer, offset, extent = self.storage[self.root[node_id]]
+        if node_id in self.within:
+            return buffer, offset + 4 * self.within[node_id], self.graph[node_id].nbytes
+        return buffer, offset, extent
 
     def dispatch(self, kernel: codegen.Kernel, name: str, bindings: list[tuple[int, int, int]], access: list[str],
                  elements: int, nodes=(), group: int | None = None, names=()) -> Dispatch:
@@ -384,6 +403,8 @@ def _direct_gradients(b: _PlanBuilder, gradients: dict[str, str], arena_of: dict
         r = grad_root[p]
         node = g[r]
         if OPS[node.op].archetype == SOURCE or owners[r] > 1 or r in other_outputs:
+            continue
+        if g.outputs[gradients[p]] in b.within:   # a part of a packed result: its root holds more
             continue
         if any(placed.get(root[i]) == arena_of[p] for i in node.inputs):
             continue
@@ -606,9 +627,9 @@ def compile_plan(graph: Graph, gradients: dict[str, str] | None = None, loss: st
         stats, step, transfers = _optimizer_step(b, optimizer, gradients, groups, loss_node)
         without_reuse += sum(buf.nbytes for buf in b.buffers) - before
 
-    node_buffer = {n.id: b.storage[b.root[n.id]][0] for n in graph.nodes if b.root[n.id] in b.storage}
-    node_offset = {n.id: b.storage[b.root[n.id]][1] for n in graph.nodes
-                   if b.root[n.id] in b.storage and b.storage[b.root[n.id]][1]}
+    slots = {n.id: b.slot_of(n.id) for n in graph.nodes if b.root[n.id] in b.storage}
+    node_buffer = {i: slot[0] for i, slot in slots.items()}
+    node_offset = {i: slot[1] for i, slot in slots.items() if slot[1]}
     outputs = {k: node_buffer[v] for k, v in graph.outputs.items()}
     slot_buffer = {p: grp.gradient_buffer for grp in groups for p in grp.parameters}
     return ExecutionPlan(

@@ -36,11 +36,11 @@ def _node_name(node) -> str:
 
 
 # Matmul-shaped passes over the T x S scores of each attention op (2 flops per score and
-# head dim each): the forward's q kᵀ and P v; lse's q kᵀ; dq's q kᵀ, dO vᵀ and dS k; dk's
-# the same with dSᵀ q; dv's q kᵀ and Pᵀ dO.
+# head dim each): the forward's q kᵀ and P v; lse's q kᵀ; dq's q kᵀ, dO vᵀ and dS k; dk and
+# dv's q kᵀ, dO vᵀ, dSᵀ q and Pᵀ dO.
 # A cached attention's visible keys change every step: it is counted as if all were (an upper bound).
-ATTENTION_PASSES = {"attention": 2, "attention_lse": 1, "attention_grad_q": 3, "attention_grad_k": 3,
-                    "attention_grad_v": 2, "cached_attention": 2}
+ATTENTION_PASSES = {"attention": 2, "attention_stats": 2, "attention_lse": 1, "attention_grad_q": 3, "attention_grad_kv": 4,
+                    "cached_attention": 2}
 
 
 def estimate_flops(graph, node) -> int:

@@ -19,10 +19,11 @@ from .table import (  # noqa: F401
     ARCHETYPES, ATTENTION, CONV, COPY, GATHER, MATMUL, OPS, OpDef, OpShapeError, POINTWISE,
     REDUCTION, SOURCE, Shape, TensorType, VIEW, broadcast_shapes, defop)
 from .forward import (  # noqa: F401
-    ACTIVATIONS, BINARY, UNARY, attention_grad_k_ref, attention_grad_q_ref, attention_grad_v_ref,
-    attention_lse_ref, attention_ref, attention_scores, bce_ref, check_index_range, conv_ref,
+    ACTIVATIONS, BINARY, PART_ALIGN, UNARY, attention_grad_kv_layout, attention_grad_kv_ref, attention_grad_q_ref,
+    attention_lse_ref, attention_ref, attention_scores, attention_stats_layout, attention_stats_ref, bce_ref,
+    check_index_range, conv_ref,
     cross_entropy_ref, embedding_ref, fused_matmul_ref, gelu_ref, group_norm_ref, layer_norm_ref,
-    log_softmax_ref, matmul_ref, merge_heads, norm_matmul_ref, pad_ref, rms_norm_ref, rope_ref,
+    log_softmax_ref, matmul_ref, merge_heads, norm_matmul_ref, packed_layout, pad_ref, part_ref, rms_norm_ref, rope_ref,
     rope_tables, run_program, sigmoid_ref, slice_ref, soft_cross_entropy_ref, softmax_ref,
     split_heads, sum_to_ref, tiled_attention_head_dim)
 from .backward import (  # noqa: F401

@@ -191,4 +191,4 @@ defop("conv_weight_grad", CONV, _conv_weight_grad_shape, conv_weight_grad_ref,
 BACKWARD_OPS = ("relu_grad", "abs_grad", "gelu_grad", "max_grad", "norm_grad", "norm_grad_w", "cross_entropy_grad",
                 "embedding_grad", "conv_input_grad", "conv_weight_grad",
                 "conv_general_input_grad", "conv_general_weight_grad", "max_pool_grad",
-                "attention_lse", "attention_grad_q", "attention_grad_k", "attention_grad_v")
+                "attention_lse", "attention_grad_q", "attention_grad_kv", "part")

@@ -442,6 +442,33 @@ defop("attention", ATTENTION, _attention_shape, attention_ref,
       num_heads=1, num_kv_heads=None, causal=False, scale=None)
 
 
+def attention_stats_layout(q_shape: Shape, num_heads: int) -> tuple[list[int], int]:
+    """(offsets of the result and of the rows' log-sum-exp, total elements) of
+    attention_stats' packed result: [B, T, H*D], then [B, T, H]."""
+    b, t, _ = q_shape
+    return packed_layout([math.prod(q_shape), b * t * num_heads])
+
+
+def _attention_stats_shape(ts, a):
+    q = _attention_shape(ts, a)
+    return TensorType((attention_stats_layout(q.shape, a["num_heads"])[1],))
+
+
+def attention_stats_ref(q, k, v, **attrs):
+    (out_at, lse_at), total = attention_stats_layout(q.shape, attrs["num_heads"])
+    packed = np.zeros(total, dtype=np.result_type(q, k, v))
+    for at, x in ((out_at, attention_ref(q, k, v, **attrs)), (lse_at, attention_lse_ref(q, k, **attrs))):
+        packed[at:at + x.size] = x.reshape(-1)
+    return packed
+
+
+defop("attention_stats", ATTENTION, _attention_stats_shape, attention_stats_ref,
+      doc="attention's result and its rows' log-sum-exp (attention_lse) packed flat, as "
+          "attention_stats_layout says (``part`` picks each): a training graph's forward keeps the "
+          "statistics its backward needs (engine.optimize.attention_stats)",
+      num_heads=1, num_kv_heads=None, causal=False, scale=None)
+
+
 def tiled_attention_head_dim(head_dim: int) -> bool:
     """Head dims the tiled attention kernels take (the forward and the fused backward):
     multiples of 4 up to 64. Others run the per-query forward and a decomposed backward."""
@@ -450,15 +477,35 @@ def tiled_attention_head_dim(head_dim: int) -> bool:
 
 # ---------------------------------------------------------------- attention backward
 # FlashAttention-2's backward as ops that never hold a T x S matrix: the row statistics
-# of the forward's softmax (attention_lse), then dq, dk, dv, each recomputing the scores
-# block by block. With s = scores, L = logsumexp_j s, P = exp(s - L), dP = dO vᵀ and
-# Delta = rowsum(dO * O) (= rowsum(P * dP)): dS = P * (dP - Delta), dq = scale dS k,
-# dk = scale dSᵀ q, dv = Pᵀ dO, summed over the query heads that share a kv head.
-# lse and delta are [B, T, H] (query-major, like q).
+# of the forward's softmax (attention_lse), then dq (attention_grad_q) and dk with dv
+# (attention_grad_kv), each recomputing the scores block by block. With s = scores,
+# L = logsumexp_j s, P = exp(s - L), dP = dO vᵀ and Delta = rowsum(dO * O) (= rowsum(P * dP)):
+# dS = P * (dP - Delta), dq = scale dS k, dk = scale dSᵀ q, dv = Pᵀ dO, summed over the query
+# heads that share a kv head. lse and delta are [B, T, H] (query-major, like q).
+# The IR has one result a node: attention_grad_kv's is dk and dv packed into one flat tensor
+# (attention_grad_kv_layout), and ``part`` views pick each out.
+
+PART_ALIGN = 64   # elements: a part starts at a multiple of 256 bytes, a storage binding's offset alignment
+
+
+def packed_layout(sizes) -> tuple[list[int], int]:
+    """(offsets, total) of tensors of ``sizes`` elements packed one after the other into a
+    flat tensor, each starting at a multiple of PART_ALIGN elements."""
+    offsets, total = [], 0
+    for n in sizes:
+        offsets.append(total)
+        total += -(-n // PART_ALIGN) * PART_ALIGN
+    return offsets, total
+
+
+def attention_grad_kv_layout(k_shape: Shape) -> tuple[list[int], int]:
+    """(offsets of dk and dv, total elements) of attention_grad_kv's packed result."""
+    return packed_layout([math.prod(k_shape)] * 2)
+
 
 def _attention_backward_shape(names: tuple[str, ...], result: str):
     """Shape rule of an op whose operands are ``names`` (among q, k, v, dout, lse, delta)
-    and whose result has the shape of ``result``: q, k or the row statistics ("lse")."""
+    and whose result is shaped as q ("q"), the row statistics ("lse") or dk and dv packed ("kv")."""
     def rule(ts, a):
         _require_float(ts)
         named = dict(zip(names, ts))
@@ -468,6 +515,8 @@ def _attention_backward_shape(names: tuple[str, ...], result: str):
         for key, want in (("dout", q.shape), ("lse", rows), ("delta", rows)):
             if key in named and named[key].shape != want:
                 _fail(f"{key} {list(named[key].shape)} must be {list(want)}")
+        if result == "kv":
+            return TensorType((attention_grad_kv_layout(k.shape)[1],))
         return TensorType(rows if result == "lse" else named[result].shape)
     return rule
 
@@ -512,16 +561,17 @@ def attention_grad_q_ref(q, k, v, dout, lse, delta, **attrs):
     return merge_heads(_scale_of(q, attrs) * (ds @ kh))
 
 
-def attention_grad_k_ref(q, k, v, dout, lse, delta, **attrs):
-    _, ds = _score_grads(q, k, v, dout, lse, delta, attrs)
-    dk = _scale_of(q, attrs) * (np.swapaxes(ds, -1, -2) @ split_heads(q, attrs["num_heads"]))
-    return merge_heads(_sum_groups(dk, attrs["num_heads"], attrs["num_kv_heads"]))
-
-
-def attention_grad_v_ref(q, k, dout, lse, **attrs):
-    p = _probabilities(q, k, lse, attrs)
-    dv = np.swapaxes(p, -1, -2) @ split_heads(dout, attrs["num_heads"])
-    return merge_heads(_sum_groups(dv, attrs["num_heads"], attrs["num_kv_heads"]))
+def attention_grad_kv_ref(q, k, v, dout, lse, delta, **attrs):
+    """dk and dv packed as attention_grad_kv_layout says (zeros between them)."""
+    h, hkv = attrs["num_heads"], attrs["num_kv_heads"]
+    p, ds = _score_grads(q, k, v, dout, lse, delta, attrs)
+    dk = _scale_of(q, attrs) * (np.swapaxes(ds, -1, -2) @ split_heads(q, h))
+    dv = np.swapaxes(p, -1, -2) @ split_heads(dout, h)
+    offsets, total = attention_grad_kv_layout(k.shape)
+    packed = np.zeros(total, dtype=np.result_type(q, k, v, dout))
+    for at, x in zip(offsets, (dk, dv)):
+        packed[at:at + k.size] = merge_heads(_sum_groups(x, h, hkv)).reshape(-1)
+    return packed
 
 
 _ATTENTION_ATTRS = dict(num_heads=1, num_kv_heads=None, causal=False, scale=None)
@@ -532,13 +582,10 @@ defop("attention_grad_q", ATTENTION,
       _attention_backward_shape(("q", "k", "v", "dout", "lse", "delta"), "q"), attention_grad_q_ref,
       doc="d attention / d q from (q, k, v, dout, lse, delta = rowsum(dout * out) [B, T, H])",
       **_ATTENTION_ATTRS)
-defop("attention_grad_k", ATTENTION,
-      _attention_backward_shape(("q", "k", "v", "dout", "lse", "delta"), "k"), attention_grad_k_ref,
-      doc="d attention / d k from (q, k, v, dout, lse, delta), summed over each kv head's query heads",
-      **_ATTENTION_ATTRS)
-defop("attention_grad_v", ATTENTION, _attention_backward_shape(("q", "k", "dout", "lse"), "k"),
-      attention_grad_v_ref,
-      doc="d attention / d v from (q, k, dout, lse), summed over each kv head's query heads",
+defop("attention_grad_kv", ATTENTION,
+      _attention_backward_shape(("q", "k", "v", "dout", "lse", "delta"), "kv"), attention_grad_kv_ref,
+      doc="d attention / d k and d v from (q, k, v, dout, lse, delta), summed over each kv head's query "
+          "heads, packed flat as attention_grad_kv_layout says (``part`` picks each)",
       **_ATTENTION_ATTRS)
 
 
@@ -660,6 +707,23 @@ def _reshape_shape(ts, a):
 
 defop("reshape", VIEW, _reshape_shape, lambda x, shape: x.reshape(shape),
       doc="same elements, new shape (row-major); no data moves", shape=())
+
+
+def _part_shape(ts, a):
+    shape, offset, size = tuple(a["shape"]), a["offset"], math.prod(ts[0].shape)
+    if any(n < 0 for n in shape) or offset < 0 or offset % PART_ALIGN or offset + math.prod(shape) > size:
+        _fail(f"part of {math.prod(shape)} elements at offset {offset} does not fit {size} elements, or the "
+              f"offset is not a multiple of {PART_ALIGN}")
+    return TensorType(shape, ts[0].dtype)
+
+
+def part_ref(x, offset, shape):
+    return x.reshape(-1)[offset:offset + math.prod(shape)].reshape(shape)
+
+
+defop("part", VIEW, _part_shape, part_ref,
+      doc="elements offset.. of x (row-major) as a tensor of shape, in x's storage: a segment of a "
+          "packed result (attention_grad_kv's); no data moves", offset=0, shape=())
 
 
 def _transpose_shape(ts, a):

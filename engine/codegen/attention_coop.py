@@ -1,0 +1,127 @@
+"""The attention forward on cooperative matrices (attention_coop.wgsl): Q K^T and P V on
+f16 16 x 16 fragments accumulating in f32, the online softmax in f32 by the subgroups'
+lanes. Taken where the matmul takes its cooperative kernels (``caps.matmul_f16``).
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..graph.ir import Graph, Node
+from .attention import _attention, _attention_dims, _split_combine, _split_grid, attention_splits, attention_stats_at
+from .common import Capabilities, Kernel, _finish, f32_bits
+from .matmul import COOP_ENABLES, COOP_FRAGMENT
+
+COOP_QUERIES = 64      # queries a workgroup owns: 16 for each of its 4 subgroups
+COOP_KEYS = 64         # keys a block
+COOP_SUBGROUPS = 4
+_HALF_PAD = 8          # halves a row of the f16 tiles is padded by (rows stay 16-byte aligned)
+COOP_SCRATCH_ROW = 64  # floats a row of a subgroup's scratch (72, against bank conflicts, ran 20% slower)
+
+
+def coop_attention_bytes(head_dim: int) -> int:
+    """Workgroup memory of attention_coop.wgsl: the f16 K and V blocks (padded rows; Q is
+    staged through K's), each subgroup's f16 P rows and f32 scratch of 16 x 64."""
+    kv = 2 * 2 * COOP_KEYS * (head_dim + _HALF_PAD)
+    p = 2 * COOP_SUBGROUPS * 16 * (COOP_KEYS + _HALF_PAD)
+    return kv + p + 4 * COOP_SUBGROUPS * 16 * COOP_SCRATCH_ROW
+
+
+def coop_attention_supported(head_dim: int, caps: Capabilities) -> bool:
+    """Whether an attention of this head dim runs on cooperative matrices: where the matmul
+    does (``caps.matmul_f16``), for head dims of whole fragments up to 64 (the scratch's
+    row) whose blocks fit the device's workgroup memory, unless
+    ``MEGANEURA_ATTENTION=per-query`` forces the SIMT per-query kernel."""
+    return (caps.matmul_f16 and caps.knobs.attention != "per-query" and head_dim % COOP_FRAGMENT == 0
+            and 0 < head_dim <= 64 and coop_attention_bytes(head_dim) <= caps.workgroup_storage)
+
+
+def _fragment(kind: str, tile: str, offset: str, col_major: bool, stride: str) -> str:
+    f = COOP_FRAGMENT
+    return (f"subgroupMatrixLoad<subgroup_matrix_{kind}<f16, {f}, {f}>>(&{tile}, {offset}, "
+            f"{'true' if col_major else 'false'}, {stride})")
+
+
+def _result(name: str) -> str:
+    return f"var {name} = subgroup_matrix_result<f32, {COOP_FRAGMENT}, {COOP_FRAGMENT}>();"
+
+
+def _coop_subs(d: int) -> dict:
+    """attention_coop.wgsl's unrolled parts for head dim ``d``: Q's fragments (row-major in
+    Kh), S = Q K^T (K^T a column-major view of key-major Kh), the staging of Q and of a key
+    block (unrolled: as a loop, each thread's global loads went one after another and the
+    kernel took 2.1x as long on the H100), the lanes' softmax over their 32 keys of a row, P V (P row-major in Ph, V
+    row-major in Vh) and the lanes' share of O."""
+    f, dk, oc = COOP_FRAGMENT, d // COOP_FRAGMENT, d // 2
+    ind = " " * 8
+    key = lambda c: f"({c}u + r) % 32u * 2u + half"  # noqa: E731
+    col = lambda c: f"({c}u + r) % {oc}u * 2u + half"  # noqa: E731
+    load_q = [f"    let qf{kk} = {_fragment('left', 'Kh', f'sg * 16u * KS + {f * kk}u', False, 'KS')};"
+              for kk in range(dk)]
+    threads = 32 * COOP_SUBGROUPS
+    elements = [f"tid + {n * threads}u" for n in range(COOP_KEYS * d // 4 // threads)]   # BQ = BKV rows
+    stage_q = [f"    put_k({e}, fetch_rows({e}, b, h, q0, T, H, 0u));" for e in elements]
+    stage = [f"{ind}put_k({e}, fetch_rows({e}, b, hk, k0, S, HKV, 1u)); "
+             f"put_v({e}, fetch_rows({e}, b, hk, k0, S, HKV, 2u));" for e in elements]
+    scores = []
+    for n in range(COOP_KEYS // f):
+        scores.append(ind + _result(f"s{n}"))
+        scores += [f"{ind}s{n} = subgroupMatrixMultiplyAccumulate(qf{kk}, "
+                   f"{_fragment('right', 'Kh', f'{f * n}u * KS + {f * kk}u', True, 'KS')}, s{n});" for kk in range(dk)]
+        scores.append(f"{ind}subgroupMatrixStore(&Sc, sb + {f * n}u, s{n}, false, SS);")
+    read = [f"{ind}sv[{c}] = select(NEG, Sc[sb + r * SS + {key(c)}] * scale, k0 + {key(c)} < key_end);"
+            for c in range(32)]
+    probabilities = [f"{ind}{{ let p = f16(select(0.0, exp2(sv[{c}] - mx_new), sv[{c}] > NEG)); "
+                     f"Ph[pb + r * PS + {key(c)}] = p; sum = sum + f32(p); }}" for c in range(32)]
+    pv = [f"{ind}let pf{kk} = {_fragment('left', 'Ph', f'pb + {f * kk}u', False, 'PS')};"
+          for kk in range(COOP_KEYS // f)]
+    for n in range(dk):
+        pv.append(ind + _result(f"pv{n}"))
+        pv += [f"{ind}pv{n} = subgroupMatrixMultiplyAccumulate(pf{kk}, "
+               f"{_fragment('right', 'Vh', f'{f * kk}u * KS + {f * n}u', False, 'KS')}, pv{n});"
+               for kk in range(COOP_KEYS // f)]
+        pv.append(f"{ind}subgroupMatrixStore(&Sc, sb + {f * n}u, pv{n}, false, SS);")
+    return dict(D=d, OC=oc, PAD=_HALF_PAD, SS=COOP_SCRATCH_ROW, LOAD_Q="\n".join(load_q), STAGE_Q="\n".join(stage_q),
+                STAGE="\n".join(stage),
+                SCORES="\n".join(scores), READ_SCORES="\n".join(read),
+                ROW_MAX="\n".join(f"{ind}top = max(top, sv[{c}]);" for c in range(32)),
+                PROBABILITIES="\n".join(probabilities),
+                RESCALE="\n".join(f"{ind}o[{c}] = o[{c}] * corr;" for c in range(oc)),
+                PV="\n".join(pv),
+                ADD_PV="\n".join(f"{ind}o[{c}] = o[{c}] + Sc[sb + r * SS + {col(c)}];" for c in range(oc)),
+                STORE_O="\n".join(f"    Sc[sb + r * SS + {col(c)}] = o[{c}] * inv;" for c in range(oc)))
+
+
+def attention_forward(graph: Graph, node: Node, caps: Capabilities) -> Kernel:
+    """The kernel of an ``attention`` or ``attention_stats`` node: on cooperative matrices
+    where ``coop_attention_supported``, else the f32 kernels (``_attention``)."""
+    dims = _attention_dims(node, graph[node.inputs[0]], graph[node.inputs[1]])
+    if coop_attention_supported(dims[5], caps):
+        return coop_attention(graph, node, *dims, caps, attention_stats_at(graph, node))
+    return _attention(graph, node, caps)
+
+
+def coop_attention(graph: Graph, node: Node, bsz, t, s, h, hkv, d, causal, scale, caps: Capabilities,
+                   lse_at: int = 0) -> Kernel:
+    """The cooperative-matrix attention forward of ``node`` (dims as ``_attention_dims``),
+    its keys split among workgroups where the grid is too small to fill the GPU
+    (``attention_splits``; the parts combined by attention_splits.wgsl, as the SIMT
+    kernel's); with ``lse_at`` (attention_stats) its rows' log-sum-exp from there on."""
+    blocks = -(-t // COOP_QUERIES)
+    splits = attention_splits(blocks * h * bsz, -(-s // COOP_KEYS), caps.knobs, caps.tuning)
+    grid = _split_grid(graph, node, blocks, h, bsz, splits)
+    meta = [t, s, h, hkv, causal, f32_bits(scale * math.log2(math.e)), splits, bsz]
+    kernel = _finish("attention", "attention", "attention_coop.wgsl", ["q", "k", "v"], ["vec4<f32>"] * 3, "f32",
+                     meta, grid, caps, enables=COOP_ENABLES + ("subgroups",),
+                     SPLIT="true" if splits > 1 else "false", LSE_AT=lse_at, **_coop_subs(d))
+    f = COOP_FRAGMENT
+    kernel.notes["variant"] = (f"cooperative flash {COOP_QUERIES} queries x {COOP_KEYS} keys, "
+                               f"f16 {f}x{f}x{f} -> f32, {COOP_SUBGROUPS} subgroups"
+                               + (", its rows' log-sum-exp kept" if lse_at else ""))
+    kernel.guarded = True
+    if splits > 1:
+        rows = bsz * t * h
+        stats = splits * bsz * h * -(-t // 4) * 8
+        _split_combine(kernel, "softmax", splits, rows * d // 4, splits * rows * d + stats, (bsz, t, h, d // 4),
+                       lse_at=lse_at)
+    return kernel

@@ -1,0 +1,154 @@
+// Attention archetype, cooperative-matrix path (flash attention forward, f16 operands on
+// the tensor cores, f32 accumulation and softmax). One workgroup of 4 subgroups (128
+// threads, subgroups of 32) per (block of BQ = 64 queries, head, batch); subgroup sg owns
+// queries q0 + 16 sg .. + 15. Its Q rows (rounded to f16) are staged once through Kh and
+// kept as D / 16 left fragments. For each block of BKV = 64 keys, K and V are staged as
+// f16 (key-major, rows padded by 8 halves), then each subgroup:
+//   S [16 x 64] = Q K^T in 4 result fragments, stored to its f32 scratch Sc;
+//   its lanes run the online softmax on S * scale * log2(e) in f32 (the scores are f32
+//   products of the f16-rounded q and k, rounded no further; a lane takes row lane % 16
+//   and the keys of parity lane / 16, in a rotated order so that the 32 lanes' scratch
+//   reads hit 32 banks): running max, correction factor, P = exp2(S - max) rounded to
+//   f16 into its Ph, the row sum of the rounded P (what P V multiplies), O = O * corr
+//   (O in registers: a result fragment cannot be scaled per row);
+//   PV [16 x D] in D / 16 fresh result fragments, stored to Sc, added by the lanes to O.
+// At the end O / l goes through Sc so that the lanes write whole rows of the output.
+// q, k, v are activations: rounded to f16 without a range scan (like the matmul's forward
+// operands).
+// Causal: key blocks above the workgroup's last query are skipped; keys past a query (or
+// past S) are masked, and a row with no visible key comes out 0, not NaN.
+// Split (SPLIT): the workgroup's key blocks are shared among `splits` workgroups, each
+// writing its unnormalised O rows and its rows' maxima and sums in attention_tiled.wgsl's
+// layout, which attention_splits.wgsl combines.
+// LSE_AT > 0 (attention_stats): out also holds each row's log-sum-exp (natural log, of
+// the scores of the f16-rounded q and k), [B, T, H] from element LSE_AT on; with SPLIT
+// attention_splits.wgsl writes it.
+// q, out: [B, T, H*D]; k, v: [B, S, HKV*D] (D % 16 == 0, D <= 64).
+// meta: [T, S, H, HKV, causal, scale * log2(e), splits, B]; grid: (ceil(T / BQ), H, B * splits)
+
+{{PRELUDE}}
+
+{{BINDINGS}}
+
+const D: u32 = {{D}}u;
+const D4: u32 = D / 4u;
+const BQ: u32 = 64u;
+const BKV: u32 = 64u;
+const THREADS: u32 = 128u;
+const KS: u32 = D + {{PAD}}u;       // halves a row of Kh and Vh (and of Q, staged in Kh)
+const PS: u32 = BKV + {{PAD}}u;     // halves a row of a subgroup's Ph
+const SS: u32 = {{SS}}u;          // floats a row of a subgroup's Sc (S: 64 keys; PV and O: D columns)
+const NEG: f32 = -1.0e30;     // finite "no score yet"
+const SPLIT: bool = {{SPLIT}};
+const LSE_AT: u32 = {{LSE_AT}}u;   // attention_stats: where the rows' log-sum-exp go in out (0: none)
+
+var<workgroup> Kh: array<f16, BKV * KS>;
+var<workgroup> Vh: array<f16, BKV * KS>;
+var<workgroup> Ph: array<f16, 4u * 16u * PS>;
+var<workgroup> Sc: array<f32, 4u * 16u * SS>;
+
+// Element e of rows r0.. of q, k or v (`which`; [B, n, heads * D], head hx), row-major;
+// rows past `n` are zero. Neighbouring threads read a row's neighbouring vec4s.
+fn fetch_rows(e: u32, b: u32, hx: u32, r0: u32, n: u32, heads: u32, which: u32) -> vec4<f32> {
+    let j = e / D4;
+    if (r0 + j >= n) { return vec4<f32>(0.0); }
+    let at = ((b * n + r0 + j) * heads + hx) * D4 + e % D4;
+    if (which == 0u) { return q[at]; }
+    if (which == 1u) { return k[at]; }
+    return v[at];
+}
+
+// Element e as f16 into Kh (Vh), row-major.
+fn put_k(e: u32, x: vec4<f32>) {
+    let at = e / D4 * KS + e % D4 * 4u;
+    let h = vec4<f16>(x);
+    Kh[at] = h.x; Kh[at + 1u] = h.y; Kh[at + 2u] = h.z; Kh[at + 3u] = h.w;
+}
+
+fn put_v(e: u32, x: vec4<f32>) {
+    let at = e / D4 * KS + e % D4 * 4u;
+    let h = vec4<f16>(x);
+    Vh[at] = h.x; Vh[at + 1u] = h.y; Vh[at + 2u] = h.z; Vh[at + 3u] = h.w;
+}
+
+@compute @workgroup_size(128)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32,
+        @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
+    let T = m(0u);
+    let S = m(1u);
+    let H = m(2u);
+    let HKV = m(3u);
+    let causal = m(4u) != 0u;
+    let scale = mf(5u);
+    let splits = m(6u);
+    let B = m(7u);
+    let h = wg.y;
+    let b = wg.z / splits;
+    let part = wg.z % splits;
+    let hk = h / (H / HKV);
+    let q0 = wg.x * BQ;
+    let r = lane % 16u;             // this lane's row of the subgroup's 16
+    let half = lane / 16u;          // and the parity of its keys and columns
+    let t = q0 + 16u * sg + r;
+    let sb = sg * 16u * SS;         // the subgroup's scratch
+    let pb = sg * 16u * PS;
+    var key_end = S;                // row t sees keys < key_end
+    var kv_end = S;                 // the workgroup's rows see keys < kv_end
+    if (causal) {
+        key_end = min(S, t + 1u);
+        kv_end = min(S, q0 + BQ);
+    }
+{{STAGE_Q}}
+    workgroupBarrier();
+{{LOAD_Q}}
+    var mx = NEG;                   // the row's max so far (log2 units)
+    var l = 0.0;                    // this lane's keys' share of its row's sum
+    var o: array<f32, {{OC}}>;       // row r, columns 2 ((c + r) % (D / 2)) + half
+    let blocks = (kv_end + BKV - 1u) / BKV;
+    let per_part = (blocks + splits - 1u) / splits;
+    let last = min(blocks, (part + 1u) * per_part);
+    for (var kb = part * per_part; kb < last; kb = kb + 1u) {
+        let k0 = kb * BKV;
+        workgroupBarrier();         // Q's fragments, the previous block's Vh and Sc are read
+{{STAGE}}
+        workgroupBarrier();
+{{SCORES}}
+        workgroupBarrier();
+        var sv: array<f32, 32>;     // scores of keys k0 + 2 ((c + r) % 32) + half
+{{READ_SCORES}}
+        var top = NEG;
+{{ROW_MAX}}
+        top = max(top, subgroupShuffleXor(top, 16u));
+        let mx_new = max(mx, top);
+        let corr = exp2(mx - mx_new);
+        var sum = 0.0;
+{{PROBABILITIES}}
+        l = l * corr + sum;
+        mx = mx_new;
+{{RESCALE}}
+        workgroupBarrier();         // Ph is written and Sc's scores are read
+{{PV}}
+        workgroupBarrier();
+{{ADD_PV}}
+    }
+    let total = l + subgroupShuffleXor(l, 16u);
+    var inv = select(0.0, 1.0 / total, total > 0.0);
+    if (SPLIT) { inv = 1.0; }
+    workgroupBarrier();             // the last block's Sc is read
+{{STORE_O}}
+    workgroupBarrier();
+    let base = part * B * T * H * D;
+    for (var e = lane; e < 16u * D; e = e + 32u) {
+        let row = q0 + 16u * sg + e / D;
+        if (row < T) { out[base + ((b * T + row) * H + h) * D + e % D] = Sc[sb + e / D * SS + e % D]; }
+    }
+    if (!SPLIT && LSE_AT > 0u && half == 0u && t < T) {
+        out[LSE_AT + (b * T + t) * H + h] = (mx + log2(total)) * 0.6931471805599453;
+    }
+    if (SPLIT && half == 0u && t < T) {
+        // a part's row maximum and sum, as attention_tiled.wgsl's vec4s of 4 queries' stats
+        let at = splits * B * T * H * D + ((((part * B + b) * H + h) * ((T + 3u) / 4u) + t / 4u) * 2u) * 4u + t % 4u;
+        out[at] = mx;
+        out[at + 4u] = total;
+    }
+}

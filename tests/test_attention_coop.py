@@ -1,0 +1,199 @@
+"""The attention forward on cooperative matrices (attention_coop.wgsl: f16 Q K^T and P V
+fragments accumulating in f32, the softmax in f32).
+
+As for the cooperative matmul (test_coop_matmul.py): CI's lavapipe cannot enable
+subgroup matrices, so there the kernels must pass Tint's front end (Dawn's Null backend)
+and ``MEGANEURA_PRECISION=f16`` must keep the f32 SIMT kernel with its tolerance; on a
+device that has them (the H100 through ``MEGANEURA_WGPU=dawn``) the same numerics test
+runs the cooperative kernel against a float64 reference of the f16-rounded q, k, v.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from engine import codegen
+from engine.config import Knobs
+from engine.graph import reference
+from engine.optimize.attention_stats import share_attention_statistics
+from engine.runtime.device import device_capabilities
+from engine.runtime.session import build_inference_session
+
+from test_attention_kernel import attention_graph, random_inputs
+from test_attention_stats import with_lse
+from test_runtime import TOL, rel_err
+
+COOP_CAPS = codegen.Capabilities(subgroups=True, workgroup_storage=49152, dialect="tint", matmul_f16=True)
+F32_CAPS = codegen.Capabilities(subgroups=True, workgroup_storage=49152, dialect="tint", matmul_f16=False)
+
+
+def _variant(caps, *shape, causal=False):
+    g = attention_graph(*shape, causal=causal)
+    (node,) = [n for n in g.nodes if n.op == "attention"]
+    return codegen.kernel_for(g, node, caps).notes["variant"]
+
+
+def test_cooperative_attention_follows_the_matmul_precision_and_head_dim():
+    """f16 capabilities take the cooperative kernel for whole fragments up to D = 64 in
+    48 KiB; f32 ones, other head dims and the per-query knob keep the SIMT kernels."""
+    assert _variant(COOP_CAPS, 8, 1500, 1500, 6, 6, 64).startswith("cooperative flash")
+    assert _variant(COOP_CAPS, 2, 70, 70, 6, 2, 32, causal=True).startswith("cooperative flash")
+    assert _variant(F32_CAPS, 8, 1500, 1500, 6, 6, 64).startswith("tiled (flash)")
+    assert _variant(COOP_CAPS, 1, 40, 40, 2, 2, 36).startswith("tiled (flash)")      # not whole fragments
+    assert _variant(COOP_CAPS, 1, 40, 40, 2, 2, 128) == "one thread per query"
+    per_query = codegen.Capabilities(workgroup_storage=49152, dialect="tint", matmul_f16=True,
+                                     knobs=Knobs(attention="per-query"))
+    assert _variant(per_query, 1, 40, 40, 2, 2, 64) == "one thread per query"
+    small = codegen.Capabilities(workgroup_storage=32768, dialect="tint", matmul_f16=True)
+    assert _variant(small, 1, 40, 40, 2, 2, 64).startswith("tiled (flash)")          # 44 KiB does not fit
+    assert all(codegen.attention_coop.coop_attention_bytes(d) <= 49152 for d in (16, 32, 48, 64))
+    assert "keys split" in _variant(COOP_CAPS, 1, 1500, 1500, 6, 6, 64)             # 24 x 6 workgroups
+    assert "split" not in _variant(COOP_CAPS, 8, 1500, 1500, 6, 6, 64)
+
+
+TINT_CHECK = textwrap.dedent("""
+    import os, sys
+    os.environ["WGPU_BACKEND_TYPE"] = "Null"   # Dawn's Null backend: Tint's front end, no GPU
+    from engine import codegen
+    from engine.config import Knobs
+    from test_attention_kernel import attention_graph
+    from test_attention_stats import with_lse
+    from engine.optimize.attention_stats import share_attention_statistics
+    import wgpudawn
+    from wgpudawn.backends.dawn import extras
+    extras.set_instance_extras(enable_toggles=["allow_unsafe_apis"])
+    adapter = wgpudawn.gpu.request_adapter_sync()
+    device = adapter.request_device_sync(
+        required_features=["shader-f16", "subgroups", codegen.SUBGROUP_MATRIX_FEATURE])
+    sources, failures = set(), []
+    for splits in (0, 3):
+        caps = codegen.Capabilities(subgroups=True, workgroup_storage=49152, dialect="tint", matmul_f16=True,
+                                    knobs=Knobs(attention_splits=splits))
+        for d in (16, 32, 48, 64):
+            g = attention_graph(1, 70, 130, 2, 1, d, causal=True)
+            (node,) = [n for n in g.nodes if n.op == "attention"]
+            kernels = [codegen.kernel_for(g, node, caps)]
+            if d == 64:   # attention_stats: the same kernel writing its rows' log-sum-exp
+                stats = share_attention_statistics(with_lse(g))[0]
+                kernels += [codegen.kernel_for(stats, n, caps) for n in stats.nodes if n.op == "attention_stats"]
+            for k in [k for kernel in kernels for k in (kernel, kernel.finish)]:
+                if k is not None and k.source not in sources:
+                    sources.add(k.source)
+                    try:
+                        device.create_shader_module(code=k.source)
+                    except Exception as exc:
+                        failures.append(f"D={d} {k.name}: {str(exc)[:400]}")
+    print(len(sources), sum("subgroupMatrixMultiplyAccumulate" in s for s in sources))
+    print("\\n".join(failures))
+    sys.exit(1 if failures else 0)
+""")
+
+
+def test_every_cooperative_attention_kernel_passes_tint():
+    """Each head dim's kernel, whole and split (and the split's combine), and at D = 64 the
+    attention_stats kernels, are valid WGSL for Tint; the models' own (D = 64) are also in
+    test_coop_matmul's check of every kernel."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    path = os.pathsep.join([root, here, os.environ.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", TINT_CHECK], cwd=root, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": path})
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    kernels, coop = map(int, done.stdout.split("\n")[0].split())
+    assert kernels == 12 and coop == 10, done.stdout   # 8 + 2 stats cooperative kernels, 2 combines
+
+
+def _f16(x):
+    return np.asarray(x, np.float32).astype(np.float16).astype(np.float64)
+
+
+CASES = {
+    # name: (batch, T, S, heads, kv heads, D, causal, scale), splits
+    "gqa-causal-off-blocks": ((1, 130, 130, 6, 2, 64, True, None), 0),
+    "cross-more-keys": ((2, 33, 200, 4, 2, 64, False, 0.3), 0),
+    "causal-fewer-keys-split": ((1, 150, 70, 2, 1, 32, True, None), 3),
+    "head-dim-16-split": ((2, 70, 300, 2, 2, 16, False, None), 3),
+    "head-dim-48": ((1, 100, 90, 3, 3, 48, False, None), 0),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_f16_attention_matches_the_reference(case, configure):
+    """On a device with subgroup matrices the cooperative kernel matches the float64
+    reference of f16-rounded q, k, v to 2e-3 of the output's largest value: its scores are
+    f32 sums of exact products of the rounded operands, and beyond the reference it rounds
+    only P to f16 (at most 2^-12 relative) while its row sums add the rounded P, so O is a
+    convex combination of V's rows with weights off by at most ~2.5e-4 each; it matches the
+    exact reference to 1e-2 (q and k's rounding moves scores of a few units by ~1e-3).
+    Elsewhere (lavapipe) the SIMT kernel runs and matches the exact reference to f32's
+    tolerance."""
+    shape, splits = CASES[case]
+    configure(precision="f16", attention_splits=splits)
+    g = attention_graph(*shape)
+    inputs = random_inputs(g, seed=7)
+    s = build_inference_session(g, optimize=False, capabilities=device_capabilities())
+    s.set_inputs(inputs)
+    s.run()
+    got = s.read_output("o")
+    exact = reference.run(g, inputs, {}, np.float64)["o"]
+    variant = s.plan.dispatches[0].variant
+    assert ("split" in variant) == (splits > 1), variant
+    if s.capabilities.matmul_f16:
+        assert variant.startswith("cooperative flash"), variant
+        rounded = reference.run(g, {k: _f16(v) for k, v in inputs.items()}, {}, np.float64)["o"]
+        assert rel_err(got, rounded) < 2e-3, rel_err(got, rounded)
+        assert rel_err(got, exact) < 1e-2, rel_err(got, exact)
+    else:
+        assert not variant.startswith("cooperative"), variant
+        assert rel_err(got, exact) < TOL, rel_err(got, exact)
+
+
+def test_f16_attention_rescales_when_a_later_block_has_the_max(configure):
+    """Scores grow along the keys and span hundreds (a softmax without running max would
+    overflow): each key block raises the rows' max and rescales O and the sums."""
+    configure(precision="f16")
+    g = attention_graph(1, 70, 200, 1, 1, 64, scale=1.0)
+    rng = np.random.default_rng(3)
+    q = np.abs(rng.standard_normal((1, 70, 64))) + 0.5
+    k = (np.abs(rng.standard_normal((1, 200, 64))) + 0.5) * np.linspace(0.0, 6.0, 200)[None, :, None]
+    inputs = {"q": q, "k": k, "v": rng.standard_normal((1, 200, 64))}
+    s = build_inference_session(g, optimize=False, capabilities=device_capabilities())
+    s.set_inputs(inputs)
+    s.run()
+    got = s.read_output("o")
+    if s.capabilities.matmul_f16:
+        # scores in the hundreds: rounding q and k moves them by units, so the reference
+        # takes the rounded operands, whose products the kernel sums exactly enough in f32
+        rounded = reference.run(g, {n: _f16(v) for n, v in inputs.items()}, {}, np.float64)["o"]
+        assert np.isfinite(got).all() and rel_err(got, rounded) < 2e-3, rel_err(got, rounded)
+    else:
+        assert rel_err(got, reference.run(g, inputs, {}, np.float64)["o"]) < TOL
+
+
+@pytest.mark.parametrize("splits", [0, 3])
+def test_f16_attention_keeps_its_log_sum_exp(splits, configure):
+    """attention_stats (a training graph's forward) on a device with subgroup matrices:
+    its result as the plain kernel's, and its rows' log-sum-exp, written by the kernel or
+    (split) by the combine, that of the f16-rounded q and k's scores to 1e-4 of its
+    largest magnitude (scores are exact f32 sums of the rounded products; the sum of P
+    adds P rounded to f16, at most 2^-12 relative, moving a log by at most 2.5e-4 of one).
+    Elsewhere the SIMT kernel writes them to f32's tolerance."""
+    configure(precision="f16", attention_splits=splits)
+    g = share_attention_statistics(with_lse(attention_graph(1, 150, 200, 6, 2, 64, causal=True)))[0]
+    inputs = random_inputs(g, seed=5)
+    s = build_inference_session(g, optimize=False, capabilities=device_capabilities())
+    s.set_inputs(inputs)
+    s.run()
+    got = s.read_outputs()
+    variant = s.plan.dispatches[0].variant
+    assert "log-sum-exp kept" in variant and ("split" in variant) == (splits > 1), variant
+    cooperative = s.capabilities.matmul_f16
+    assert variant.startswith("cooperative flash") == cooperative, variant
+    want = reference.run(g, {k: _f16(v) for k, v in inputs.items()} if cooperative else inputs, {}, np.float64)
+    for name in ("lse", "lse_again"):
+        assert rel_err(got[name], want[name]) < (1e-4 if cooperative else TOL), (name, rel_err(got[name], want[name]))
+    assert rel_err(got["o"], want["o"]) < (2e-3 if cooperative else TOL)
