@@ -32,7 +32,9 @@ Rows:
 - audio-align smoke: the whole ``meganeura train audio-align`` recipe for 50 steps, wall
   time end to end (session build included; torch.compile's compilation likewise),
   against the same recipe in PyTorch; ours first with empty build caches, then again
-  with the caches the first run filled (the row "..., warm cache").
+  with the caches the first run filled (the row "..., warm cache"). Both GPU runtimes
+  (CUDA context, our WebGPU device) are opened before the first row; torch's kernels
+  load lazily, so its cells are slower when the smoke runs first.
 - infer whisper-tiny: one forward pass; ours = run() back to back, synchronised by a
   4-byte read at the end, wall time / runs; torch under no_grad, CUDA events.
 - infer whisper-tiny b8: the same at batch 8, with the transformers columns.
@@ -113,6 +115,17 @@ class TorchTimer:
     def sync(self):
         if self.cuda:
             torch.cuda.synchronize()
+
+    def open_runtimes(self):
+        """Open both sides' GPU before any row: torch's CUDA context and cuBLAS handle,
+        our WebGPU device, so that neither device's start-up is charged to the first row
+        (torch's kernels still load lazily, inside the first row that uses them: the
+        smoke's eager fp32 cell is 1.0-1.2 s after other rows, 4.7-5.7 s as the first)."""
+        from engine.runtime.device import get_device
+        get_device()
+        x = torch.ones(64, 64, device=self.device)
+        (x @ x).sum().item()
+        self.sync()
 
     def median_ms(self, fn, reps, warmup=3):
         """Median device time of fn() in ms (CUDA events; perf_counter on CPU)."""
@@ -609,6 +622,7 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     timer = TorchTimer(dev)
+    timer.open_runtimes()
     columns = TorchColumns(dev, "compile: left out (--no-compile)" if args.no_compile else
                            "compile: left out in --quick (--compile forces it)" if args.quick and not args.compile
                            else None)

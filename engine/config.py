@@ -36,6 +36,7 @@ class Knobs:
     attention_splits: int = 0         # MEGANEURA_ATTENTION_SPLITS
     attention_backward_rows: int = 0  # MEGANEURA_ATTENTION_BACKWARD_ROWS: 16 | 32 | 64
     attention_prefetch: int = 2       # MEGANEURA_ATTENTION_PREFETCH: 0 | 1 | 2
+    attention_backward: str = "auto"  # MEGANEURA_ATTENTION_BACKWARD: auto | f32 (no cooperative backward)
     thread_layout: str = ""           # MEGANEURA_THREAD_LAYOUT: rows | warp
     pool: bool = True                 # MEGANEURA_POOL=0: every tensor its own buffer
 
@@ -62,6 +63,7 @@ class Config:
             attention_splits=_count(get, "ATTENTION_SPLITS"),
             attention_backward_rows=int(_choice(get, "ATTENTION_BACKWARD_ROWS", ("16", "32", "64"), "0")),
             attention_prefetch=int(_choice(get, "ATTENTION_PREFETCH", ("0", "1", "2"), "2")),
+            attention_backward=_choice(get, "ATTENTION_BACKWARD", ("auto", "f32"), "auto"),
             thread_layout=get("THREAD_LAYOUT") or "",
             pool=_choice(get, "POOL", ("0", "1"), "1") == "1",
         )

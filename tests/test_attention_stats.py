@@ -77,9 +77,12 @@ def test_attention_stats_kernel_matches_numpy(case, splits, configure):
     session.set_inputs(feeds)
     session.run()
     got = session.read_outputs()
+    # f16 q, k, v and P where MEGANEURA_PRECISION=f16 takes the cooperative kernel (3.6e-4
+    # measured on the H100; test_attention_coop holds it to the f16-rounded reference)
+    tol = 1e-3 if session.capabilities.matmul_f16 else 2e-6
     for name in ("o", "lse", "lse_again"):
         err = np.abs(got[name] - want[name]).max() / np.abs(want[name]).max()
-        assert err < 2e-6, (name, err)
+        assert err < tol, (name, err)
 
 
 def test_training_graphs_take_the_statistics_from_the_forward():

@@ -8,11 +8,6 @@ through ``MEGANEURA_WGPU=dawn``) the same tests run the cooperative kernels and 
 them against a float64 reference of the f16-rounded operands.
 """
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import numpy as np
 import pytest
 
@@ -22,6 +17,7 @@ from engine.runtime.session import build_inference_session
 from engine.runtime.device import device_capabilities
 
 from test_runtime import feeds, rel_err
+from tint_check import tint_check
 
 COOP_CAPS = codegen.Capabilities(subgroups=True, workgroup_storage=49152, dialect="tint", matmul_f16=True)
 
@@ -174,32 +170,14 @@ def test_bad_precision_and_backend_names_are_clear_errors():
         Config.from_env({"MEGANEURA_WGPU": "metal"})
 
 
-TINT_CHECK = textwrap.dedent("""
-    import os, sys
-    os.environ["WGPU_BACKEND_TYPE"] = "Null"   # Dawn's Null backend: Tint's front end, no GPU
-    from engine import codegen, models
+TINT_CHECK = """
+    from engine import models
     from engine.autodiff import differentiate
     from engine.compile import OptimizerSpec, compile_plan
     from engine.optimize import optimize
     from engine.train import TrainConfig
-    import wgpudawn
-    from wgpudawn.backends.dawn import extras
-    extras.set_instance_extras(enable_toggles=["allow_unsafe_apis"])
-    adapter = wgpudawn.gpu.request_adapter_sync()
-    device = adapter.request_device_sync(
-        required_features=["shader-f16", "subgroups", codegen.SUBGROUP_MATRIX_FEATURE])
     capabilities = [codegen.Capabilities(subgroups=s, workgroup_storage=w, dialect="tint", matmul_f16=f)
                     for s, w, f in ((True, 49152, True), (True, 49152, False), (False, 32768, False))]
-    sources, failures = {}, []
-
-    def check(label, kernel):
-        if kernel.source not in sources:
-            sources[kernel.source] = kernel.name
-            try:
-                device.create_shader_module(code=kernel.source)
-            except Exception as exc:
-                failures.append(f"{label} {kernel.name}: {str(exc)[:400]}")
-
     for name in models.names():
         model = models.create(name, ["mel_len=200"] if name in ("whisper-tiny", "audio-align") else [])
         for train in (False, True):
@@ -238,11 +216,7 @@ TINT_CHECK = textwrap.dedent("""
         for node in g.nodes:
             if node.op not in ("input", "parameter", "constant"):
                 check("onnx-ops", codegen.kernel_for(g, node, caps))
-    coop = sum("subgroupMatrixMultiplyAccumulate" in s for s in sources)
-    print(len(sources), coop)
-    print("\\n".join(failures))
-    sys.exit(1 if failures else 0)
-""")
+"""
 
 
 def test_every_generated_kernel_passes_tint():
@@ -251,9 +225,5 @@ def test_every_generated_kernel_passes_tint():
     is stricter than naga (reserved words such as `meta`, literals that round past
     f32's range or fold to inf, `enable subgroups;`). The optimizer's kernels (SGD,
     AdamW with clipping) are among them."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run([sys.executable, "-c", TINT_CHECK], cwd=root, capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "PYTHONPATH": root})
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    kernels, coop = map(int, done.stdout.split("\n")[0].split())
-    assert kernels > 80 and coop >= 5, done.stdout
+    kernels, coop = tint_check(TINT_CHECK)
+    assert kernels > 80 and coop >= 5, (kernels, coop)

@@ -197,6 +197,19 @@ def _split_combine(kernel: Kernel, mode: str, splits: int, n: int, partials: int
     return kernel
 
 
+def _combine_forward_splits(kernel: Kernel, splits: int, bsz: int, t: int, h: int, d: int,
+                            lse_at: int = 0) -> Kernel:
+    """A forward kernel whose keys are split ``splits`` ways (1: not split) writes each
+    part's unnormalised rows and their statistics (vec4s of 4 queries' maximum and sum,
+    attention_tiled.wgsl's layout); attention_splits.wgsl combines them."""
+    if splits > 1:
+        rows = bsz * t * h
+        stats = splits * bsz * h * -(-t // 4) * 8
+        _split_combine(kernel, "softmax", splits, rows * d // 4, splits * rows * d + stats, (bsz, t, h, d // 4),
+                       lse_at=lse_at)
+    return kernel
+
+
 ATTENTION_KEYS = 64   # keys per block of attention_tiled.wgsl (16 threads x 4)
 
 
@@ -278,12 +291,7 @@ def _attention_tiled(graph, node, bsz, t, s, h, hkv, d, causal, scale, caps: Cap
     kernel.notes["variant"] = (f"tiled (flash) {bq} queries x {ATTENTION_KEYS} keys, "
                                f"4x4 scores and 4x4 outputs/thread" + (", its rows' log-sum-exp kept" if lse_at else ""))
     kernel.guarded = True
-    if splits > 1:
-        rows = bsz * t * h
-        stats = splits * bsz * h * -(-t // 4) * 8
-        _split_combine(kernel, "softmax", splits, rows * d // 4, splits * rows * d + stats, (bsz, t, h, d // 4),
-                       lse_at=lse_at)
-    return kernel
+    return _combine_forward_splits(kernel, splits, bsz, t, h, d, lse_at)
 
 
 @dataclass(frozen=True)

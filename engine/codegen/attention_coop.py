@@ -8,7 +8,8 @@ from __future__ import annotations
 import math
 
 from ..graph.ir import Graph, Node
-from .attention import _attention, _attention_dims, _split_combine, _split_grid, attention_splits, attention_stats_at
+from .attention import (_attention, _attention_dims, _combine_forward_splits, _split_grid, attention_splits,
+                        attention_stats_at)
 from .common import Capabilities, Kernel, _finish, f32_bits
 from .matmul import COOP_ENABLES, COOP_FRAGMENT
 
@@ -119,9 +120,4 @@ def coop_attention(graph: Graph, node: Node, bsz, t, s, h, hkv, d, causal, scale
                                f"f16 {f}x{f}x{f} -> f32, {COOP_SUBGROUPS} subgroups"
                                + (", its rows' log-sum-exp kept" if lse_at else ""))
     kernel.guarded = True
-    if splits > 1:
-        rows = bsz * t * h
-        stats = splits * bsz * h * -(-t // 4) * 8
-        _split_combine(kernel, "softmax", splits, rows * d // 4, splits * rows * d + stats, (bsz, t, h, d // 4),
-                       lse_at=lse_at)
-    return kernel
+    return _combine_forward_splits(kernel, splits, bsz, t, h, d, lse_at)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from ..graph.ir import Graph, Node
 from ..graph.ops import OPS
-from .attention import ATTENTION_BACKWARD, ATTENTION_KEYS, _attention_backward, _cached_attention, attention_queries
+from .attention import ATTENTION_BACKWARD, ATTENTION_KEYS, _cached_attention, attention_queries
 from .attention_coop import attention_forward, coop_attention_supported
+from .attention_coop_backward import attention_backward, coop_backward_supported
 from .common import Capabilities, Kernel, PLAIN, UnsupportedOpError
 from .convolution import _conv
 from .copies import _cache_write, _copy, _embedding, _embedding_grad, _rope
@@ -38,7 +39,7 @@ _BUILDERS["cached_attention"] = _cached_attention
 _BUILDERS["cache_write"] = _cache_write
 _BUILDERS["swiglu_matmul"] = _swiglu_matmul
 for _op in ATTENTION_BACKWARD:
-    _BUILDERS[_op] = _attention_backward
+    _BUILDERS[_op] = attention_backward
 for _op in _ROW_KERNELS:
     _BUILDERS[_op] = _row_kernel
 _BUILDERS["embedding_grad"] = _embedding_grad
@@ -81,7 +82,9 @@ def describe_paths(caps: Capabilities) -> dict:
                        if caps.matmul_f16 else
                        "register-blocked f32 (vec4 loads where the layout allows)"),
             "attention": ("flash on cooperative matrices (f16 q, k, v and P, f32 scores and softmax) at head "
-                          "dims of whole fragments up to 64; the backward f32"
+                          "dims of whole fragments up to 64; the backward's dq, dk, dv "
+                          + ("on cooperative matrices too (dO and dS scaled into f16's range)"
+                             if coop_backward_supported(64, caps) else "f32")
                           if coop_attention_supported(64, caps) else
                           f"flash, {q} queries x {ATTENTION_KEYS} keys a workgroup at head dim 64 "
                           f"({caps.workgroup_storage // 1024} KiB of workgroup memory)")}

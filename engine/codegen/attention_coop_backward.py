@@ -1,0 +1,161 @@
+"""The attention backward on cooperative matrices (attention_coop_backward.wgsl):
+attention_grad_q and attention_grad_kv with f16 operands on 16 x 16 fragments accumulating
+in f32, taken where the forward takes its cooperative kernel; the f32 kernels
+(attention_backward.wgsl) stay for every other device, head dim and setting.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..graph.ir import Graph, Node
+from ..graph.ops import attention_grad_kv_layout
+from .attention import _attention_backward, _attention_dims, _split_grid
+from .attention_coop import _HALF_PAD, COOP_SCRATCH_ROW, _fragment, _result, coop_attention_supported
+from .common import Capabilities, Kernel, _finish, f32_bits
+from .matmul import COOP_ENABLES, COOP_FRAGMENT
+
+COOP_BACKWARD_FIXED = 64      # fixed rows a workgroup owns: 16 for each of its 4 subgroups
+COOP_BACKWARD_STREAMED = 64   # streamed rows a block
+COOP_BACKWARD_SUBGROUPS = 4
+COOP_BACKWARD_MODES = {"attention_grad_q": 0, "attention_grad_kv": 1}
+
+
+def coop_backward_bytes(head_dim: int) -> int:
+    """Workgroup memory of attention_coop_backward.wgsl: the f16 X and Y blocks (padded
+    rows; the fixed rows are staged through them), each subgroup's f16 P / dS rows and
+    f32 scratch of 16 x 64, a block's L and Delta (dkdv) and the subgroups' largest |dO|."""
+    xy = 2 * 2 * COOP_BACKWARD_STREAMED * (head_dim + _HALF_PAD)
+    p = 2 * COOP_BACKWARD_SUBGROUPS * 16 * (COOP_BACKWARD_STREAMED + _HALF_PAD)
+    scratch = 4 * COOP_BACKWARD_SUBGROUPS * 16 * COOP_SCRATCH_ROW
+    return xy + p + scratch + 4 * (2 * COOP_BACKWARD_STREAMED + COOP_BACKWARD_SUBGROUPS)
+
+
+def coop_backward_supported(head_dim: int, caps: Capabilities) -> bool:
+    """Whether attention_grad_q and attention_grad_kv of this head dim run on cooperative
+    matrices: where the forward does (``coop_attention_supported``) and their blocks fit
+    the device's workgroup memory (43.5 KiB at D = 64), unless
+    ``MEGANEURA_ATTENTION_BACKWARD=f32`` keeps the f32 kernels (benchmarks)."""
+    return (caps.knobs.attention_backward != "f32" and coop_attention_supported(head_dim, caps)
+            and coop_backward_bytes(head_dim) <= caps.workgroup_storage)
+
+
+def attention_backward(graph: Graph, node: Node, caps: Capabilities) -> Kernel:
+    """The kernel of an attention backward node: attention_grad_q and attention_grad_kv on
+    cooperative matrices where ``coop_backward_supported``, else (and attention_lse) the
+    f32 kernels (``_attention_backward``)."""
+    if node.op in COOP_BACKWARD_MODES:
+        dims = _attention_dims(node, graph[node.inputs[0]], graph[node.inputs[1]])
+        if coop_backward_supported(dims[5], caps):
+            return coop_attention_backward(graph, node, *dims, caps)
+    return _attention_backward(graph, node, caps)
+
+
+def _subs(d: int, mode: int) -> dict:
+    """attention_coop_backward.wgsl's unrolled parts for head dim ``d`` and ``mode`` (0: dq,
+    1: dkdv): the staging (unrolled, as the forward's: loops of global loads ran 2.1x
+    slower there), the fragment products, and the lanes' lines over their 32 streamed rows
+    (``key``) and D / 2 output columns (``col``), in the forward's rotated order."""
+    f, dk, oc = COOP_FRAGMENT, d // COOP_FRAGMENT, d // 2
+    kv = mode == 1
+    ind = " " * 8
+    key = lambda c: f"({c}u + r) % 32u * 2u + half"  # noqa: E731
+    col = lambda c: f"({c}u + r) % {oc}u * 2u + half"  # noqa: E731
+    threads = 32 * COOP_BACKWARD_SUBGROUPS
+    steps = range(COOP_BACKWARD_STREAMED * d // 4 // threads)
+    e = lambda n: f"tid + {n * threads}u"  # noqa: E731
+    a, bop, x, y = (1, 2, 0, 3) if kv else (0, 3, 1, 2)   # operands: 0 q, 1 k, 2 v, 3 dout
+
+    fetch_fixed = [f"    let a{n} = fetch_rows({e(n)}, b, head, f0, NF, HF, {a}u); "
+                   f"let b{n} = fetch_rows({e(n)}, b, head, f0, NF, HF, {bop}u);" for n in steps]
+    fixed_max = [] if kv else [f"    top_y = max(top_y, amax4(b{n}));" for n in steps]
+    put_fixed = [f"    put_x({e(n)}, a{n}); put_y({e(n)}, b{n}{'' if kv else ' * s_fixed'});" for n in steps]
+    load_fixed = [f"    let {t}f{kk} = {_fragment('left', tile, f'sg * 16u * KS + {f * kk}u', False, 'KS')};"
+                  for t, tile in (("a", "Xh"), ("b", "Yh")) for kk in range(dk)]
+    fetch_stream = [f"{ind}let x{n} = fetch_rows({e(n)}, b, sh, c0, NS, HS, {x}u); "
+                    f"let y{n} = fetch_rows({e(n)}, b, sh, c0, NS, HS, {y}u);" for n in steps]
+    stream_max = ([f"{ind}top_y = max(top_y, amax4(y{n}));" for n in steps]
+                  + [f"{ind}{{ let top = subgroupMax(top_y); if (lane == 0u) {{ red[sg] = top; }} }}"]) if kv else []
+    put_stream = [f"{ind}put_x({e(n)}, x{n}); put_y({e(n)}, y{n}{' * s_y' if kv else ''});" for n in steps]
+
+    def products(name: str, left: str, tile: str, transposed: bool, outs: int, inner: int) -> list[str]:
+        """``outs`` result fragments name0.. = sum over ``inner`` of left fragments times
+        ``tile``'s (transposed: the column-major view of its rows), stored to Sc."""
+        lines = []
+        for n in range(outs):
+            lines.append(ind + _result(f"{name}{n}"))
+            for kk in range(inner):
+                at = f"{f * n}u * KS + {f * kk}u" if transposed else f"{f * kk}u * KS + {f * n}u"
+                lines.append(f"{ind}{name}{n} = subgroupMatrixMultiplyAccumulate({left}{kk}, "
+                             f"{_fragment('right', tile, at, transposed, 'KS')}, {name}{n});")
+            lines.append(f"{ind}subgroupMatrixStore(&Sc, sb + {f * n}u, {name}{n}, false, SS);")
+        return lines
+
+    def p_frags(name: str) -> list[str]:
+        """The subgroup's P or dS rows (16 x 64 in Ph) as 4 left fragments name0.."""
+        return [f"{ind}let {name}{kk} = {_fragment('left', 'Ph', f'pb + {f * kk}u', False, 'PS')};"
+                for kk in range(COOP_BACKWARD_STREAMED // f)]
+
+    lse = (lambda c: f"Ls[{key(c)}]") if kv else (lambda c: "row_lse")  # noqa: E731
+    delta = (lambda c: f"Ds[{key(c)}]") if kv else (lambda c: "row_delta")  # noqa: E731
+    probabilities = [f"{ind}{{ let j = c0 + {key(c)}; p[{c}] = select(0.0, exp2(Sc[sb + r * SS + {key(c)}] * sl2 "
+                     f"- {lse(c)}), j >= lo && j < hi); }}" for c in range(32)]
+    if kv:
+        pv = ([f"{ind}Ph[pb + r * PS + {key(c)}] = f16(p[{c}]);" for c in range(32)]
+              + [f"{ind}workgroupBarrier();         // P is written and S read"] + p_frags("pf")
+              + products("dvf", "pf", "Yh", False, dk, COOP_BACKWARD_STREAMED // f)
+              + [f"{ind}workgroupBarrier();"]
+              + [f"{ind}accv[{c}] = accv[{c}] + Sc[sb + r * SS + {col(c)}] * inv_y;" for c in range(oc)])
+    else:
+        pv = []
+    pv.append(f"{ind}workgroupBarrier();         // Sc is read")
+    ds = [f"{ind}{{ let g = p[{c}] * (Sc[sb + r * SS + {key(c)}] * inv_y - {delta(c)}); p[{c}] = g; "
+          f"top = max(top, abs(g)); }}" for c in range(32)]
+    store = [f"    Sc[sb + r * SS + {col(c)}] = acc[{c}] * scale;" for c in range(oc)]
+    write = ("    workgroupBarrier();\n"
+             "    for (var e = lane; e < 16u * D; e = e + 32u) {{\n"
+             "        let row = f0 + 16u * sg + e / D;\n"
+             "        if (row < NF) {{\n"
+             "            out[{base}((b * NF + row) * HF + head) * D + e % D] = Sc[sb + e / D * SS + e % D];\n"
+             "        }}\n"
+             "    }}")
+    store.append(write.format(base=""))
+    if kv:
+        store += ["    workgroupBarrier();", *(f"    Sc[sb + r * SS + {col(c)}] = accv[{c}];" for c in range(oc)),
+                  write.format(base="m(7u) + ")]
+    return dict(MODE=mode, D=d, OC=oc, OCV=oc if kv else 1, PAD=_HALF_PAD, SS=COOP_SCRATCH_ROW,
+                FETCH_FIXED="\n".join(fetch_fixed), FIXED_MAX="\n".join(fixed_max), PUT_FIXED="\n".join(put_fixed),
+                LOAD_FIXED="\n".join(load_fixed), FETCH_STREAM="\n".join(fetch_stream),
+                STREAM_MAX="\n".join(stream_max), PUT_STREAM="\n".join(put_stream),
+                SCORES="\n".join(products("sf", "af", "Xh", True, COOP_BACKWARD_STREAMED // f, dk)),
+                PROBABILITIES="\n".join(probabilities), PV="\n".join(pv),
+                DP="\n".join(products("dpf", "bf", "Yh", True, COOP_BACKWARD_STREAMED // f, dk)),
+                DS="\n".join(ds),
+                PUT_DS="\n".join(f"{ind}Ph[pb + r * PS + {key(c)}] = f16(p[{c}] * s2);" for c in range(32)),
+                GRAD="\n".join(p_frags("df") + products("gf", "df", "Xh", False, dk, COOP_BACKWARD_STREAMED // f)),
+                ADD_GRAD="\n".join(f"{ind}acc[{c}] = acc[{c}] + Sc[sb + r * SS + {col(c)}] * inv2;" for c in range(oc)),
+                STORE="\n".join(store))
+
+
+def coop_attention_backward(graph: Graph, node: Node, bsz, t, s, h, hkv, d, causal, scale,
+                            caps: Capabilities) -> Kernel:
+    """The cooperative-matrix kernel of ``node`` (attention_grad_q or attention_grad_kv;
+    dims as ``_attention_dims``): a workgroup per 64 fixed rows, head and batch. Its
+    streamed side is never split among workgroups: whisper-tiny's training at batch 8
+    gives 24 x 6 x 8 workgroups, enough to fill the GPU."""
+    mode = COOP_BACKWARD_MODES[node.op]
+    fixed, heads = (t, h) if mode == 0 else (s, hkv)
+    grid = _split_grid(graph, node, -(-fixed // COOP_BACKWARD_FIXED), heads, bsz, 1)
+    dv_at = attention_grad_kv_layout(graph[node.inputs[1]].shape)[0][1] if mode == 1 else 0
+    meta = [t, s, h, hkv, causal, f32_bits(scale * math.log2(math.e)), f32_bits(scale), dv_at]
+    names = ("q", "k", "v", "dout", "lse", "delta")
+    types = ["f32" if n in ("lse", "delta") else "vec4<f32>" for n in names]
+    kernel = _finish(node.op, "attention", "attention_coop_backward.wgsl", list(names), types, "f32", meta, grid,
+                     caps, enables=COOP_ENABLES + ("subgroups",), **_subs(d, mode))
+    f = COOP_FRAGMENT
+    fixed_rows, streamed = ("queries", "keys") if mode == 0 else ("keys", "queries")
+    kernel.notes["variant"] = (f"cooperative backward: {COOP_BACKWARD_FIXED} {fixed_rows} a workgroup, {streamed} "
+                               f"streamed {COOP_BACKWARD_STREAMED} at a time, f16 {f}x{f}x{f} -> f32, "
+                               f"{COOP_BACKWARD_SUBGROUPS} subgroups, dO and dS scaled")
+    kernel.guarded = True
+    return kernel

@@ -1,0 +1,206 @@
+// Attention archetype, backward on cooperative matrices (flash attention 2 with f16 operands
+// on the tensor cores, f32 accumulation; attention_backward.wgsl's math, its f32 kernels the
+// fallback). Two kernels (MODE):
+//   dq:   fixed queries (A = Q, B = dO), streamed keys (X = K, Y = V):   dq_i = scale sum_j dS_ij k_j
+//   dkdv: fixed keys (A = K, B = V), streamed queries of every head of the kv group
+//         (X = Q, Y = dO):                  dk_j = scale sum_i dS_ij q_i, dv_j = sum_i P_ij dO_i
+// with s = scale q.k, P = exp(s - L), dP = dO v^T, dS = P (dP - Delta) (L, Delta: inputs).
+// One workgroup of 4 subgroups (128 threads, subgroups of 32) owns BF = 64 fixed rows of one
+// head (subgroup sg rows f0 + 16 sg .. + 15), staged once through Xh, Yh as f16 and kept as
+// D / 16 left fragments each. Per streamed block of BS = 64 rows, X and Y are staged as f16
+// (row-major, rows padded by PAD halves); then each subgroup:
+//   S [16 x 64] = A X^T -> its f32 scratch Sc -> its lanes: p = exp2(S scale log2(e) - L)
+//   (lane: row lane % 16, the streamed rows of parity lane / 16 in the forward's rotated order);
+//   dkdv: P (f16) -> its Ph, dV_blk = P Y in fresh fragments -> Sc -> added by the lanes to dv;
+//   dP = B Y^T -> Sc -> lanes: ds = p (dP / sY - Delta) in f32, times a power of two s2 that
+//   puts the subgroup's largest |ds| in [2^14, 2^15), rounded to f16 into Ph;
+//   G_blk = dS X in fresh fragments -> Sc -> the lanes add G_blk / s2 to their f32 registers
+//   (a result fragment cannot take a scale per block: the registers can).
+// dO is a gradient: before it is rounded it is scaled by the power of two sY that puts its
+// largest |value| in [2^14, 2^15) (dq: over the workgroup's 64 rows, once; dkdv: over each
+// block); dP is divided by sY in f32. Powers of two are exact to undo, so any magnitude of
+// dO keeps f16's relative precision. q, k, v are activations, rounded without a scan.
+// Causal (key j visible to query i iff j <= i): dq stops after the block of its last query,
+// dkdv starts its queries at its first key; scores past the diagonal, T or S give p = 0.
+// A block's X and Y are fetched into registers before the barrier that frees the tiles (the
+// next block's fetched after this one is staged, held through its products, ran 10% slower).
+// No splits of the streamed side (the f32 kernels have them).
+// q, dout: [B, T, H*D]; k, v: [B, S, HKV*D] (D % 16 == 0, D <= 64); lse, delta: [B, T, H].
+// out: dq [B, T, H*D], or dk and dv [B, S, HKV*D] each, dv from element dv_at.
+// meta: [T, S, H, HKV, causal, scale * log2(e), scale, dv_at]; grid: (ceil(fixed / BF), heads, B)
+
+{{PRELUDE}}
+
+{{BINDINGS}}
+
+const MODE_DQ: u32 = 0u;
+const MODE_DKDV: u32 = 1u;
+const MODE: u32 = {{MODE}}u;
+const D: u32 = {{D}}u;
+const D4: u32 = D / 4u;
+const BF: u32 = 64u;
+const BS: u32 = 64u;
+const KS: u32 = D + {{PAD}}u;       // halves a row of Xh, Yh
+const PS: u32 = BS + {{PAD}}u;      // halves a row of a subgroup's Ph
+const SS: u32 = {{SS}}u;          // floats a row of a subgroup's Sc
+const LOG2E: f32 = 1.4426950408889634;
+
+var<workgroup> Xh: array<f16, BS * KS>;     // the block's X; first the fixed A
+var<workgroup> Yh: array<f16, BS * KS>;     // the block's Y (dkdv: dO * sY); first the fixed B (dq: dO * sY)
+var<workgroup> Ph: array<f16, 4u * 16u * PS>;
+var<workgroup> Sc: array<f32, 4u * 16u * SS>;
+var<workgroup> Ls: array<f32, BS>;          // dkdv: the block's queries' L (log2 units) and Delta
+var<workgroup> Ds: array<f32, BS>;
+var<workgroup> red: array<f32, 4>;          // the subgroups' largest |dO|
+
+// Element e (a vec4) of rows r0.. of operand `which` (0 q, 1 k, 2 v, 3 dout; [B, n, heads * D],
+// head hx), row-major; rows past n are zero. Neighbouring threads read a row's neighbouring vec4s.
+fn fetch_rows(e: u32, b: u32, hx: u32, r0: u32, n: u32, heads: u32, which: u32) -> vec4<f32> {
+    let j = e / D4;
+    if (r0 + j >= n) { return vec4<f32>(0.0); }
+    let at = ((b * n + r0 + j) * heads + hx) * D4 + e % D4;
+    switch which {
+        case 0u: { return q[at]; }
+        case 1u: { return k[at]; }
+        case 2u: { return v[at]; }
+        default: { return dout[at]; }
+    }
+}
+
+fn put_x(e: u32, x: vec4<f32>) {
+    let at = e / D4 * KS + e % D4 * 4u;
+    let h = vec4<f16>(x);
+    Xh[at] = h.x; Xh[at + 1u] = h.y; Xh[at + 2u] = h.z; Xh[at + 3u] = h.w;
+}
+
+fn put_y(e: u32, x: vec4<f32>) {
+    let at = e / D4 * KS + e % D4 * 4u;
+    let h = vec4<f16>(x);
+    Yh[at] = h.x; Yh[at + 1u] = h.y; Yh[at + 2u] = h.z; Yh[at + 3u] = h.w;
+}
+
+fn amax4(x: vec4<f32>) -> f32 {
+    let a = abs(x);
+    return max(max(a.x, a.y), max(a.z, a.w));
+}
+
+// e such that 2^(14 - e) puts a largest magnitude `top` in [2^14, 2^15) (0 for 0).
+fn exponent_of(top: f32) -> f32 {
+    return clamp(select(0.0, floor(log2(top)), top > 0.0), -100.0, 100.0);
+}
+
+@compute @workgroup_size(128)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32,
+        @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
+    let T = m(0u);
+    let S = m(1u);
+    let H = m(2u);
+    let HKV = m(3u);
+    let causal = m(4u) != 0u;
+    let sl2 = mf(5u);
+    let scale = mf(6u);
+    let group = H / HKV;
+    let head = wg.y;                // dq: a query head; dkdv: a kv head
+    let b = wg.z;
+    let f0 = wg.x * BF;
+    let r = lane % 16u;
+    let half = lane / 16u;
+    let fr = f0 + 16u * sg + r;     // this lane's fixed row
+    let sb = sg * 16u * SS;
+    let pb = sg * 16u * PS;
+    let dq = MODE == MODE_DQ;
+    let NF = select(S, T, dq);      // fixed rows and heads
+    let HF = select(HKV, H, dq);
+    let NS = select(T, S, dq);      // streamed rows and heads
+    let HS = select(H, HKV, dq);
+    // the streamed rows lo..hi - 1 this lane's row sees
+    var lo = 0u;
+    var hi = S;
+    var begin = 0u;                 // the workgroup's streamed rows begin..end of each of `heads` heads
+    var end = S;
+    var heads = 1u;
+    var row_lse = 0.0;
+    var row_delta = 0.0;
+    if (dq) {
+        if (causal) {
+            hi = min(S, fr + 1u);
+            end = min(S, f0 + BF);
+        }
+        if (fr < T) {
+            let i = (b * T + fr) * H + head;
+            row_lse = lse[i] * LOG2E;
+            row_delta = delta[i];
+        } else {
+            hi = 0u;
+        }
+    } else {
+        hi = select(0u, T, fr < S);
+        end = T;
+        heads = group;
+        if (causal) {
+            lo = fr;
+            begin = min(f0, T);
+        }
+    }
+{{FETCH_FIXED}}
+    var top_y = 0.0;
+{{FIXED_MAX}}
+    { let top = subgroupMax(top_y); if (lane == 0u) { red[sg] = top; } }
+    workgroupBarrier();
+    let ex_fixed = exponent_of(max(max(red[0], red[1]), max(red[2], red[3])));
+    let s_fixed = select(1.0, exp2(14.0 - ex_fixed), dq);
+{{PUT_FIXED}}
+    workgroupBarrier();
+{{LOAD_FIXED}}
+    var acc: array<f32, {{OC}}>;     // dq or dk: row r, columns 2 ((c + r) % (D / 2)) + half
+    var accv: array<f32, {{OCV}}>;   // dkdv: dv, the same
+    let blocks = (end - begin + BS - 1u) / BS;
+    for (var it = 0u; it < heads * blocks; it = it + 1u) {
+        let c0 = begin + it % blocks * BS;
+        let sh = select(head * group + it / blocks, head / group, dq);   // the streamed head
+{{FETCH_STREAM}}
+        top_y = 0.0;
+{{STREAM_MAX}}
+        workgroupBarrier();         // the previous block's tiles, Sc and red are read
+        var s_y = 1.0;              // dkdv: this block's dO scale
+        var inv_y = 1.0 / s_fixed;  // what undoes dO's scale in dP (and dV)
+        if (!dq) {
+            let ex_y = exponent_of(max(max(red[0], red[1]), max(red[2], red[3])));
+            s_y = exp2(14.0 - ex_y);
+            inv_y = exp2(ex_y - 14.0);
+        }
+{{PUT_STREAM}}
+        if (!dq && tid < BS) {
+            let query = c0 + tid;
+            var l = 0.0;
+            var dl = 0.0;
+            if (query < T) {
+                let i = (b * T + query) * H + sh;
+                l = lse[i] * LOG2E;
+                dl = delta[i];
+            }
+            Ls[tid] = l;
+            Ds[tid] = dl;
+        }
+        workgroupBarrier();
+{{SCORES}}
+        workgroupBarrier();
+        var p: array<f32, 32>;      // row r, streamed rows c0 + 2 ((c + r) % 32) + half
+{{PROBABILITIES}}
+{{PV}}
+{{DP}}
+        workgroupBarrier();
+        var top = 0.0;
+{{DS}}
+        let ex2 = exponent_of(subgroupMax(top));
+        let s2 = exp2(14.0 - ex2);
+        let inv2 = exp2(ex2 - 14.0);
+{{PUT_DS}}
+        workgroupBarrier();
+{{GRAD}}
+        workgroupBarrier();
+{{ADD_GRAD}}
+    }
+    workgroupBarrier();             // the last block's Sc is read
+{{STORE}}
+}

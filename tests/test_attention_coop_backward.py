@@ -1,0 +1,160 @@
+"""The attention backward on cooperative matrices (attention_coop_backward.wgsl: dq, and dk
+with dv, from f16 fragments accumulating in f32, dO and dS scaled by powers of two into
+f16's range).
+
+As for the forward (test_attention_coop.py): CI's lavapipe cannot enable subgroup
+matrices, so there the kernels must pass Tint's front end (Dawn's Null backend) and
+``MEGANEURA_PRECISION=f16`` must keep the f32 kernels with their tolerance; on a device
+that has them (the H100 through ``MEGANEURA_WGPU=dawn``) the same numerics test runs the
+cooperative kernels against a float64 reference.
+"""
+
+import numpy as np
+import pytest
+
+from engine import Graph, codegen
+from engine.config import Knobs
+from engine.graph import reference
+from engine.graph.ops import attention_grad_kv_layout
+from engine.runtime.device import device_capabilities
+from engine.runtime.session import build_inference_session
+
+from test_attention_backward import attention_attrs, with_row_stats
+from test_runtime import TOL, rel_err
+from tint_check import tint_check
+
+COOP_CAPS = codegen.Capabilities(subgroups=True, workgroup_storage=49152, dialect="tint", matmul_f16=True)
+F32_CAPS = codegen.Capabilities(subgroups=True, workgroup_storage=49152, dialect="tint", matmul_f16=False)
+GRAD_OPS = ("attention_grad_q", "attention_grad_kv")
+
+
+def grad_graph(batch, t, s, heads, kv_heads, d, causal=False, scale=None):
+    """attention_grad_q and attention_grad_kv on inputs q, k, v, dout, lse, delta; outputs
+    dq and dk, dv (``part`` views of the packed result)."""
+    attrs = attention_attrs(heads, kv_heads, causal, scale)
+    g = Graph("attention-grad")
+    shapes = {"q": [batch, t, heads * d], "k": [batch, s, kv_heads * d], "v": [batch, s, kv_heads * d],
+              "dout": [batch, t, heads * d]}
+    q, k, v, dout = (g.input(n, shape) for n, shape in shapes.items())
+    lse, delta = g.input("lse", [batch, t, heads]), g.input("delta", [batch, t, heads])
+    g.output("dq", g.apply("attention_grad_q", q, k, v, dout, lse, delta, **attrs))
+    kv = g.apply("attention_grad_kv", q, k, v, dout, lse, delta, **attrs)
+    for name, at in zip(("dk", "dv"), attention_grad_kv_layout(g.shape(k))[0]):
+        g.output(name, g.apply("part", kv, offset=at, shape=g.shape(k)))
+    return g, attrs
+
+
+def _variants(caps, *shape, causal=False):
+    g, _ = grad_graph(*shape, causal=causal)
+    return [codegen.kernel_for(g, n, caps).notes["variant"] for n in g.nodes if n.op in GRAD_OPS]
+
+
+def test_cooperative_backward_follows_the_forward():
+    """f16 capabilities take the cooperative dq and dkdv for whole fragments up to D = 64
+    in 48 KiB; f32 ones, other head dims, the per-query and f32-backward knobs and small
+    workgroup memories keep the f32 kernels (attention_lse always does)."""
+    for d in (16, 32, 48, 64):
+        assert all(v.startswith("cooperative backward") for v in _variants(COOP_CAPS, 2, 70, 130, 6, 2, d)), d
+        assert codegen.attention_coop_backward.coop_backward_bytes(d) <= 49152
+    assert all(v.startswith("cooperative backward") for v in _variants(COOP_CAPS, 8, 1500, 1500, 6, 6, 64, causal=True))
+    tiled = lambda variants: all(v.startswith("tiled backward") for v in variants)  # noqa: E731
+    assert tiled(_variants(F32_CAPS, 2, 70, 130, 6, 2, 64))
+    assert tiled(_variants(COOP_CAPS, 1, 40, 40, 2, 2, 36))                          # not whole fragments
+    for knobs in (Knobs(attention="per-query"), Knobs(attention_backward="f32")):
+        caps = codegen.Capabilities(subgroups=True, workgroup_storage=49152, dialect="tint", matmul_f16=True,
+                                    knobs=knobs)
+        assert tiled(_variants(caps, 1, 40, 40, 2, 2, 64)), knobs
+    forward = codegen.attention_coop.coop_attention_bytes(64)
+    small = codegen.Capabilities(subgroups=True, workgroup_storage=forward, dialect="tint", matmul_f16=True)
+    assert codegen.attention_coop.coop_attention_supported(64, small)                 # the forward's 43 KiB fit
+    assert tiled(_variants(small, 1, 40, 40, 2, 2, 64))                               # the backward's 43.5 KiB do not
+    g, _ = grad_graph(1, 40, 40, 2, 2, 64)
+    lse = g.apply("attention_lse", g.inputs["q"], g.inputs["k"], **attention_attrs(2, 2, False, None))
+    assert codegen.kernel_for(g, g[lse], COOP_CAPS).notes["variant"].startswith("tiled backward")
+
+
+TINT_CHECK = """
+    from test_attention_coop_backward import GRAD_OPS, grad_graph
+    caps = codegen.Capabilities(subgroups=True, workgroup_storage=49152, dialect="tint", matmul_f16=True)
+    for d in (32, 64):
+        for causal in (False, True):
+            g, _ = grad_graph(1, 70, 130, 6, 2, d, causal=causal)
+            for node in [n for n in g.nodes if n.op in GRAD_OPS]:
+                check(f"D={d} causal={causal}", codegen.kernel_for(g, node, caps))
+"""
+
+
+def test_every_cooperative_backward_kernel_passes_tint():
+    """dq and dkdv at D = 32 and 64, grouped-query, causal or not (causality is a meta
+    word: one source each) are valid WGSL for Tint."""
+    assert tint_check(TINT_CHECK) == (4, 4)
+
+
+def _f16(x):
+    return np.asarray(x, np.float32).astype(np.float16).astype(np.float64)
+
+
+def _f16_relative(x):
+    """x rounded to f16's 11 significant bits at its own magnitude: f16 after the power of
+    two that puts its largest |value| in [2^14, 2^15), undone. The kernels scale dO by such
+    powers (per workgroup or block: no less), so they round these values exactly."""
+    e = np.floor(np.log2(np.abs(x).max()))
+    return _f16(x * 2.0 ** (14 - e)) * 2.0 ** (e - 14)
+
+
+CASES = {
+    # name: (batch, T, S, heads, kv heads, D, causal, scale), dO's magnitude
+    "gqa-causal": ((1, 130, 130, 6, 2, 64, True, None), 1.0),
+    "cross-ragged-queries": ((2, 70, 200, 4, 2, 32, False, 0.3), 1.0),
+    "causal-fewer-keys": ((1, 150, 70, 2, 1, 32, True, None), 1.0),
+    "head-dim-16": ((2, 70, 100, 2, 2, 16, False, None), 1.0),
+    "head-dim-48": ((1, 100, 90, 3, 3, 48, False, None), 1.0),
+    "large-dout": ((1, 130, 130, 6, 2, 64, True, None), 1e4),
+    "tiny-dout": ((1, 130, 130, 6, 2, 64, True, None), 1e-6),
+}
+
+
+def grad_inputs(shape, magnitude, seed=0):
+    """f16-representable q, k, v, dO (dO at ``magnitude``, as ``_f16_relative``) and their
+    float64 lse and Delta, rounded to f32."""
+    batch, t, s, heads, kv_heads, d, causal, scale = shape
+    rng = np.random.default_rng(seed)
+    x = {"q": _f16(rng.standard_normal((batch, t, heads * d))),
+         "k": _f16(rng.standard_normal((batch, s, kv_heads * d))),
+         "v": _f16(rng.standard_normal((batch, s, kv_heads * d))),
+         "dout": _f16_relative(rng.standard_normal((batch, t, heads * d)) * magnitude)}
+    return with_row_stats(x, attention_attrs(heads, kv_heads, bool(causal), scale))
+
+
+def measure(case):
+    """(errors of dq, dk, dv against the float64 reference, the grad kernels' variants)."""
+    shape, magnitude = CASES[case]
+    g, _ = grad_graph(*shape[:6], causal=bool(shape[6]), scale=shape[7])
+    inputs = grad_inputs(shape, magnitude)
+    s = build_inference_session(g, optimize=False, capabilities=device_capabilities())
+    s.set_inputs(inputs)
+    s.run()
+    want = reference.run(g, inputs, {}, np.float64)
+    errors = {n: rel_err(s.read_output(n), want[n]) for n in ("dq", "dk", "dv")}
+    variants = [d.variant for d in s.plan.dispatches if d.archetype == "attention"]
+    return errors, variants, s.capabilities.matmul_f16
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_f16_backward_matches_the_reference(case, configure):
+    """On a device with subgroup matrices the cooperative kernels match the float64
+    reference of f16-representable q, k, v, dO to 1e-3 of each result's largest value
+    (3.7e-4 at most on the H100): scores and dP are f32 sums of exact products, and
+    beyond the reference they round only P (for dV) and dS to f16 (at most 2^-11
+    relative), then sum in f32. dO at 1e4 or 1e-6 keeps that accuracy: it is scaled into f16's
+    range before it is rounded. Elsewhere (lavapipe) the f32 kernels run and match to
+    f32's tolerance."""
+    configure(precision="f16")
+    errors, variants, cooperative = measure(case)
+    assert len(variants) == 2, variants
+    if cooperative:
+        assert all(v.startswith("cooperative backward") for v in variants), variants
+        assert all(e < 1e-3 for e in errors.values()), errors
+    else:
+        assert all(v.startswith("tiled backward") for v in variants), variants
+        assert all(e < TOL for e in errors.values()), errors
