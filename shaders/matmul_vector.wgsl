@@ -7,6 +7,9 @@
 // Codegen fills the EXTRA slots for a second B (swiglu_matmul's up weight, operand 2,
 // accumulated beside the first) and for an RMS norm of A in the prologue (its sums of
 // squares gathered by the same loads, one partial per K slice); they are empty otherwise.
+// COLUMNS says which B a workgroup multiplies (wsel) and where its columns go: one B of N
+// columns, or (norm_matmuls) several Bs, operands 1.., each with its own workgroups and
+// its own place (out0) in the packed result.
 // meta: [M, N, K, nbatch, eps, batch_shape[BR], per operand: batch_strides[BR], s_row, s_col]
 
 {{PRELUDE}}
@@ -27,8 +30,8 @@ var<workgroup> part: array<f32, {{PARTIAL}}>;
 @compute @workgroup_size({{THREADS}})
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let M = m(0u);
-    let N = m(1u);
     let K = m(2u);
+{{COLUMNS}}
     let b = wg.z;
     let t = lid.x;
     let c = {{COL_OF}};
@@ -37,10 +40,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     let b0 = boff(b, 1u);
     let sam = srow(0u);
     let sak = scol(0u);
-    let sbk = srow(1u);
-    let sbn = scol(1u);
+    let sbk = srow(1u + wsel);
+    let sbn = scol(1u + wsel);
 {{EXTRA_SETUP}}
-    let col_b = wg.x * COLS + c;
+    let col_b = wx * COLS + c;
     var acc: array<f32, ROWS>;
     if (col_b < N) {
         // UNROLL steps of K at a time, their loads independent: one load in flight per
@@ -58,12 +61,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     workgroupBarrier();
     for (var o = t; o < ROWS * COLS; o = o + COLS * SLICES) {
         let row = o / COLS;
-        let col = wg.x * COLS + o % COLS;
+        let col = wx * COLS + o % COLS;
         if (col >= N) { continue; }
         var v = 0.0;
         for (var j = 0u; j < SLICES; j = j + 1u) { v = v + part[o * SLICES + j]; }
 {{EXTRA_SUM}}
 {{EPILOGUE}}
-        out[(b * M + row) * N + col] = v;
+        out[{{OUT_AT}}] = v;
     }
 }

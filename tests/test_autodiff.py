@@ -160,6 +160,7 @@ NOT_GRADCHECKED = {
     "cache_write": "generation (inference) only: its rule refuses, test_generation_ops_refuse_gradients",
     "cached_attention": "generation (inference) only: its rule refuses, test_generation_ops_refuse_gradients",
     "swiglu_matmul": "made by the few-row pass after autodiff (engine.optimize.few_rows); its rule refuses",
+    "norm_matmuls": "made by the few-row pass after autodiff (engine.optimize.few_rows); its rule refuses",
     "attention_stats": "made after autodiff (engine.optimize.attention_stats); its rule refuses, test_attention_stats",
 }
 

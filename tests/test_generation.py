@@ -19,6 +19,7 @@ from engine.cli import main
 from engine.errors import GraphError, MeganeuraError
 from engine.graph import reference
 from engine.graph.ir import Graph
+from engine.graph.ops import norm_matmuls_layout
 from engine.importers import load_model
 from engine.runtime.session import Session
 from engine.train.generation import Sampling, cache_capacity, submission_chunks
@@ -353,9 +354,14 @@ def test_few_row_fusions_keep_the_outputs_and_cut_dispatches(llama):
     model = load_model(str(llama[1]))
     graph, _ = optimize(model.generation_graph(1, 64, prefill=False))
     fused, counts = fuse_few_rows(graph)
-    assert counts == {"swiglu_matmul": 2, "norm_matmul_shared": 6}   # per layer: the MLP, and q, k, v
-    assert cost.graph_cost(fused)[1] == cost.graph_cost(graph)[1] - 8
-    assert not any(n.op in ("rms_norm", "mul") for n in fused.nodes)
+    # per layer: the MLP; q, k, v each take the norm, then run as one norm_matmuls
+    assert counts == {"swiglu_matmul": 2, "norm_matmul_shared": 6, "norm_matmuls": 2}
+    assert cost.graph_cost(fused)[1] == cost.graph_cost(graph)[1] - 12
+    assert not any(n.op in ("rms_norm", "mul", "norm_matmul") for n in fused.nodes if n.id != fused.outputs["logits"])
+    packed = [n for n in fused.nodes if n.op == "norm_matmuls"]
+    assert [len(n.inputs) for n in packed] == [5, 5]   # x, the norm's weight, wq, wk, wv
+    parts = [n for n in fused.nodes if n.op == "part" and fused[n.inputs[0]].op == "norm_matmuls"]
+    assert len(parts) == 6 and {m for n in parts for m in n.modules} >= {"model.layers.1.self_attn.v_proj"}
     params = {**model.init_params(), **{k: np.random.default_rng(1).standard_normal(graph.shape(i)).astype(np.float32)
                                         for k, i in graph.parameters.items() if k.startswith("kv_cache.")}}
     inputs = {"input_ids": np.array([[7]], np.int32), "positions": np.array([[5]], np.int32)}
@@ -381,6 +387,32 @@ def test_swiglu_matmul_on_the_gpu(rows, tb, norm):
     session.run()
     want = reference.run(g, inputs, {})["y"]
     assert np.abs(session.read_output("y") - want).max() <= 2e-6 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("rows,tb,widths", [(1, True, (96, 32, 32)), (3, False, (70, 33)), (2, True, (5, 64, 130))])
+def test_norm_matmuls_on_the_gpu(rows, tb, widths):
+    """Each weight's product lands in its place of the packed result (widths that are and
+    are not multiples of the 8 columns a workgroup takes; transposed weights or not)."""
+    rng = np.random.default_rng(rows)
+    k = 300
+    g = Graph("norm_matmuls")
+    x, nw = g.input("x", (1, rows, k)), g.input("nw", (k,))
+    weights = [g.input(f"w{i}", (n, k) if tb else (k, n)) for i, n in enumerate(widths)]
+    g.output("y", g.apply("norm_matmuls", x, nw, *weights, transpose_b=tb, eps=1e-5))
+    inputs = {name: rng.standard_normal(g.shape(i)).astype(np.float32) for name, i in g.inputs.items()}
+    session = Session(g)
+    session.set_inputs(inputs)
+    session.run()
+    assert session.plan.dispatches[0].variant.endswith(f"{len(widths)} weights ({' + '.join(map(str, widths))} columns)")
+    want = reference.run(g, inputs, {})["y"]
+    got = session.read_output("y")
+    assert np.abs(got - want).max() <= 2e-6 * np.abs(want).max()
+    xn = inputs["x"] / np.sqrt((inputs["x"].astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-5) * inputs["nw"]
+    _, offsets, _ = norm_matmuls_layout((1, rows, k), [g.shape(w) for w in weights], tb)
+    for i, at in enumerate(offsets):
+        w = inputs[f"w{i}"].astype(np.float64)
+        part = got[at:at + rows * widths[i]].reshape(1, rows, widths[i])
+        assert np.abs(part - xn @ (w.T if tb else w)).max() <= 1e-5 * np.abs(xn @ (w.T if tb else w)).max()
 
 
 def test_a_generator_keeps_a_few_prefill_sessions(llama):

@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 
 from engine.graph import reference
 from engine.graph.ir import Graph
-from engine.graph.ops import OPS, SOURCE, attention_grad_kv_layout, attention_stats_layout
+from engine.graph.ops import OPS, PART_ALIGN, SOURCE, attention_grad_kv_layout, attention_stats_layout
 
 F32_REL_TOL = 1e-5
 F64_RTOL = 1e-9
@@ -664,6 +664,27 @@ def swiglu_matmul_cases(rng):
             wg, wu = (wg.T, wu.T) if tb else (wg, wu)
             return F.silu(x @ wg) * (x @ wu)
         out.append(Case(f"rows={rows} tb={tb} norm={norm}", arrays, build, torch_fn))
+    return out
+
+
+@case
+def norm_matmuls_cases(rng):
+    """The products of one RMS-normalised x, packed flat with zeros up to each next
+    multiple of PART_ALIGN (torch: the products flattened and padded alike)."""
+    out = []
+    for rows, tb, widths in ((1, True, (5, 3, 3)), (2, False, (70, 6))):
+        k = 6
+        arrays = {"x": normal(rng, 1, rows, k), "nw": normal(rng, k),
+                  **{f"w{i}": normal(rng, *((n, k) if tb else (k, n))) for i, n in enumerate(widths)}}
+
+        def build(g, x, nw, tb=tb, **weights):
+            return g.apply("norm_matmuls", x, nw, *weights.values(), transpose_b=tb, eps=1e-5)
+
+        def torch_fn(x, nw, tb=tb, **weights):
+            xn = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * nw
+            flat = [(xn @ (w.T if tb else w)).reshape(-1) for w in weights.values()]
+            return torch.cat([F.pad(f, (0, -len(f) % PART_ALIGN)) for f in flat])
+        out.append(Case(f"rows={rows} tb={tb} widths={widths}", arrays, build, torch_fn))
     return out
 
 

@@ -485,6 +485,7 @@ GRADIENTS: dict[str, GradientRule] = {
     "cache_write": inference_only,
     "cached_attention": inference_only,
     "swiglu_matmul": after_autodiff("the few-row pass of generation graphs"),
+    "norm_matmuls": after_autodiff("the few-row pass of generation graphs"),
     "attention_stats": after_autodiff("engine.optimize.attention_stats"),
     "conv1d": conv_grad,
     "conv2d": conv_grad,

@@ -11,7 +11,7 @@ from .attention_coop_backward import attention_backward, coop_backward_supported
 from .common import Capabilities, Kernel, PLAIN, UnsupportedOpError
 from .convolution import _conv
 from .copies import _cache_write, _copy, _embedding, _embedding_grad, _rope
-from .matmul import _matmul, _swiglu_matmul
+from .matmul import _matmul, _norm_matmuls, _swiglu_matmul
 from .pointwise import POINTWISE_OPS, _pointwise
 from .pooling import _conv_direct, _conv_direct_grad, _max_pool_grad, _pool
 from .reduction import _LOSS_ROWS, _LOSS_TERMS, _ROW_KERNELS, _ROW_MODES, _loss, _row_kernel, _row_reduce, _sum_to
@@ -24,6 +24,7 @@ for _op in list(POINTWISE_OPS) + ["pointwise"]:
     _BUILDERS[_op] = _pointwise
 for _op in ("matmul", "fused_matmul", "norm_matmul"):
     _BUILDERS[_op] = _matmul
+_BUILDERS["norm_matmuls"] = _norm_matmuls
 for _op in _ROW_MODES:
     _BUILDERS[_op] = _row_reduce
 for _op in (*_LOSS_ROWS, *_LOSS_TERMS):

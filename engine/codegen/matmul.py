@@ -11,6 +11,7 @@ from typing import NamedTuple
 from ..config import Knobs
 from ..errors import DeviceError
 from ..graph.ir import Graph, Node
+from ..graph.ops import norm_matmuls_layout
 from .common import (MAX_WORKGROUPS, PLAIN, TILE, WG, Capabilities, Kernel, UnsupportedOpError, _finish, _render,
                      _thread_xy, contiguous_strides, f32_bits, forward_nodes, grid_1d)
 from .pointwise import ACTIVATION_EXPR
@@ -159,19 +160,25 @@ def vector_rows(m_: int, transpose_a: bool, caps: Capabilities) -> bool:
     return m_ <= VECTOR_ROWS and not transpose_a and caps.knobs.matmul == "auto"
 
 
+_ONE_B = dict(COLUMNS="    let N = m(1u);\n    let wsel = 0u;\n    let wx = wg.x;", OUT_AT="(b * M + row) * N + col",
+              LOAD_B="b_in[{}]")
+
+
 def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: int, nbatch: int, words_b,
-                   common: dict, norm: bool = False, second: bool = False) -> Kernel:
+                   common: dict, norm: bool = False, second: bool = False, columns: dict = _ONE_B,
+                   workgroups: int = 0) -> Kernel:
     """matmul_vector.wgsl for ``m_`` rows: 256 threads as 8 columns x 32 K slices, lanes
     along B's contiguous axis (its columns, or K where B is stored transposed). Few
     columns a workgroup make many workgroups, and many loads in flight: 32 columns x 8
     slices gave a 576 x 576 weight 18 workgroups and 100 GB/s on the H100. ``norm``: A is
     RMS-normalised (weight ``w_in``, eps in meta word 4), the norm applied to the sums
     before ``common``'s epilogue; ``second``: a second B ``u_in`` (operand 2) accumulates
-    into ``v2`` beside ``v``."""
+    into ``v2`` beside ``v``; ``columns``: the template's COLUMNS and OUT_AT and how B is
+    loaded (``_ONE_B``, or norm_matmuls' several Bs over ``workgroups`` workgroups)."""
     columns_contiguous = words_b[-1] == 1
     cols = VECTOR_COLUMNS
     slices = VECTOR_THREADS // cols
-    grid = (-(-n_ // cols), 1, nbatch)
+    grid = (workgroups or -(-n_ // cols), 1, nbatch)
     if max(grid) > MAX_WORKGROUPS:
         raise DeviceError(f"{graph.format_node(node)}: matmul grid {grid} exceeds {MAX_WORKGROUPS} "
                           f"workgroups per dimension")
@@ -182,19 +189,20 @@ def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: in
                 ROWS=m_, COLS=cols, SLICES=slices, THREADS=VECTOR_THREADS, PARTIAL=m_ * VECTOR_THREADS,
                 COL_OF="t % COLS" if columns_contiguous else "t / SLICES",
                 SLICE_OF="t / COLS" if columns_contiguous else "t % SLICES", UNROLL=unroll,
-                ACCUMULATE=_vector_steps(m_, ["ka"], norm, second),
-                ACCUMULATE_UNROLLED=_vector_steps(m_, [f"(ka + {u}u * SLICES)" for u in range(unroll)], norm, second),
-                **extra, **common)
+                ACCUMULATE=_vector_steps(m_, ["ka"], norm, second, columns["LOAD_B"]),
+                ACCUMULATE_UNROLLED=_vector_steps(m_, [f"(ka + {u}u * SLICES)" for u in range(unroll)], norm, second,
+                                                  columns["LOAD_B"]),
+                COLUMNS=columns["COLUMNS"], OUT_AT=columns["OUT_AT"], **extra, **common)
     k.notes["variant"] = f"{m_}-row vector kernel, {cols} columns x {slices} K slices"
     return k
 
 
-def _vector_steps(rows: int, ks: list[str], norm: bool, second: bool) -> str:
+def _vector_steps(rows: int, ks: list[str], norm: bool, second: bool, load_b: str = "b_in[{}]") -> str:
     """The vector kernel's loads and sums for K steps ``ks``: their loads first, all
     independent, then the sums (each A value once, squared too for a norm)."""
     lines = []
     for u, k in enumerate(ks):
-        lines.append(f"let bv{u} = b_in[b0 + {k} * sbk + col_b * sbn];")
+        lines.append(f"let bv{u} = {load_b.format(f'b0 + {k} * sbk + col_b * sbn')};")
         if second:
             lines.append(f"let uv{u} = u_in[u0 + {k} * suk + col_b * sun];")
         for r in range(rows):
@@ -252,6 +260,38 @@ def _swiglu_matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kern
                   EPILOGUE="        v = v * sigmoid_(v) * v2;")
     return _vector_kernel(graph, node, names, ["f32"] * len(names), meta, rows, n_, 1, weight_words, common,
                           norm=norm, second=True)
+
+
+def _norm_matmuls(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    """rms_norm(x) @ w_i for each weight in one dispatch of the vector kernel, each product
+    into its place in the packed result (norm_matmuls_layout): a decode step's q, k and v
+    projections, which were three dispatches each taking the norm again. Workgroup x
+    belongs to one weight (the first ceil(N_0 / COLS) to w_0, and so on), so a
+    workgroup's loads all come from one binding."""
+    x, _, *weights = (graph[i] for i in node.inputs)
+    tb = node.attrs["transpose_b"]
+    rows, k_ = math.prod(x.shape[:-1]), x.shape[-1]
+    if not vector_rows(rows, False, caps):
+        raise UnsupportedOpError(f"{graph.format_node(node)}: norm_matmuls runs on the few-row kernel only "
+                                 f"({rows} rows, at most {VECTOR_ROWS}, and no MEGANEURA_MATMUL forced)")
+    shapes, offsets, _ = norm_matmuls_layout(x.shape, [w.shape for w in weights], tb)
+    widths = [shape[-1] for shape in shapes]
+    blocks = [-(-n // VECTOR_COLUMNS) for n in widths]
+    words = [[1, k_] if tb else [n, 1] for n in widths]    # each weight's strides of (k, n)
+    meta = [rows, sum(widths), k_, 1, f32_bits(node.attrs["eps"]), k_, 1] + [w for pair in words for w in pair]
+    bs = ["b_in"] + [f"b{i}_in" for i in range(1, len(weights))]
+    select = ["    var wsel = 0u;", "    var wx = wg.x;", f"    var N = {widths[0]}u;", "    var out0 = 0u;"]
+    select += [f"    if (wsel == {i - 1}u && wx >= {blocks[i - 1]}u) {{ wsel = {i}u; wx = wx - {blocks[i - 1]}u; "
+               f"N = {widths[i]}u; out0 = {offsets[i]}u; }}" for i in range(1, len(weights))]
+    cases = "\n".join(f"        case {i}u: {{ return {b}[at]; }}" for i, b in enumerate(bs) if i)
+    common = dict(BR=0, OPERANDS=_render("matmul_operands.wgsl", ACTIVATION="x") +
+                  f"\n\nfn weight(w: u32, at: u32) -> f32 {{\n    switch w {{\n{cases}\n"
+                  f"        default: {{ return b_in[at]; }}\n    }}\n}}", EPILOGUE="")
+    columns = dict(COLUMNS="\n".join(select), OUT_AT="out0 + row * N + col", LOAD_B="weight(wsel, {})")
+    kernel = _vector_kernel(graph, node, ["a_in", "w_in", *bs], ["f32"] * (2 + len(bs)), meta, rows, sum(widths), 1,
+                            words[0], common, norm=True, columns=columns, workgroups=sum(blocks))
+    kernel.notes["variant"] += f", {len(weights)} weights ({' + '.join(map(str, widths))} columns)"
+    return kernel
 
 
 def _scaled_operands(graph: Graph, node: Node, variant: str, a: int, b: int) -> tuple[bool, bool]:

@@ -15,7 +15,7 @@ Run after autodiff and the training graph's ``optimize`` (egglog knows neither o
 from __future__ import annotations
 
 from ..graph.ir import Graph, Node
-from ..graph.ops import TensorType, attention_stats_layout
+from ..graph.ops import attention_stats_layout
 
 
 def _key(n: Node) -> tuple:
@@ -33,25 +33,14 @@ def share_attention_statistics(graph: Graph) -> tuple[Graph, int]:
     pairs = {n.id: lse_nodes.pop(_key(n)) for n in graph.nodes if n.op == "attention" and _key(n) in lse_nodes}
     if not pairs:
         return graph, 0
-    g = Graph(graph.name)
-    g.param_meta = {k: dict(v) for k, v in graph.param_meta.items()}
-    new: dict[int, int] = {}
-    for n in graph.nodes:
-        if n.id in new:             # an attention_lse the forward now writes
-            continue
-        inputs = [new[i] for i in n.inputs]
-        if n.id in pairs:
-            with g.scope(n.modules):
-                packed = g.apply("attention_stats", *inputs, **n.attrs)
-                (out_at, lse_at), _ = attention_stats_layout(n.shape, n.attrs["num_heads"])
-                new[n.id] = g.apply("part", packed, offset=out_at, shape=n.shape, name=n.name)
-                for lse in pairs[n.id]:
-                    new[lse] = g.apply("part", packed, offset=lse_at, shape=graph[lse].shape, name=graph[lse].name)
-            continue
-        new[n.id] = g._append(n.op, inputs, TensorType(n.shape, n.dtype), n.attrs, n.name, n.modules)
-        if n.id in graph.constants:
-            g.constants[new[n.id]] = graph.constants[n.id]
-    g.inputs = {name: new[i] for name, i in graph.inputs.items()}
-    g.parameters = {name: new[i] for name, i in graph.parameters.items()}
-    g.outputs = {name: new[i] for name, i in graph.outputs.items()}
-    return g, len(pairs)
+
+    def stand_in(g: Graph, n: Node, new: dict[int, int]) -> int | None:
+        if n.id not in pairs:
+            return None
+        with g.scope(n.modules):
+            packed = g.apply("attention_stats", *(new[i] for i in n.inputs), **n.attrs)
+            (out_at, lse_at), _ = attention_stats_layout(n.shape, n.attrs["num_heads"])
+            for lse in pairs[n.id]:   # the attention_lse nodes the forward now writes
+                new[lse] = g.apply("part", packed, offset=lse_at, shape=graph[lse].shape, name=graph[lse].name)
+            return g.apply("part", packed, offset=out_at, shape=n.shape, name=n.name)
+    return graph.rebuild(stand_in=stand_in)[0], len(pairs)

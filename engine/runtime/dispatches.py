@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..codegen.training import norm_partials
 from ..graph.modules import OPTIMIZER_STEP
-from ..graph.ops import OPS
+from ..graph.ops import OPS, norm_matmuls_layout
 
 
 # ---------------------------------------------------------------- dispatch descriptions
@@ -52,9 +52,11 @@ def estimate_flops(graph, node) -> int:
     arch = OPS[node.op].archetype
     if arch == "matmul":
         x = ins[0]
-        if op == "norm_matmul":
+        if op in ("norm_matmul", "norm_matmuls"):
             k = x.shape[-1]
-            return 2 * size * k + 4 * x.size
+            products = size if op == "norm_matmul" else sum(
+                math.prod(s) for s in norm_matmuls_layout(x.shape, [w.shape for w in ins[2:]], a["transpose_b"])[0])
+            return 2 * products * k + 4 * x.size
         k = x.shape[-2] if a.get("transpose_a") else x.shape[-1]
         extra = size * (int(a.get("has_add", False)) + int(a.get("has_residual", False))
                         + int(a.get("activation", "none") != "none"))

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .forward import (_attention_shape, _mm_dims, _norm_shape, _rope_shape, matmul_ref, merge_heads, rms_norm_ref,
-                      rope_ref, sigmoid_ref, softmax_ref, split_heads)
+import math
+
+from .forward import (_attention_shape, _mm_dims, _norm_shape, _rope_shape, matmul_ref, merge_heads, packed_layout,
+                      rms_norm_ref, rope_ref, sigmoid_ref, softmax_ref, split_heads)
 from .table import ATTENTION, COPY, MATMUL, TensorType, _fail, _require_float, defop
 
 
@@ -123,3 +125,40 @@ defop("swiglu_matmul", MATMUL, _swiglu_matmul_shape, swiglu_matmul_ref,
       doc="silu(x @ w_gate) * (x @ w_up), x optionally rms-normalised by a 4th operand: a Llama MLP's first "
           "half in one kernel where x has few rows (engine.optimize.few_rows: the decode step)",
       eps=1e-6, transpose_b=False)
+
+
+# ---------------------------------------------------------------- a shared norm's products in one dispatch
+
+def norm_matmuls_layout(x_shape, weight_shapes, transpose_b: bool) -> tuple[list[tuple[int, ...]], list[int], int]:
+    """(each product's shape, its offset, total elements) of norm_matmuls' packed result:
+    rms_norm(x) @ w_i for each weight, one after another, each at a multiple of PART_ALIGN."""
+    shapes = [tuple(x_shape[:-1]) + (w[0] if transpose_b else w[1],) for w in weight_shapes]
+    offsets, total = packed_layout([math.prod(s) for s in shapes])
+    return shapes, offsets, total
+
+
+def _norm_matmuls_shape(ts, a):
+    x, norm_weight, *weights = ts
+    _require_float(ts)
+    if len(weights) < 2:
+        _fail(f"norm_matmuls takes x, a norm weight and at least two weights, found {len(ts)} operands")
+    _norm_shape(1)([x, norm_weight], a)
+    for w in weights:
+        _mm_dims(x, w, False, a["transpose_b"])
+    return TensorType((norm_matmuls_layout(x.shape, [w.shape for w in weights], a["transpose_b"])[2],))
+
+
+def norm_matmuls_ref(x, norm_weight, *weights, eps=1e-6, transpose_b=False):
+    """rms_norm(x, norm_weight) @ each weight, packed flat (norm_matmuls_layout; zeros between)."""
+    shapes, offsets, total = norm_matmuls_layout(x.shape, [w.shape for w in weights], transpose_b)
+    xn = rms_norm_ref(x, norm_weight, eps)
+    out = np.zeros(total, np.result_type(x, *weights))
+    for w, at, shape in zip(weights, offsets, shapes):
+        out[at:at + math.prod(shape)] = matmul_ref(xn, w, False, transpose_b).reshape(-1)
+    return out
+
+
+defop("norm_matmuls", MATMUL, _norm_matmuls_shape, norm_matmuls_ref,
+      doc="rms_norm(x) @ w_1, @ w_2, ...: the products of one normalised x (a decode step's q, k and v) in one "
+          "kernel, packed flat (norm_matmuls_layout) for ``part`` views to pick apart "
+          "(engine.optimize.few_rows)", eps=1e-6, transpose_b=False)
