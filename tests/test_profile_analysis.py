@@ -52,7 +52,8 @@ def test_roofline_without_peaks_and_the_f16_roof():
     assert kernel_roofline(row(1e9, 1e6, 1e6), None) == {"bound": None, "percent_of_peak": None,
                                                            "intensity": 1e3}
     assert compute_peak(PEAKS, "matmul", "f16") == 100e12
-    assert compute_peak(PEAKS, "attention", "f16") == 10e12
+    assert compute_peak(PEAKS, "attention", "f16") == 100e12   # cooperative forward and backward
+    assert compute_peak(PEAKS, "reduction", "f16") == 10e12
     assert compute_peak(PEAKS, "matmul", "f32") == 10e12
     assert compute_peak({**PEAKS, "flop_per_s_f16": None}, "matmul", "f16") == 10e12
 
