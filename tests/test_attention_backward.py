@@ -441,9 +441,9 @@ def test_fixed_rows_follow_the_devices_workgroup_memory():
 
 @pytest.mark.parametrize("case", ["gqa-3-groups-causal", "cross-more-keys"])
 def test_staging_without_the_register_prefetch_matches_too(case, monkeypatch, configure):
-    """dq and dkdv fetch a block's q into registers at its start (dv ran 20% faster on the
-    H100), dkdv its dO too, staged from there twice; MEGANEURA_ATTENTION_PREFETCH=0 stages
-    them where they are used, for benchmarks, and must give the same results."""
+    """dq and dkdv fetch a block's streamed operands into registers at its start (dv ran 20%
+    faster on the H100, dq 2%), dkdv's dO staged from there twice; MEGANEURA_ATTENTION_PREFETCH=0
+    stages them where they are used, for benchmarks, and must give the same results."""
     g = backward_graph(*CASES[case][:6], attention_attrs(*CASES[case][3:5], *CASES[case][6:]))
     caps = lambda: codegen.Capabilities(knobs=config.current().knobs)  # noqa: E731
     sources = lambda: {n.op: codegen.kernel_for(g, n, caps()).source for n in g.nodes if n.op in BACKWARD_OPS}
@@ -453,6 +453,7 @@ def test_staging_without_the_register_prefetch_matches_too(case, monkeypatch, co
     for op in ("attention_grad_q", "attention_grad_kv"):
         assert "let pre0 = fetch_element" in prefetched[op] and "let pre0" not in direct[op], op
     assert prefetched["attention_grad_kv"].count("put_element(tid + 0u, ypre0);") == 2
-    assert "ypre" not in prefetched["attention_grad_q"] + direct["attention_grad_kv"]
+    assert prefetched["attention_grad_q"].count("put_element(tid + 0u, ypre0);") == 1
+    assert "ypre" not in direct["attention_grad_q"] + direct["attention_grad_kv"]
     assert prefetched["attention_lse"] == direct["attention_lse"]
     assert_close(*run_backward(*CASES[case]))

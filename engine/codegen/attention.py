@@ -383,10 +383,11 @@ def _accumulate_lines(groups: int, acc: str = "o", indent: int = 12) -> str:
 
 def _staging(mode: _BackwardMode, threads: int, steps: int, knobs: Knobs) -> dict:
     """The staging lines of attention_backward.wgsl's loop. A block's X is fetched into
-    registers pre0.. at its start and put into Ss after dP; dkdv fetches Y (dO) there too,
-    into ypre0.., and puts it into Ss twice, for dP and for P Y: on the H100 at whisper-tiny's
-    batch 8, dkdv took 3.40 ms a layer so, 3.85 fetching Y from memory again for P Y and 4.10
-    fetching it into registers again before dS X. lse, with one operand, stages X directly;
+    registers pre0.. at its start and put into Ss after dP; Y (dq: V, dkdv: dO) is fetched
+    there too, into ypre0.., before X, and dkdv puts it into Ss twice, for dP and for P Y:
+    on the H100 at whisper-tiny's batch 8, dkdv took 3.40 ms a layer so, 3.85 fetching Y from
+    memory again for P Y and 4.10 fetching it into registers again before dS X; dq took 3.07
+    ms with Y fetched ahead, 3.13 staging it from memory. lse, with one operand, stages X directly;
     ``MEGANEURA_ATTENTION_PREFETCH=0`` stages all directly (benchmarks; see attention_prefetch)."""
     direct = {role: f"stage_stream({role}, tid, b, stream_head, c0);" for role in ("ROLE_X", "ROLE_Y")}
     if mode.index == 0 or attention_prefetch(knobs) == 0:
@@ -395,8 +396,8 @@ def _staging(mode: _BackwardMode, threads: int, steps: int, knobs: Knobs) -> dic
     fetch = lambda role, name: _per_element(  # noqa: E731
         f"let {name}{{n}} = fetch_element({role}, {{e}}, b, stream_head, c0);", threads, steps)
     put = lambda name, indent: _per_element(f"put_element({{e}}, {name}{{n}});", threads, steps, indent)  # noqa: E731
-    return dict(PREFETCH=(fetch("ROLE_Y", "ypre") + "\n" if mode.pair else "") + fetch("ROLE_X", "pre"),
-                STAGE_Y=put("ypre", 12) if mode.pair else " " * 12 + direct["ROLE_Y"], STAGE_X=put("pre", 8),
+    return dict(PREFETCH=(fetch("ROLE_Y", "ypre") + "\n" if mode.has_dp else "") + fetch("ROLE_X", "pre"),
+                STAGE_Y=put("ypre", 12) if mode.has_dp else " " * 12 + direct["ROLE_Y"], STAGE_X=put("pre", 8),
                 RESTAGE_Y=put("ypre", 16) if mode.pair else "")
 
 
