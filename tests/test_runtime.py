@@ -402,6 +402,8 @@ def test_sum_to():
         g.output(f"to{shape}", g.apply("sum_to", x, shape=tuple(shape)))
     bias_grad = g.input("bias_grad", [700, 24])       # few outputs, long sums: 64 lanes per output
     g.output("bias", g.apply("sum_to", bias_grad, shape=(24,)))
+    two_axes = g.input("two_axes", [6, 700, 5])       # 65 elements a lane: 8 loads at a time, then the tail
+    g.output("two_axes_sum", g.apply("sum_to", two_axes, shape=(1, 1, 5)))
     long_rows = g.input("long_rows", [2, 3, 300])    # only the last axis: the row-reduction path
     g.output("rows", g.apply("sum_to", long_rows, shape=(2, 3, 1)))
     s = check(g)

@@ -162,12 +162,27 @@ def _sum_to(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     meta = [node.size, math.prod(red)] + list(out_p) + kept
     # Long reductions get more lanes per output, 64 when 16 would leave the GPU mostly
     # idle (a bias gradient: 384 outputs made 24 workgroups; ``tuning.sum_workgroups``
-    # fill it); a short one keeps one lane per output.
+    # fill it); a short one keeps one lane per output. (Splitting a bias gradient's rows
+    # among more workgroups, the parts added by a second dispatch, made the kernel faster
+    # and the step slower on the H100: benchmarks.md run 29.)
     count = math.prod(red)
     fill = caps.tuning.sum_workgroups
     outs = 256 if count <= 4 else 64 if count <= 64 else 16 if node.size >= 16 * fill else 4
     return _finish("sum_to", "reduction", "sum_to.wgsl", ["x"], ["f32"], "f32", meta,
-                   grid_1d(-(-node.size // outs)), RANK=r, OUTS=outs, REDUCED_OFFSET=_reduced_offset(red, xs))
+                   grid_1d(-(-node.size // outs)), RANK=r, OUTS=outs, REDUCED_OFFSET=_reduced_offset(red, xs),
+                   UNROLL=SUM_TO_UNROLL, LAST=SUM_TO_UNROLL - 1, SUM=_pairwise([f"v{u}" for u in range(SUM_TO_UNROLL)]),
+                   LOADS="\n".join(f"            let v{u} = x[base + reduced_offset(k + {u}u * LANES)];"
+                                   for u in range(SUM_TO_UNROLL)))
+
+
+SUM_TO_UNROLL = 8    # elements a thread loads before it adds them
+
+
+def _pairwise(terms: list[str]) -> str:
+    """``terms`` added as a balanced tree (independent adds, and a smaller rounding error)."""
+    while len(terms) > 1:
+        terms = [f"({a} + {b})" for a, b in zip(terms[::2], terms[1::2])] + (terms[-1:] if len(terms) % 2 else [])
+    return terms[0]
 
 
 def _reduced_offset(extents, strides) -> str:
@@ -178,9 +193,9 @@ def _reduced_offset(extents, strides) -> str:
     for i, d in enumerate(reversed(axes)):
         last = i == len(axes) - 1
         index = "r" if last else f"r % {extents[d]}u"
-        lines.append(f"            off = off + ({index}) * {strides[d]}u;")
+        lines.append(f"    off = off + ({index}) * {strides[d]}u;")
         if not last:
-            lines.append(f"            r = r / {extents[d]}u;")
+            lines.append(f"    r = r / {extents[d]}u;")
     return "\n".join(lines)
 
 
