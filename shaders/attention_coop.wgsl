@@ -58,18 +58,7 @@ fn fetch_rows(e: u32, b: u32, hx: u32, r0: u32, n: u32, heads: u32, which: u32) 
     return v[at];
 }
 
-// Element e as f16 into Kh (Vh), row-major.
-fn put_k(e: u32, x: vec4<f32>) {
-    let at = e / D4 * KS + e % D4 * 4u;
-    let h = vec4<f16>(x);
-    Kh[at] = h.x; Kh[at + 1u] = h.y; Kh[at + 2u] = h.z; Kh[at + 3u] = h.w;
-}
-
-fn put_v(e: u32, x: vec4<f32>) {
-    let at = e / D4 * KS + e % D4 * 4u;
-    let h = vec4<f16>(x);
-    Vh[at] = h.x; Vh[at + 1u] = h.y; Vh[at + 2u] = h.z; Vh[at + 3u] = h.w;
-}
+{{PUT_TILES}}
 
 @compute @workgroup_size(128)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32,

@@ -67,18 +67,6 @@ fn fetch_rows(e: u32, b: u32, hx: u32, r0: u32, n: u32, heads: u32, which: u32) 
     }
 }
 
-fn put_x(e: u32, x: vec4<f32>) {
-    let at = e / D4 * KS + e % D4 * 4u;
-    let h = vec4<f16>(x);
-    Xh[at] = h.x; Xh[at + 1u] = h.y; Xh[at + 2u] = h.z; Xh[at + 3u] = h.w;
-}
-
-fn put_y(e: u32, x: vec4<f32>) {
-    let at = e / D4 * KS + e % D4 * 4u;
-    let h = vec4<f16>(x);
-    Yh[at] = h.x; Yh[at + 1u] = h.y; Yh[at + 2u] = h.z; Yh[at + 3u] = h.w;
-}
-
 fn amax4(x: vec4<f32>) -> f32 {
     let a = abs(x);
     return max(max(a.x, a.y), max(a.z, a.w));
@@ -88,6 +76,8 @@ fn amax4(x: vec4<f32>) -> f32 {
 fn exponent_of(top: f32) -> f32 {
     return clamp(select(0.0, floor(log2(top)), top > 0.0), -100.0, 100.0);
 }
+
+{{PUT_TILES}}
 
 @compute @workgroup_size(128)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32,

@@ -10,7 +10,7 @@ import math
 from ..graph.ir import Graph, Node
 from .attention import (_attention, _attention_dims, _combine_forward_splits, _split_grid, attention_splits,
                         attention_stats_at)
-from .common import Capabilities, Kernel, _finish, f32_bits
+from .common import Capabilities, Kernel, _finish, _render, f32_bits
 from .matmul import COOP_ENABLES, COOP_FRAGMENT
 
 COOP_QUERIES = 64      # queries a workgroup owns: 16 for each of its 4 subgroups
@@ -41,6 +41,12 @@ def _fragment(kind: str, tile: str, offset: str, col_major: bool, stride: str) -
     f = COOP_FRAGMENT
     return (f"subgroupMatrixLoad<subgroup_matrix_{kind}<f16, {f}, {f}>>(&{tile}, {offset}, "
             f"{'true' if col_major else 'false'}, {stride})")
+
+
+def put_tiles(*names: tuple[str, str]) -> str:
+    """The put_NAME functions (f16_tile_put.wgsl) that round staged vec4s into each
+    (NAME, tile) of a cooperative attention kernel."""
+    return "\n\n".join(_render("f16_tile_put.wgsl", NAME=name, TILE=tile) for name, tile in names)
 
 
 def _result(name: str) -> str:
@@ -82,7 +88,8 @@ def _coop_subs(d: int) -> dict:
                f"{_fragment('right', 'Vh', f'{f * kk}u * KS + {f * n}u', False, 'KS')}, pv{n});"
                for kk in range(COOP_KEYS // f)]
         pv.append(f"{ind}subgroupMatrixStore(&Sc, sb + {f * n}u, pv{n}, false, SS);")
-    return dict(D=d, OC=oc, PAD=_HALF_PAD, SS=COOP_SCRATCH_ROW, LOAD_Q="\n".join(load_q), STAGE_Q="\n".join(stage_q),
+    return dict(D=d, OC=oc, PAD=_HALF_PAD, SS=COOP_SCRATCH_ROW, PUT_TILES=put_tiles(("k", "Kh"), ("v", "Vh")),
+                LOAD_Q="\n".join(load_q), STAGE_Q="\n".join(stage_q),
                 STAGE="\n".join(stage),
                 SCORES="\n".join(scores), READ_SCORES="\n".join(read),
                 ROW_MAX="\n".join(f"{ind}top = max(top, sv[{c}]);" for c in range(32)),

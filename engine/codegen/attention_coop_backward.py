@@ -11,7 +11,7 @@ import math
 from ..graph.ir import Graph, Node
 from ..graph.ops import attention_grad_kv_layout
 from .attention import _attention_backward, _attention_dims, _split_grid
-from .attention_coop import _HALF_PAD, COOP_SCRATCH_ROW, _fragment, _result, coop_attention_supported
+from .attention_coop import _HALF_PAD, COOP_SCRATCH_ROW, _fragment, _result, coop_attention_supported, put_tiles
 from .common import Capabilities, Kernel, _finish, f32_bits
 from .matmul import COOP_ENABLES, COOP_FRAGMENT
 
@@ -124,6 +124,7 @@ def _subs(d: int, mode: int) -> dict:
         store += ["    workgroupBarrier();", *(f"    Sc[sb + r * SS + {col(c)}] = accv[{c}];" for c in range(oc)),
                   write.format(base="m(7u) + ")]
     return dict(MODE=mode, D=d, OC=oc, OCV=oc if kv else 1, PAD=_HALF_PAD, SS=COOP_SCRATCH_ROW,
+                PUT_TILES=put_tiles(("x", "Xh"), ("y", "Yh")),
                 FETCH_FIXED="\n".join(fetch_fixed), FIXED_MAX="\n".join(fixed_max), PUT_FIXED="\n".join(put_fixed),
                 LOAD_FIXED="\n".join(load_fixed), FETCH_STREAM="\n".join(fetch_stream),
                 STREAM_MAX="\n".join(stream_max), PUT_STREAM="\n".join(put_stream),
