@@ -392,7 +392,25 @@ def test_row_reductions_and_norms(caps):
     inputs = {"x": rng.standard_normal((3, 4, 300)) * 4 + 1, "s": rng.standard_normal((6, 5))}
     params = {"w": rng.standard_normal(300), "b": rng.standard_normal(300)}
     s = check(g, inputs, params, capabilities=caps)
-    assert all(("sg_lane_" in k.source) == caps.subgroups for k in s.plan.kernels.values())
+    short = {d.key for d in s.plan.dispatches if d.variant == "a thread a row"}   # s: rows shorter than a subgroup
+    shared = [k for name, k in s.plan.kernels.items() if name not in short]
+    assert short and all(("sg_lane_" in k.source) == caps.subgroups for k in shared)
+    assert len(shared) < len(s.plan.kernels) and all(("sg_lane_" in k.source) == caps.subgroups for k in shared)
+
+
+def test_short_rows_take_a_thread_each():
+    """sum, mean and max over rows of at most 64 (attention's Delta sums rows of a head
+    dimension) run a thread a row, 8 loads at a time, then the rest; longer rows keep a
+    workgroup a row."""
+    g = Graph("short rows")
+    for shape in ((4, 300, 2, 64), (7, 13), (3, 5, 1), (70, 65)):
+        x = g.input(f"x{len(g.inputs)}", list(shape))
+        for op in ("sum", "mean", "max"):
+            g.output(f"{op}{list(shape)}", g.apply(op, x, axis=-1))
+    s = check(g)
+    variants = {d.nodes[0]: d.variant for d in s.plan.dispatches}
+    assert [variants[g.outputs[f"{op}[70, 65]"]] != "a thread a row" for op in ("sum", "mean", "max")] == [True] * 3
+    assert sum(v == "a thread a row" for v in variants.values()) == 9
 
 
 def test_sum_to():

@@ -65,9 +65,20 @@ def _row_reduce(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
         n = x.shape[-1] if x.shape else 1
         rows = x.size // max(n, 1)
     eps = node.attrs.get("eps", 0.0)
+    if node.op in _SHORT_ROWS and n <= SHORT_ROW:
+        init, combine, finish = _SHORT_ROWS[node.op]
+        kernel = _finish(f"reduce:{node.op}", "reduction", "reduce_short_rows.wgsl", ["x"], ["f32"], "f32",
+                         [rows, n, 0], grid_1d(-(-rows // 256)), INIT=init, COMBINE=combine, FINISH=finish)
+        kernel.notes["variant"] = "a thread a row"
+        return kernel
     names = _ROW_OPERANDS.get(node.op, ["x"])
     return _finish(f"reduce:{node.op}", "reduction", "reduce_row.wgsl", names, ["f32"] * len(names),
                    "f32", [rows, n, f32_bits(eps)], grid_1d(rows), caps, MODE=_ROW_MODES[node.op])
+
+
+SHORT_ROW = 64   # rows this short take a thread each (reduce_short_rows.wgsl), not a workgroup
+_SHORT_ROWS = {"sum": ("0.0", "a + b", "s"), "mean": ("0.0", "a + b", "s / f32(N)"),
+               "max": ("-3.4028234e38", "max(a, b)", "s")}
 
 
 # Losses reduce a whole tensor to one number. One workgroup doing it all was latency
