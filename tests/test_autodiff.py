@@ -159,6 +159,7 @@ NOT_GRADCHECKED = {
     "index_wrap": "i32 indices in and out: nothing to differentiate",
     "cache_write": "generation (inference) only: its rule refuses, test_generation_ops_refuse_gradients",
     "cached_attention": "generation (inference) only: its rule refuses, test_generation_ops_refuse_gradients",
+    "argmax": "an i32 index, piecewise constant in its operand: the rule gives none",
     "swiglu_matmul": "made by the few-row pass after autodiff (engine.optimize.few_rows); its rule refuses",
     "norm_matmuls": "made by the few-row pass after autodiff (engine.optimize.few_rows); its rule refuses",
     "attention_stats": "made after autodiff (engine.optimize.attention_stats); its rule refuses, test_attention_stats",

@@ -614,7 +614,12 @@ def cache_write_cases(rng):
     return [Case("plain", dict(arrays), lambda g, cache, x, positions: g.cache_write(cache, x, positions),
                  torch_write),
             Case("rope", dict(arrays), lambda g, cache, x, positions: g.cache_write(cache, x, positions, 2, 300.0),
-                 lambda cache, x, positions: torch_write(cache, x, positions, heads=2))]
+                 lambda cache, x, positions: torch_write(cache, x, positions, heads=2)),
+            Case("keys and values", {"kv": normal(rng, 2, 2, 7, 8), "k": normal(rng, 2, 2, 8),
+                                     "v": normal(rng, 2, 2, 8), "positions": positions},
+                 lambda g, kv, k, v, positions: g.cache_write(kv, [k, v], positions, 2, 300.0),
+                 lambda kv, k, v, positions: torch.stack([torch_write(kv[0], k, positions, heads=2),
+                                                          torch_write(kv[1], v, positions)]))]
 
 
 def torch_cached_attention(heads, kv_heads, scale, rope_base=None):
@@ -642,6 +647,16 @@ def cached_attention_cases(rng):
         out.append(Case(f"h={heads} kv={kv_heads} t={t} s={s} scale={scale} rope={rope_base}", arrays, build,
                         torch_cached_attention(heads, kv_heads, scale, rope_base)))
     return out
+
+
+@case
+def argmax_cases(rng):
+    """A decode step's greedy choice; rows with a tie (the first wins, as torch's) and of -inf."""
+    x = normal(rng, 3, 4, 9)
+    x[0, 1, [2, 6]] = x[0, 1].max() + 1.0
+    x[1, 2] = -np.inf
+    return Case("rows", {"x": x}, lambda g, x: g.apply("cast", g.argmax(x), dtype="f32"),
+                lambda x: torch.argmax(x, dim=-1).to(x.dtype))
 
 
 @case

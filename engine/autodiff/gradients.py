@@ -484,6 +484,7 @@ GRADIENTS: dict[str, GradientRule] = {
     "rope": rope_grad,
     "cache_write": inference_only,
     "cached_attention": inference_only,
+    "argmax": no_gradient,
     "swiglu_matmul": after_autodiff("the few-row pass of generation graphs"),
     "norm_matmuls": after_autodiff("the few-row pass of generation graphs"),
     "attention_stats": after_autodiff("engine.optimize.attention_stats"),

@@ -84,18 +84,23 @@ def _rope(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
 
 
 def _cache_write(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
-    """Rows of x (rotated first where the op says ``rope_heads``) into the cache at their
-    positions; the cache is the output binding (the op is in place: engine.compile.plan
-    binds it once, read-write)."""
-    x = graph[node.inputs[1]]
-    b, t, w = x.shape
+    """Rows of each x (the first rotated where the op says ``rope_heads``) into its plane
+    of the cache at their positions; the cache is the output binding (the op is in place:
+    engine.compile.plan binds it once, read-write)."""
+    xs = [graph[i] for i in node.inputs[1:-1]]
+    b, t, w = xs[0].shape
     heads = node.attrs.get("rope_heads", 0)
     d = w // heads if heads else 0
-    meta = [x.size, t, node.shape[1], w, d] + (rope_frequencies(d, node.attrs["rope_base"]) if heads else [])
-    value = ("rope_(x[idx - i + i % (d / 2u)], x[idx - i + i % (d / 2u) + d / 2u], i, d, u32(pos), 5u, false)"
-             if heads else "x[idx]")
-    return _finish("cache_write", "copy", "cache_write.wgsl", ["x", "positions"], ["f32", "i32"], "f32",
-                   meta, grid_1d(-(-x.size // WG)), VALUE=value, ROPE_FN=_template("rope_fn.wgsl") if heads else "")
+    meta = [len(xs) * xs[0].size, t, node.shape[-2], w, d, xs[0].size, b * node.shape[-2] * w]
+    meta += rope_frequencies(d, node.attrs["rope_base"]) if heads else []
+    names = [f"x{p}" for p in range(len(xs))]
+    values = [f"rope_(x0[e - i + i % (d / 2u)], x0[e - i + i % (d / 2u) + d / 2u], i, d, u32(pos), 7u, false)"
+              if heads and p == 0 else f"{name}[e]" for p, name in enumerate(names)]
+    value = "    " + " else ".join(f"if (plane == {p}u) {{ v = {v}; }}" for p, v in enumerate(values[:-1]))
+    value = (value + f" else {{ v = {values[-1]}; }}") if len(values) > 1 else f"    v = {values[0]};"
+    return _finish("cache_write", "copy", "cache_write.wgsl", names + ["positions"], ["f32"] * len(xs) + ["i32"],
+                   "f32", meta, grid_1d(-(-len(xs) * xs[0].size // WG)), VALUE=value,
+                   ROPE_FN=_template("rope_fn.wgsl") if heads else "")
 
 
 EMBEDDING_GRAD_ROWS = 16   # table rows a workgroup of the embedding gradient owns

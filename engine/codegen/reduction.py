@@ -76,6 +76,13 @@ def _row_reduce(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
                    "f32", [rows, n, f32_bits(eps)], grid_1d(rows), caps, MODE=_ROW_MODES[node.op])
 
 
+def _argmax(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    x = graph[node.inputs[0]]
+    n = x.shape[-1]
+    return _finish("reduce:argmax", "reduction", "argmax.wgsl", ["x"], ["f32"], "i32", [x.size // n, n],
+                   grid_1d(x.size // n))
+
+
 SHORT_ROW = 64   # rows this short take a thread each (reduce_short_rows.wgsl), not a workgroup
 _SHORT_ROWS = {"sum": ("0.0", "a + b", "s"), "mean": ("0.0", "a + b", "s / f32(N)"),
                "max": ("-3.4028234e38", "max(a, b)", "s")}

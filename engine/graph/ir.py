@@ -276,8 +276,14 @@ class Graph:
                           name=name)
 
     def cache_write(self, cache, x, positions, rope_heads=0, rope_base=10000.0, name=None):
-        return self.apply("cache_write", cache, x, positions, rope_heads=int(rope_heads),
+        """x (a node, or several: one per plane of the cache) written at ``positions``."""
+        xs = tuple(x) if isinstance(x, (list, tuple)) else (x,)
+        return self.apply("cache_write", cache, *xs, positions, rope_heads=int(rope_heads),
                           rope_base=float(rope_base), name=name)
+
+    def argmax(self, x, name=None):
+        """The i32 index of each row's largest element (last axis)."""
+        return self.apply("argmax", x, name=name)
 
     def cached_attention(self, q, k, v, positions, num_heads, num_kv_heads=None, scale=None, rope=False,
                          rope_base=10000.0, name=None):

@@ -2,9 +2,10 @@
 
 A generation graph carries a ``KVCache`` (``graph.kv_cache``): the i32 input
 ``positions`` [batch, seq] of this call's tokens and, per attention layer in build
-order, a K and a V cache parameter ``kv_cache.N.k`` / ``kv_cache.N.v`` [batch,
-capacity, kv_heads*dim] that ``cache_write`` fills in place and that are outputs of the
-graph (so nothing prunes the writes). The prefill graph runs the prompt (positions
+order, a cache parameter ``kv_cache.N`` [2, batch, capacity, kv_heads*dim] (keys, then
+values) that one ``cache_write`` fills in place and that is an output of the graph (so
+nothing prunes the write); attention reads its two planes as ``part`` views. The
+capacity is a multiple of PART_ALIGN rows, so the values' plane starts where a view may. The prefill graph runs the prompt (positions
 0..P-1) with ordinary causal attention on its fresh keys; the decode graph runs one
 token and attends over the cache. Both name the same cache parameters, so a decode
 session shares the prefill's buffers.
@@ -15,10 +16,14 @@ a graph without a cache they build exactly what they built before.
 
 from __future__ import annotations
 
+import math
+
 from ..errors import GraphError
 from .ir import Graph
+from .ops import PART_ALIGN
 
 CACHE_PREFIX = "kv_cache."
+NEXT_ID = "next_id"
 
 
 class KVCache:
@@ -28,7 +33,8 @@ class KVCache:
     decode step two dispatches a layer."""
 
     def __init__(self, positions: int, capacity: int, prefill: bool):
-        self.positions, self.capacity, self.prefill = positions, int(capacity), bool(prefill)
+        self.positions, self.prefill = positions, bool(prefill)
+        self.capacity = -(-int(capacity) // PART_ALIGN) * PART_ALIGN
         self.layers = 0
         self.pending: dict[int, tuple[int, float]] = {}   # node -> (heads, base) of its deferred rope
 
@@ -41,17 +47,17 @@ class KVCache:
     def attend(self, g: Graph, q: int, k: int, v: int, num_heads: int, num_kv_heads: int | None,
                scale: float | None) -> int:
         batch, _, width = g.shape(k)
-        k_rope = self.pending.pop(k, (0, 10000.0))
+        heads, base = self.pending.pop(k, (0, 10000.0))
         q_rope = self.pending.pop(q, None)
-        written = []
-        for which, value, (heads, base) in (("k", k, k_rope), ("v", v, (0, 10000.0))):
-            name = f"{CACHE_PREFIX}{self.layers}.{which}"
-            cache = g.parameter(name, (batch, self.capacity, width), trainable=False, decay=False)
-            written.append(g.output(name, g.cache_write(cache, value, self.positions, heads, base)))
+        name = f"{CACHE_PREFIX}{self.layers}"
+        plane = (batch, self.capacity, width)
+        cache = g.parameter(name, (2, *plane), trainable=False, decay=False)
+        written = g.output(name, g.cache_write(cache, [k, v], self.positions, heads, base))
         self.layers += 1
         if self.prefill:
             return g.attention(q, k, v, num_heads, num_kv_heads=num_kv_heads, causal=True, scale=scale)
-        return g.cached_attention(q, *written, self.positions, num_heads, num_kv_heads, scale,
+        keys, values = (g.apply("part", written, offset=i * math.prod(plane), shape=plane) for i in range(2))
+        return g.cached_attention(q, keys, values, self.positions, num_heads, num_kv_heads, scale,
                                   rope=q_rope is not None, rope_base=q_rope[1] if q_rope else 10000.0)
 
     def finish(self) -> None:
@@ -97,11 +103,15 @@ def last_token(g: Graph, x: int) -> int:
 
 def generation_graph(name: str, token_input: str, seq: int, capacity: int, prefill: bool, logits) -> Graph:
     """A batch-1 generation graph: inputs ``token_input`` and ``positions`` [1, seq], output
-    ``logits`` [1, 1, vocab] of the last token (``logits(g, ids)`` builds the model)."""
+    ``logits`` [1, 1, vocab] of the last token (``logits(g, ids)`` builds the model) and, in a
+    decode graph, ``next_id`` [1, 1], their argmax: greedy decoding feeds it to the next step
+    on the GPU (engine.train.generation)."""
     g = Graph(f"{name}-{'prefill' if prefill else 'decode'}-{seq}of{capacity}")
     ids = g.input(token_input, (1, seq), "i32")
     g.kv_cache = KVCache(g.input("positions", (1, seq), "i32"), capacity, prefill)
-    g.output("logits", logits(g, ids))
+    last = g.output("logits", logits(g, ids))
+    if not prefill:
+        g.output(NEXT_ID, g.argmax(last))
     g.kv_cache.finish()
     g.kv_cache = None
     return g

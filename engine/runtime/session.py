@@ -365,6 +365,13 @@ class Session:
         buffer, offset = self._locate(node.id)
         return buffer, offset, node.nbytes
 
+    def input_location(self, name: str) -> tuple[object, int, int]:
+        """(GPU buffer, byte offset, byte size) of an input, to fill it within a command
+        encoder (greedy generation copies each step's chosen id there)."""
+        node = self._node_for("input", name, self.graph.inputs)
+        buffer, offset = self._locate(node.id)
+        return buffer, offset, node.nbytes
+
     def read_output(self, name: str) -> np.ndarray:
         return self._read(self._node_for("output", name, self.graph.outputs))
 

@@ -32,5 +32,5 @@ from .backward import (  # noqa: F401
 from .onnx import (  # noqa: F401
     ONNX_UNARY, cast_ref, conv_general_input_grad_ref, conv_general_ref,
     conv_general_weight_grad_ref, max_pool_grad_ref, pool_divisor, pool_geometry, pool_ref)
-from .generation import (cache_write_ref, cached_attention_ref, norm_matmuls_layout, norm_matmuls_ref,  # noqa: F401
+from .generation import (argmax_ref, cache_write_ref, cached_attention_ref, norm_matmuls_layout, norm_matmuls_ref,  # noqa: F401
                          swiglu_matmul_ref)

@@ -19,7 +19,7 @@ import math
 
 from .forward import (_attention_shape, _mm_dims, _norm_shape, _rope_shape, matmul_ref, merge_heads, packed_layout,
                       rms_norm_ref, rope_ref, sigmoid_ref, softmax_ref, split_heads)
-from .table import ATTENTION, COPY, MATMUL, TensorType, _fail, _require_float, defop
+from .table import ATTENTION, COPY, MATMUL, REDUCTION, TensorType, _fail, _require_float, defop
 
 
 def _positions_check(positions: TensorType, batch_seq: tuple[int, ...], what: str) -> None:
@@ -28,15 +28,22 @@ def _positions_check(positions: TensorType, batch_seq: tuple[int, ...], what: st
 
 
 def _cache_write_shape(ts, a):
-    cache, x, positions = ts
-    _require_float([cache, x])
+    cache, *xs, positions = ts
+    _require_float([cache, *xs])
+    if not xs:
+        _fail("cache_write takes a cache, at least one x and positions")
     if a["rope_heads"]:
-        _rope_shape([x], {"num_heads": a["rope_heads"]})
-    if len(cache.shape) != 3 or len(x.shape) != 3 or cache.shape[0] != x.shape[0] or cache.shape[2] != x.shape[2]:
-        _fail(f"cache [batch, capacity, width] and x [batch, seq, width] disagree: {list(cache.shape)}, "
-              f"{list(x.shape)}")
-    if x.shape[1] > cache.shape[1]:
-        _fail(f"{x.shape[1]} rows do not fit a cache of {cache.shape[1]}")
+        _rope_shape([xs[0]], {"num_heads": a["rope_heads"]})
+    x = xs[0]
+    planes = () if len(xs) == 1 else (len(xs),)
+    if len(x.shape) != 3 or any(other.shape != x.shape for other in xs):
+        _fail(f"each x must be [batch, seq, width], all alike: {[list(other.shape) for other in xs]}")
+    if len(cache.shape) != len(planes) + 3 or cache.shape[:len(planes)] != planes or \
+            cache.shape[-3] != x.shape[0] or cache.shape[-1] != x.shape[2]:
+        want = "[planes, batch, capacity, width] with a plane per x" if planes else "[batch, capacity, width]"
+        _fail(f"cache {want} and x [batch, seq, width] disagree: {list(cache.shape)}, {list(x.shape)}")
+    if x.shape[1] > cache.shape[-2]:
+        _fail(f"{x.shape[1]} rows do not fit a cache of {cache.shape[-2]}")
     _positions_check(positions, x.shape[:2], "cache_write")
     return TensorType(cache.shape)
 
@@ -46,20 +53,25 @@ def check_positions(positions: np.ndarray, capacity: int) -> None:
         raise IndexError(f"positions must lie in [0, {capacity}), found {positions.min()}..{positions.max()}")
 
 
-def cache_write_ref(cache, x, positions, rope_heads=0, rope_base=10000.0):
-    """cache with rows replaced by x (rotated by RoPE at its positions where ``rope_heads``)."""
+def cache_write_ref(cache, *xs_positions, rope_heads=0, rope_base=10000.0):
+    """cache with rows replaced by x (rotated by RoPE at its positions where ``rope_heads``);
+    with several x, cache [planes, ...] takes x_i in plane i (RoPE on the first only)."""
+    *xs, positions = xs_positions
     positions = np.asarray(positions).astype(np.int64)
-    check_positions(positions, cache.shape[1])
-    if rope_heads:
-        x = rope_ref(x, positions, num_heads=rope_heads, base=rope_base)
+    check_positions(positions, cache.shape[-2])
     out = np.array(cache, copy=True)
-    out[np.arange(x.shape[0])[:, None], positions] = x
+    planes = out if len(xs) > 1 else out[None]
+    for i, x in enumerate(xs):
+        if rope_heads and i == 0:
+            x = rope_ref(x, positions, num_heads=rope_heads, base=rope_base)
+        planes[i][np.arange(x.shape[0])[:, None], positions] = x
     return out
 
 
 defop("cache_write", COPY, _cache_write_shape, cache_write_ref, inplace=True,
       doc="cache [B, S, W] with row positions[b, t] replaced by x[b, t] (x [B, T, W]), in the cache's storage; "
-          "rope_heads > 0 rotates x by RoPE (rope_heads heads, rope_base) at its positions first",
+          "with several x (a layer's keys and values), cache [P, B, S, W] takes x_i in plane i, one dispatch for "
+          "all; rope_heads > 0 rotates the first x by RoPE (rope_heads heads, rope_base) at its positions first",
       rope_heads=0, rope_base=10000.0)
 
 
@@ -162,3 +174,23 @@ defop("norm_matmuls", MATMUL, _norm_matmuls_shape, norm_matmuls_ref,
       doc="rms_norm(x) @ w_1, @ w_2, ...: the products of one normalised x (a decode step's q, k and v) in one "
           "kernel, packed flat (norm_matmuls_layout) for ``part`` views to pick apart "
           "(engine.optimize.few_rows)", eps=1e-6, transpose_b=False)
+
+
+# ---------------------------------------------------------------- greedy choice on the GPU
+
+def _argmax_shape(ts, a):
+    _require_float(ts)
+    if not ts[0].shape or ts[0].shape[-1] < 1:
+        _fail(f"argmax needs a last axis of at least one element, found {list(ts[0].shape)}")
+    return TensorType(ts[0].shape[:-1], "i32")
+
+
+def argmax_ref(x):
+    """The index of each row's largest element (the first of equals; a NaN counts as the
+    largest, as numpy's argmax has it), i32."""
+    return np.asarray(np.argmax(x, axis=-1)).astype(np.int32)
+
+
+defop("argmax", REDUCTION, _argmax_shape, argmax_ref,
+      doc="the index of the largest element along the last axis, i32 (the first of equals; NaN counts as the "
+          "largest): a decode step's greedy choice, made on the GPU so the next step needs no read-back")
