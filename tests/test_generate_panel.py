@@ -77,6 +77,22 @@ def test_greedy_text_streams_as_the_engine_generates_it(window, qtbot, errors):
     assert panel.generator is None
 
 
+def test_greedy_on_the_gpu_says_its_points_are_batches(window, qtbot, errors):
+    """On the GPU greedy decoding runs ahead: the same ids as the reference, each point its
+    batch's ms a token, which the plot's title says; sampled runs plot single steps."""
+    panel, state = window.generate_panel, window.state
+    panel.backend.setCurrentIndex(panel.backend.findData("gpu"))
+    assert generate(qtbot, panel, "the dog ", 12, timeout=120000) == "length"
+    tokenizer = state.model.tokenizer()
+    expected = state.model.generator(state.params, backend="reference").generate(
+        tokenizer.encode("the dog "), 12, Sampling(), state.model.eos_ids())
+    assert panel.result.tokens == expected.tokens and panel.batched
+    assert "greedy on the GPU" in panel.plot_title.text() and panel.plotted_points() == 11
+    panel.temperature.setValue(0.8)
+    assert generate(qtbot, panel, "the dog ", 4, timeout=120000) == "length"
+    assert not panel.batched and "greedy" not in panel.plot_title.text() and not errors
+
+
 def test_stop_cancels_a_long_generation(window, qtbot, errors):
     panel = window.generate_panel
     panel.prompt.setPlainText("a dog ")

@@ -22,7 +22,7 @@ from engine.graph.ir import Graph
 from engine.graph.ops import norm_matmuls_layout
 from engine.importers import load_model
 from engine.runtime.session import Session
-from engine.train.generation import Sampling, cache_capacity, submission_chunks
+from engine.train.generation import Sampling, cache_capacity, largest_first, submission_chunks
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -315,6 +315,25 @@ def test_sampling_rules():
     for bad in (dict(temperature=-1.0), dict(top_k=-2), dict(top_p=0.0), dict(top_p=1.5)):
         with pytest.raises(MeganeuraError):
             Sampling(**bad)
+
+
+def test_sampling_sorts_only_what_it_needs():
+    """The top-k and top-p candidates as a stable sort of the whole vocabulary gives them,
+    sorting at most 1,024 where the nucleus lies among them (a peaked distribution), all
+    otherwise (a flat one)."""
+    rng = np.random.default_rng(5)
+    values = rng.integers(0, 50, 3000).astype(np.float64)   # many ties
+    for k in (1, 7, 1024, 2999, 3000):
+        assert largest_first(values, k).tolist() == np.argsort(-values, kind="stable")[:k].tolist()
+    for logits in (rng.standard_normal(5000) * 4, rng.standard_normal(5000) * 0.01):
+        z = logits / 0.7
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        order = np.argsort(-logits, kind="stable")
+        keep = int(np.searchsorted(np.cumsum(p[order]), 0.8)) + 1
+        kept, q = Sampling(temperature=0.7, top_p=0.8)._nucleus(logits, np.arange(5000), p)
+        assert kept.tolist() == order[:keep].tolist()
+        np.testing.assert_allclose(q, p[order[:keep]] / p[order[:keep]].sum())
 
 
 def test_same_seed_same_sample_and_eos_stops(llama):
