@@ -403,7 +403,8 @@ class GeneratePanel(QWidget):
         median = statistics.median(decode)
         self.median_line.setValue(median)
         self.median_line.setVisible(True)
-        batched = f" · greedy on the GPU: each point is its batch of {GREEDY_BATCH}'s ms a token" if self.batched else ""
+        batched = f" · greedy on the GPU: each point is its batch of {GREEDY_BATCH}'s ms a token" \
+            if self.batched else ""
         self.plot_title.setText(f"{PLOT_TITLE} · <span style='color:{MEDIAN}'>- - - median {median:,.2f} ms</span>"
                                 f"{batched}")
         self.plot.setXRange(0.5, max(len(decode), 2) + 0.5, padding=0.02)

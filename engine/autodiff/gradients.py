@@ -30,7 +30,7 @@ import numpy as np
 
 from ..errors import GraphError
 from ..graph.ir import Graph, Node
-from ..graph.ops import OPS, SOURCE, attention_grad_kv_layout, pool_divisor, tiled_attention_head_dim
+from ..graph.ops import ACTIVATION_OPS, OPS, SOURCE, attention_grad_kv_layout, pool_divisor, tiled_attention_head_dim
 
 GradientRule = Callable[[Graph, Node, int], tuple]
 
@@ -159,14 +159,10 @@ def matmul_grads(g: Graph, a: int, b: int, d: int, ta: bool, tb: bool) -> tuple[
 
 # ---------------------------------------------------------------- decompositions of fused ops
 
-FUSED_ACTIVATIONS = {"relu": ("relu", {}), "silu": ("silu", {}), "gelu": ("gelu", {}),
-                     "gelu_tanh": ("gelu", {"approximate": "tanh"})}
-
-
 def activate(g: Graph, x: int, activation: str) -> int:
     if activation == "none":
         return x
-    op, attrs = FUSED_ACTIVATIONS[activation]
+    op, attrs = ACTIVATION_OPS[activation]
     return g.apply(op, x, **attrs)
 
 

@@ -171,10 +171,12 @@ def cached_training_graph(forward: Graph, loss: str, cache_dir: Path | None = No
         from ..autodiff.gradients import differentiate
         from ..optimize import optimize
         from ..optimize.attention_stats import share_attention_statistics
+        from ..optimize.preactivation import reuse_preactivations
         fused, forward_report = optimize(forward)
         train_graph, pairs = differentiate(fused, loss)
         train_graph, training_report = optimize(train_graph)
         train_graph, _ = share_attention_statistics(train_graph)
+        train_graph, _ = reuse_preactivations(train_graph)
         return train_graph, pairs, [forward_report, training_report]
     out, pairs, (forward_report, training_report) = _cached_graphs("training", forward, loss, build, cache_dir)
     return out, pairs, forward_report, training_report

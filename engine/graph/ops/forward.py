@@ -338,6 +338,8 @@ defop("matmul", MATMUL, _matmul_shape, matmul_ref,
 
 ACTIVATIONS = {"none": lambda x: x, "relu": UNARY["relu"], "silu": UNARY["silu"],
                "gelu": gelu_ref, "gelu_tanh": lambda x: gelu_ref(x, "tanh")}
+ACTIVATION_OPS = {"relu": ("relu", {}), "silu": ("silu", {}), "gelu": ("gelu", {}),   # each as an op of its own
+                  "gelu_tanh": ("gelu", {"approximate": "tanh"})}
 
 
 def _fused_matmul_shape(ts, a):
