@@ -153,10 +153,13 @@ def cached_plan(graph: Graph, gradients: dict[str, str] | None = None, loss: str
 # ---------------------------------------------------------------- optimized graphs
 
 def cached_optimize(graph: Graph, cache_dir: Path | None = None):
-    """``engine.optimize(graph)`` -> (fused graph, OptimizeReport), through the on-disk cache."""
+    """``engine.optimize(graph)`` and ``stack_products`` -> (fused graph, OptimizeReport), through
+    the on-disk cache."""
     def build():
         from ..optimize import optimize
+        from ..optimize.stacked_products import stack_products
         out, report = optimize(graph)
+        out, _ = stack_products(out)
         return out, [], [report]
     out, _, (report,) = _cached_graphs("forward", graph, None, build, cache_dir)
     return out, report
@@ -172,11 +175,13 @@ def cached_training_graph(forward: Graph, loss: str, cache_dir: Path | None = No
         from ..optimize import optimize
         from ..optimize.attention_stats import share_attention_statistics
         from ..optimize.preactivation import reuse_preactivations
+        from ..optimize.stacked_products import stack_products
         fused, forward_report = optimize(forward)
         train_graph, pairs = differentiate(fused, loss)
         train_graph, training_report = optimize(train_graph)
         train_graph, _ = share_attention_statistics(train_graph)
         train_graph, _ = reuse_preactivations(train_graph)
+        train_graph, _ = stack_products(train_graph)
         return train_graph, pairs, [forward_report, training_report]
     out, pairs, (forward_report, training_report) = _cached_graphs("training", forward, loss, build, cache_dir)
     return out, pairs, forward_report, training_report

@@ -242,11 +242,14 @@ def _read_ids(readback, count: int) -> list[int]:
 
 def optimize_generation(graph):
     """A generation graph fused for the GPU: ``optimize``, then the few-row fusions of a decode
-    step (engine.optimize.few_rows); returns (graph, OptimizeReport, {fusion: count})."""
+    step (engine.optimize.few_rows) or a prefill's stacked products; returns (graph,
+    OptimizeReport, {fusion: count})."""
     from ..optimize import optimize
     from ..optimize.few_rows import fuse_few_rows
+    from ..optimize.stacked_products import stack_products
     graph, report = optimize(graph)
     graph, few = fuse_few_rows(graph)
+    graph, _ = stack_products(graph)
     return graph, report, few
 
 

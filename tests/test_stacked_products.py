@@ -1,0 +1,82 @@
+"""Products of one input by weights of one shape run as one batched product
+(engine.optimize.stacked_products): what it stacks and what it leaves, the same values as
+the products it replaces (reference and lavapipe), and whisper's q, k and v."""
+
+import numpy as np
+
+from engine import Graph, models
+from engine.compile.cache import cached_training_graph
+from engine.graph import reference
+from engine.optimize.stacked_products import stack_products
+from engine.runtime.session import Session
+
+
+def projections() -> Graph:
+    """x [2, 40, 8] by q, k, v weights [8, 8] (q and v with biases), a wider weight and a
+    product whose right side is not a weight: only q, k and v stack."""
+    g = Graph("projections")
+    x = g.input("x", (2, 40, 8))
+    other = g.input("other", (8, 8))
+    for name, bias in (("q", True), ("k", False), ("v", True)):
+        w = g.parameter(f"{name}.w", (8, 8))
+        g.output(name, g.apply("fused_matmul", x, w, g.parameter(f"{name}.b", (8,)), has_add=True) if bias
+                 else g.matmul(x, w))
+    g.output("wide", g.matmul(x, g.parameter("wide.w", (8, 16))))
+    g.output("not a weight", g.matmul(x, other))
+    return g
+
+
+def feeds(g: Graph, rng):
+    inputs = {k: rng.standard_normal(g[i].shape).astype(np.float32) for k, i in g.inputs.items()}
+    params = {k: rng.standard_normal(g[i].shape).astype(np.float32) for k, i in g.parameters.items()}
+    return inputs, params
+
+
+def test_q_k_v_stack_into_one_product_with_the_same_values():
+    g = projections()
+    out, count = stack_products(g)
+    assert count == 3
+    products = [n for n in out.nodes if n.op in ("matmul", "fused_matmul")]
+    stacked = [n for n in products if n.shape == (3, 80, 8)]
+    assert len(stacked) == 1 and stacked[0].op == "fused_matmul" and len(products) == 3
+    assert sum(n.op == "part" for n in out.nodes) == 3 and set(out.outputs) == set(g.outputs)
+    inputs, params = feeds(g, np.random.default_rng(0))
+    want = reference.run(g, inputs, params, np.float64)
+    np.testing.assert_equal(reference.run(out, inputs, params, np.float64), want)
+    session = Session(out)
+    session.set_inputs(inputs)
+    session.set_parameters(params)
+    session.run()
+    for name, value in want.items():
+        np.testing.assert_allclose(session.read_output(name), value, rtol=1e-5, atol=1e-5, err_msg=name)
+    assert stack_products(out) == (out, 0)
+
+
+def test_few_rows_are_left_to_the_vector_kernels():
+    g = Graph("one token")
+    x = g.input("x", (1, 1, 8))
+    for name in "qkv":
+        g.output(name, g.matmul(x, g.parameter(name, (8, 8))))
+    assert stack_products(g) == (g, 0)
+
+
+def test_whisper_training_stacks_each_layers_projections_and_keeps_its_values():
+    """The training pipeline's graph against the same without this pass: the loss and every
+    gradient equal in float64."""
+    from engine.autodiff.gradients import differentiate
+    from engine.optimize import optimize
+    from engine.optimize.attention_stats import share_attention_statistics
+    from engine.optimize.preactivation import reuse_preactivations
+    model = models.create("whisper-tiny", ["mel_len=64", "batch=2"])
+    train, *_ = cached_training_graph(model.build(train=True), "loss")
+    stacks = [n for n in train.nodes if n.op in ("matmul", "fused_matmul") and len(n.shape) == 3 and n.shape[0] == 3]
+    assert len(stacks) == 4 and all(n.shape[-1] == 384 for n in stacks)   # q, k and v of 4 layers
+    plain, _ = differentiate(optimize(model.build(train=True))[0], "loss")
+    plain = reuse_preactivations(share_attention_statistics(optimize(plain)[0])[0])[0]
+    assert stack_products(plain)[1] == 12
+    params = {k: v.astype(np.float64) for k, v in model.init_params(0).items()}
+    inputs = model.example_inputs(train=True)
+    want, got = reference.run(plain, inputs, params, np.float64), reference.run(train, inputs, params, np.float64)
+    assert set(got) == set(want) and any(k.startswith("grad:") for k in got)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-10, atol=1e-12, err_msg=name)
