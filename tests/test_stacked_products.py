@@ -80,3 +80,32 @@ def test_whisper_training_stacks_each_layers_projections_and_keeps_its_values():
     assert set(got) == set(want) and any(k.startswith("grad:") for k in got)
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+def test_pooled_buffers_hold_one_live_value_at_a_time():
+    """A node reading two parts of one stacked result at their last use gives the storage
+    back once: freed twice, it went to two later tensors alive at the same time (a
+    gelu_grad bound its input's buffer read-only and read-write, which WebGPU refuses)."""
+    from engine.compile.plan import compile_plan, storage_roots
+    for name, settings in (("whisper-tiny", ["mel_len=64", "batch=2"]), ("audio-align", [])):
+        model = models.create(name, settings)
+        train, pairs, *_ = cached_training_graph(model.build(train=True), "loss")
+        plan = compile_plan(train, dict(pairs), "loss")
+        pooled = {b.id for b in plan.buffers if b.kind == "intermediate"}
+        root = storage_roots(train)
+        spans: dict[int, list[int]] = {}   # storage root -> [first, last] dispatch
+        for d in plan.dispatches:
+            assert not set(d.reads) & set(d.writes), (name, d.name)
+            for nid in d.nodes:
+                for r in [root[nid]] + [root[i] for i in train[nid].inputs]:
+                    if r in plan.node_buffer and plan.node_buffer[r] in pooled:
+                        span = spans.setdefault(r, [d.index, d.index])
+                        span[1] = d.index
+        by_buffer: dict[int, list[tuple[int, int, int]]] = {}
+        for r, (first, last) in spans.items():
+            buffer, offset = plan.place(r)
+            by_buffer.setdefault(buffer, []).append((first, last, r))
+        for buffer, held in by_buffer.items():
+            held.sort()
+            for (_, last, a), (first, _, b) in zip(held, held[1:]):
+                assert last <= first, f"{name}: buffer {buffer} holds {a} and {b} at once"

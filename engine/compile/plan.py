@@ -492,8 +492,7 @@ def _schedule_graph(b: _PlanBuilder, pinned_roots: set[int], overlap: bool = Fal
             without_reuse += size
             b.place(n.id, _pooled_buffer(b, free, size, fresh))
         _dispatch_node(b, n, free, fresh)
-        for i in set(n.inputs):
-            r = root[i]
+        for r in {root[i] for i in n.inputs}:   # two views of one storage (parts of a packed result) free it once
             if r not in pinned_roots and last_use.get(r) == step and r in b.storage:
                 free.append(b.storage[r][0])
         if root[n.id] == n.id and n.id not in pinned_roots and n.id not in last_use:
