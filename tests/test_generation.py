@@ -122,7 +122,9 @@ def test_one_write_fills_a_layers_keys_and_values_on_the_gpu():
     session.set_inputs(inputs)
     session.set_parameters(params)
     session.run()
-    np.testing.assert_allclose(session.get_parameter("kv"), want, rtol=1e-5, atol=1e-6)
+    got = session.get_parameter("kv")   # the GPU's sin and cos at position 63 differ from numpy's by ~1e-6
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    np.testing.assert_array_equal(got[1], want[1])   # values: copied, not rotated
     np.testing.assert_array_equal(want[1][[0, 0, 0, 1, 1, 1], [9, 2, 63, 0, 40, 5]], inputs["v"].reshape(-1, w))
 
 
