@@ -62,7 +62,8 @@ def test_few_rows_are_left_to_the_vector_kernels():
 
 def test_whisper_training_stacks_each_layers_projections_and_keeps_its_values():
     """The training pipeline's graph against the same without this pass: the loss and every
-    gradient equal in float64."""
+    gradient equal in float64. The backward's input gradient of q, k and v (three products
+    summed) becomes one product over the three gradients side by side."""
     from engine.autodiff.gradients import differentiate
     from engine.optimize import optimize
     from engine.optimize.attention_stats import share_attention_statistics
@@ -73,7 +74,9 @@ def test_whisper_training_stacks_each_layers_projections_and_keeps_its_values():
     assert len(stacks) == 4 and all(n.shape[-1] == 384 for n in stacks)   # q, k and v of 4 layers
     plain, _ = differentiate(optimize(model.build(train=True))[0], "loss")
     plain = reuse_preactivations(share_attention_statistics(optimize(plain)[0])[0])[0]
-    assert stack_products(plain)[1] == 12
+    assert stack_products(plain)[1] == 24   # and the backward's sums of their input gradients
+    sums = [n for n in train.nodes if n.op == "matmul" and train[n.inputs[0]].shape[-1] == 3 * 384]
+    assert len(sums) == 4 and all(train[n.inputs[0]].op == "concat" and n.shape[-1] == 384 for n in sums)
     params = {k: v.astype(np.float64) for k, v in model.init_params(0).items()}
     inputs = model.example_inputs(train=True)
     want, got = reference.run(plain, inputs, params, np.float64), reference.run(train, inputs, params, np.float64)
@@ -109,3 +112,30 @@ def test_pooled_buffers_hold_one_live_value_at_a_time():
             held.sort()
             for (_, last, a), (first, _, b) in zip(held, held[1:]):
                 assert last <= first, f"{name}: buffer {buffer} holds {a} and {b} at once"
+
+
+def test_the_input_gradient_sum_of_transposed_weights_is_one_product():
+    """Weights stored [out, in] (transformers' layout, transpose_b): the backward's
+    x-gradient, dq @ wq + dk @ wk + dv @ wv, is one product over [dq | dk | dv] and the
+    weights stacked along K; the loss and gradients as without the pass, also on lavapipe."""
+    from engine.autodiff.gradients import differentiate
+    from engine.optimize import optimize
+    g = Graph("qkv")
+    x = g.parameter("x", (2, 40, 8))
+    q, k, v = (g.matmul(x, g.parameter(f"{p}.w", (8, 8)), transpose_b=True) for p in "qkv")
+    g.output("loss", g.sum(g.mul(g.mul(q, g.tanh(k)), v)))
+    train, pairs = differentiate(optimize(g)[0], "loss")
+    train = optimize(train)[0]
+    out, count = stack_products(train)
+    assert count == 6
+    (total,) = [n for n in out.nodes if n.op == "matmul" and out[n.inputs[0]].shape == (2, 40, 24)]
+    assert out[total.inputs[1]].shape == (24, 8) and not total.attrs["transpose_b"]
+    _, params = feeds(train, np.random.default_rng(3))
+    want = reference.run(train, {}, params, np.float64)
+    got = reference.run(out, {}, params, np.float64)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-12, atol=1e-12, err_msg=name)
+    session = Session(out)
+    session.set_parameters(params)
+    session.run()
+    np.testing.assert_allclose(session.read_output("grad:x"), want["grad:x"], rtol=1e-4, atol=1e-4)

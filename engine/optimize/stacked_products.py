@@ -56,12 +56,45 @@ def _groups(graph: Graph) -> list[list[int]]:
     return [ids for ids in found.values() if len(ids) > 1]
 
 
+def _input_gradient_sums(graph: Graph, groups: list[list[int]]) -> dict[int, list[tuple[int, int]]]:
+    """The backward's sums over a group's products of gradient @ weightᵀ, each found as
+    one ``fused_matmul`` whose epilogue adds the other products (autodiff's input gradient
+    of the stacked products' shared input, fused by ``optimize``): node -> [(gradient,
+    weight)] of every product in the sum, itself first."""
+    users, outputs = graph.users(), set(graph.outputs.values())
+    weights_of = {frozenset(_weights(graph, graph[i])[0] for i in ids): graph[ids[0]].attrs["transpose_b"]
+                  for ids in groups}
+    found = {}
+    for n in graph.nodes:
+        if not (n.op == "fused_matmul" and n.attrs["activation"] == "none" and n.attrs["has_add"]
+                and not n.attrs["transpose_a"]):
+            continue
+        tb = n.attrs["transpose_b"]
+        terms = [(n.inputs[0], n.inputs[1])]
+        for extra in n.inputs[2:]:
+            e = graph[extra]
+            if e.op != "matmul" or e.attrs["transpose_a"] or e.attrs["transpose_b"] != tb \
+                    or users[extra] != [n.id] or extra in outputs:
+                break
+            terms.append((e.inputs[0], e.inputs[1]))
+        else:
+            weights = frozenset(w for _, w in terms)
+            if len(weights) == len(terms) and weights_of.get(weights) == (not tb) \
+                    and len({graph[x].shape for x, _ in terms}) == 1:
+                found[n.id] = terms
+    return found
+
+
 def stack_products(graph: Graph) -> tuple[Graph, int]:
     """The graph with each group of products sharing their input and their weights' shape
-    made by one batched product; returns it and how many products it stacked."""
-    groups = {ids[0]: ids for ids in _groups(graph)}
+    made by one batched product, and the backward's sum of their input gradients made by
+    one product over the gradients side by side; returns it and how many products it stacked."""
+    found = _groups(graph)
+    groups = {ids[0]: ids for ids in found}
+    sums = _input_gradient_sums(graph, found)
     if not groups:
         return graph, 0
+    dropped = {graph[n].inputs[j] for n in sums for j in range(2, len(graph[n].inputs))}
 
     def source(g: Graph, nid: int, new: dict[int, int]) -> int:
         """A parameter's node in ``g``, copied ahead of its place where the stack needs it first."""
@@ -70,7 +103,19 @@ def stack_products(graph: Graph) -> tuple[Graph, int]:
             new[nid] = g._append(n.op, (), TensorType(n.shape, n.dtype), n.attrs, n.name, n.modules)
         return new[nid]
 
+    def input_gradient(g: Graph, n: Node, new: dict[int, int]) -> int:
+        """sum of gradient_i @ weight_iᵀ as [gradient_1 | gradient_2 | ...] @ [weight_1; weight_2; ...]ᵀ."""
+        terms, tb = sums[n.id], n.attrs["transpose_b"]
+        with g.scope(n.modules):
+            grads = g.concat([new[x] for x, _ in terms], axis=-1)
+            weights = g.concat([source(g, w, new) for _, w in terms], axis=1 if tb else 0)
+            made = g.matmul(grads, weights, transpose_b=tb, name=n.name)
+        assert g.shape(made) == n.shape
+        return made
+
     def stand_in(g: Graph, n: Node, new: dict[int, int]) -> int | None:
+        if n.id in sums:
+            return input_gradient(g, n, new)
         if n.id not in groups:
             return None
         members = [graph[i] for i in groups[n.id]]
@@ -92,4 +137,5 @@ def stack_products(graph: Graph) -> tuple[Graph, int]:
             with g.scope(m.modules):
                 new[m.id] = g.apply("part", stacked, offset=i * rows * width, shape=m.shape, name=m.name)
         return new[n.id]
-    return graph.rebuild(stand_in=stand_in)[0], sum(len(ids) for ids in groups.values())
+    return graph.rebuild(keep=lambda n: n.id not in dropped, stand_in=stand_in)[0], \
+        sum(len(ids) for ids in groups.values()) + sum(len(t) for t in sums.values())
