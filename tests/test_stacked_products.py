@@ -139,3 +139,14 @@ def test_the_input_gradient_sum_of_transposed_weights_is_one_product():
     session.set_parameters(params)
     session.run()
     np.testing.assert_allclose(session.read_output("grad:x"), want["grad:x"], rtol=1e-4, atol=1e-4)
+
+
+def test_cli_optimize_reports_the_graph_passes(capsys):
+    import json
+    from engine.cli import main
+    assert main(["optimize", "whisper-tiny", "--set", "mel_len=64", "--set", "batch=8", "--train", "--json"]) == 0
+    passes = json.loads(capsys.readouterr().out)["passes"]
+    assert passes["applied"] == {"attention_stats": 4, "preactivation": 4, "stacked_products": 24}
+    assert passes["dispatches_after"] > 0
+    assert main(["optimize", "whisper-tiny", "--set", "mel_len=64", "--set", "batch=8"]) == 0
+    assert "then the graph passes (engine.optimize.passes): stacked_products x12" in capsys.readouterr().out

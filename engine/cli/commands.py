@@ -195,18 +195,23 @@ def _optimize(args):
         graph, _ = optimize(graph)
         graph, _ = differentiate(graph)
     progress(f"optimizing {graph.name} ({len(graph)} nodes)")
+    from ..optimize import cost
+    from ..optimize.passes import INFERENCE, TRAINING, run_passes
     if args.generate:
-        from ..optimize import cost
         from ..train.generation import optimize_generation
         fused, report, few = optimize_generation(graph)
         few = {"fusions": few, "dispatches_after": cost.graph_cost(fused)[1]}
+        passes = None
     else:
-        _, report = optimize(graph)
+        fused, report = optimize(graph)
+        fused, applied = run_passes(fused, TRAINING if args.train else INFERENCE)
+        passes = {"applied": applied, "dispatches_after": cost.graph_cost(fused)[1]}
         few = None
     if args.json:
         d = report.to_dict()
         d["origins"] = {str(k): v for k, v in d["origins"].items()}
-        _print_json({"model": model.name, "train": args.train, "generate": args.generate, **d, "few_rows": few})
+        _print_json({"model": model.name, "train": args.train, "generate": args.generate, **d, "few_rows": few,
+                     "passes": passes})
     else:
         kind = f"generation {args.generate}" if args.generate else "training" if args.train else "inference"
         print(f"{model.name} ({kind} graph)")
@@ -215,6 +220,9 @@ def _optimize(args):
             applied = ", ".join(f"{k} x{v}" for k, v in few["fusions"].items()) or "none applied"
             print(f"then the few-row fusions (engine.optimize.few_rows): {applied}; "
                   f"{few['dispatches_after']} dispatches")
+        if passes:
+            applied = ", ".join(f"{k} x{v}" for k, v in passes["applied"].items())
+            print(f"then the graph passes (engine.optimize.passes): {applied}; {passes['dispatches_after']} dispatches")
     return 0
 
 

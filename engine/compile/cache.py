@@ -153,13 +153,13 @@ def cached_plan(graph: Graph, gradients: dict[str, str] | None = None, loss: str
 # ---------------------------------------------------------------- optimized graphs
 
 def cached_optimize(graph: Graph, cache_dir: Path | None = None):
-    """``engine.optimize(graph)`` and ``stack_products`` -> (fused graph, OptimizeReport), through
-    the on-disk cache."""
+    """``engine.optimize(graph)`` and the inference passes (``engine.optimize.passes``) ->
+    (fused graph, OptimizeReport), through the on-disk cache."""
     def build():
         from ..optimize import optimize
-        from ..optimize.stacked_products import stack_products
+        from ..optimize.passes import run_passes
         out, report = optimize(graph)
-        out, _ = stack_products(out)
+        out, _ = run_passes(out)
         return out, [], [report]
     out, _, (report,) = _cached_graphs("forward", graph, None, build, cache_dir)
     return out, report
@@ -173,15 +173,11 @@ def cached_training_graph(forward: Graph, loss: str, cache_dir: Path | None = No
     def build():
         from ..autodiff.gradients import differentiate
         from ..optimize import optimize
-        from ..optimize.attention_stats import share_attention_statistics
-        from ..optimize.preactivation import reuse_preactivations
-        from ..optimize.stacked_products import stack_products
+        from ..optimize.passes import TRAINING, run_passes
         fused, forward_report = optimize(forward)
         train_graph, pairs = differentiate(fused, loss)
         train_graph, training_report = optimize(train_graph)
-        train_graph, _ = share_attention_statistics(train_graph)
-        train_graph, _ = reuse_preactivations(train_graph)
-        train_graph, _ = stack_products(train_graph)
+        train_graph, _ = run_passes(train_graph, TRAINING)
         return train_graph, pairs, [forward_report, training_report]
     out, pairs, (forward_report, training_report) = _cached_graphs("training", forward, loss, build, cache_dir)
     return out, pairs, forward_report, training_report
