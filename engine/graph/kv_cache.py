@@ -7,8 +7,9 @@ values) that one ``cache_write`` fills in place and that is an output of the gra
 nothing prunes the write); attention reads its two planes as ``part`` views. The
 capacity is a multiple of PART_ALIGN rows, so the values' plane starts where a view
 may. The prefill graph runs the prompt (positions 0..P-1) with ordinary causal
-attention on its fresh keys; the decode graph runs one token and attends over the cache. Both name the same cache parameters, so a decode
-session shares the prefill's buffers.
+attention on its fresh keys; the decode graph runs one token and attends over the
+cache. Both name the same cache parameters, so a decode session shares the prefill's
+buffers.
 
 Modules call the functions below instead of ``Graph.attention``/``rope`` directly; on
 a graph without a cache they build exactly what they built before.

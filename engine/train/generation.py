@@ -34,7 +34,7 @@ from ..graph.kv_cache import CACHE_PREFIX, NEXT_ID
 
 MIN_CAPACITY = 256
 MAX_PREFILLS = 4     # prefill sessions (one per prompt length) a generator keeps
-NUCLEUS_SORTED = 1024 # candidates top-p sampling sorts first
+NUCLEUS_SORTED = 1024  # candidates top-p sampling sorts first
 GREEDY_BATCH = 8     # greedy decode steps the host reads back at once (two batches in flight)
 
 
@@ -242,14 +242,14 @@ def _read_ids(readback, count: int) -> list[int]:
 
 def optimize_generation(graph):
     """A generation graph fused for the GPU: ``optimize``, then the few-row fusions of a decode
-    step (engine.optimize.few_rows) or a prefill's stacked products; returns (graph,
-    OptimizeReport, {fusion: count})."""
+    step (engine.optimize.few_rows) and the inference passes (a prefill's stacked
+    products); returns (graph, OptimizeReport, {fusion: count})."""
     from ..optimize import optimize
     from ..optimize.few_rows import fuse_few_rows
-    from ..optimize.stacked_products import stack_products
+    from ..optimize.passes import run_passes
     graph, report = optimize(graph)
     graph, few = fuse_few_rows(graph)
-    graph, _ = stack_products(graph)
+    graph, _ = run_passes(graph)
     return graph, report, few
 
 
@@ -293,11 +293,11 @@ def step_inputs(model, ids: Sequence[int], start: int) -> dict[str, np.ndarray]:
     return {model.token_input: ids, "positions": positions}
 
 
-def decode_stream(steps, sampling: Sampling, rng, token: int, start: int, count: int):
+def decode_stream(steps, sampling: Sampling, rng, token: int, start: int, count: int, ahead: bool):
     """(id, wall ms) of the ``count`` decode steps after ``token`` at position ``start``:
-    greedy on the GPU in batches run ahead (``_GpuSteps.greedy``), else one step each
-    time the next is asked for."""
-    if isinstance(steps, _GpuSteps) and sampling.temperature == 0:   # Generator.runs_ahead
+    ``ahead`` (greedy on the GPU), in batches run ahead (``_GpuSteps.greedy``), else one
+    step each time the next is asked for."""
+    if ahead:
         for ids, ms in steps.greedy(token, start, count):
             yield from ((t, ms) for t in ids)
         return
@@ -363,7 +363,7 @@ class Generator:
         token = sampling.choose(steps.run(prompt, 0, prefill=True), rng)
         result.prefill_seconds = time.perf_counter() - start
         eos = {int(e) for e in eos_ids}
-        later = decode_stream(steps, sampling, rng, token, len(prompt), max_new_tokens - 1)
+        later = decode_stream(steps, sampling, rng, token, len(prompt), max_new_tokens - 1, self.runs_ahead(sampling))
         ms = 1000.0 * result.prefill_seconds
         while True:
             result.tokens.append(token)

@@ -19,7 +19,8 @@ from .table import (  # noqa: F401
     ARCHETYPES, ATTENTION, CONV, COPY, GATHER, MATMUL, OPS, OpDef, OpShapeError, POINTWISE,
     REDUCTION, SOURCE, Shape, TensorType, VIEW, broadcast_shapes, defop)
 from .forward import (  # noqa: F401
-    ACTIVATION_OPS, ACTIVATIONS, BINARY, PART_ALIGN, UNARY, attention_grad_kv_layout, attention_grad_kv_ref, attention_grad_q_ref,
+    ACTIVATION_OPS, ACTIVATIONS, BINARY, PART_ALIGN, UNARY, attention_grad_kv_layout, attention_grad_kv_ref,
+    attention_grad_q_ref,
     attention_lse_ref, attention_ref, attention_scores, attention_stats_layout, attention_stats_ref, bce_ref,
     check_index_range, conv_ref,
     cross_entropy_ref, embedding_ref, fused_matmul_ref, gelu_ref, group_norm_ref, layer_norm_ref,
@@ -32,5 +33,5 @@ from .backward import (  # noqa: F401
 from .onnx import (  # noqa: F401
     ONNX_UNARY, cast_ref, conv_general_input_grad_ref, conv_general_ref,
     conv_general_weight_grad_ref, max_pool_grad_ref, pool_divisor, pool_geometry, pool_ref)
-from .generation import (argmax_ref, cache_write_ref, cached_attention_ref, norm_matmuls_layout, norm_matmuls_ref,  # noqa: F401
-                         swiglu_matmul_ref)
+from .generation import (  # noqa: F401
+    argmax_ref, cache_write_ref, cached_attention_ref, norm_matmuls_layout, norm_matmuls_ref, swiglu_matmul_ref)
