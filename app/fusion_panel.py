@@ -1,8 +1,11 @@
 """The fusion report: rules that fired, counts, bytes saved, where in the model (the
-modules of the nodes each produced) and before/after totals.
+modules of the nodes each produced) and before/after totals, then the graph passes that
+follow the rules (engine.optimize.passes), so that the report describes the graph an
+inference session runs.
 
-Runs ``engine.optimize.optimize`` in a worker thread (superqt ``thread_worker``);
-selecting a row asks the graph view to highlight the nodes that rule produced.
+Runs ``engine.optimize.passes.optimize_inference`` in a worker thread (superqt
+``thread_worker``); selecting a row asks the graph view to highlight the nodes that rule
+or pass produced.
 """
 
 from __future__ import annotations
@@ -122,12 +125,23 @@ class FusionPanel(QWidget):
         self.table.setRowCount(0)
         if d is None:
             return
+        from engine.optimize.passes import WHY      # importable: it made the report
         rules = {k: v for k, v in (d.get("rules") or {}).items() if v}   # the rules that fired
+        passes = {k: v for k, v in (d.get("passes") or {}).items() if v}
         saved = d.get("rule_bytes_saved") or {}
         where = d.get("rule_modules") or {}
-        self.table.setRowCount(len(rules))
-        for row, (name, count) in enumerate(sorted(rules.items(), key=lambda kv: -kv[1])):
-            self.table.setItem(row, 0, QTableWidgetItem(name))
+        self.table.setRowCount(len(rules) + len(passes))
+        rows = sorted(rules.items(), key=lambda kv: -kv[1]) + list(passes.items())
+        for row, (name, count) in enumerate(rows):
+            item = QTableWidgetItem(name)
+            if name in passes:                      # in italics, as the status line names them
+                font = item.font()
+                font.setItalic(True)
+                item.setFont(font)
+                item.setToolTip(f"A graph pass after the fusion rules: {WHY.get(name, name)}. It rewrote "
+                                f"{count} nodes; dispatches saved: "
+                                f"{(d.get('pass_dispatches_saved') or {}).get(name, 0)}.")
+            self.table.setItem(row, 0, item)
             self.table.setItem(row, 1, _NumItem(count, str(count)))
             b = saved.get(name)
             self.table.setItem(row, 2, _NumItem(b or 0, fmt_bytes(b) if b is not None else "–"))
@@ -146,7 +160,9 @@ class FusionPanel(QWidget):
             f"Nodes {pair('nodes')} &nbsp; Dispatches {pair('dispatches')} &nbsp; "
             f"Bytes {pair('bytes', fmt_bytes)}<br>"
             f"{'saturated' if d.get('saturated') else 'not saturated'} in {d.get('seconds', 0):.2f} s")
-        self.status.setText(f"{sum(rules.values())} rewrites from {len(rules)} rules.")
+        then = (f", then {len(passes)} graph pass{'es' if len(passes) > 1 else ''} ({', '.join(passes)})"
+                if passes else "")
+        self.status.setText(f"{sum(rules.values())} rewrites from {len(rules)} rules{then}.")
 
     def _row_selected(self) -> None:
         rows = {i.row() for i in self.table.selectedItems()}

@@ -49,6 +49,8 @@ def node_bytes(node) -> int:
 
 
 def fmt_bytes(n: float) -> str:
+    if n < 0:
+        return "−" + fmt_bytes(-n)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -17,12 +17,13 @@ GRAPH_KINDS = ("original", "optimized", "training")
 
 
 def optimizer_import():
-    """``engine.optimize.optimize`` or the reason it cannot be imported."""
+    """What makes the optimized graph an inference session runs (``engine.optimize``'s
+    rules, then its passes: ``optimize_inference``), or the reason it cannot be imported."""
     try:
-        from engine.optimize import optimize  # noqa: F401
+        from engine.optimize.passes import optimize_inference
     except Exception as exc:  # ImportError, or an error inside the package being written
         return None, f"{type(exc).__name__}: {exc}"
-    return optimize, None
+    return optimize_inference, None
 
 
 class ProfileResult:

@@ -275,7 +275,7 @@ def main(argv=None) -> int:
     wait(app, lambda: idle() and w.state.graphs.get("optimized") is not None, 120)
     table = w.fusion_panel.table
     rows = {table.item(r, 0).text(): r for r in range(table.rowCount())}
-    table.selectRow(rows.get("attention_decomposed", 0))
+    table.selectRow(rows["stacked_products"])          # the pass after the rules: q, k, v as one product
     save(w.fusion_panel, "fusion_panel")
     save(w, "studio_fusion")
 

@@ -43,7 +43,7 @@ def _feeds(g, rng):
 
 def test_the_pass_packs_attention_with_its_log_sum_exp_and_keeps_the_values():
     g = _graph(*CASES["gqa-causal"])
-    out, count = share_attention_statistics(g)
+    out, count, _ = share_attention_statistics(g)
     assert count == 1
     assert [n.op for n in out.nodes].count("attention_stats") == 1
     assert not any(n.op in ("attention", "attention_lse") for n in out.nodes)
@@ -53,7 +53,7 @@ def test_the_pass_packs_attention_with_its_log_sum_exp_and_keeps_the_values():
     for name in g.outputs:
         np.testing.assert_array_equal(got[name], want[name])
     other = _graph(*CASES["gqa-causal"], lse=False)
-    assert share_attention_statistics(other) == (other, 0)
+    assert share_attention_statistics(other)[:2] == (other, 0)
     trained = Graph("after")
     w = trained.parameter("w", [1, 4, 8])
     trained.output("loss", trained.sum(trained.apply("attention_stats", w, w, w, num_heads=2)))
@@ -68,7 +68,7 @@ def test_attention_stats_kernel_matches_numpy(case, splits, configure):
     split (three ways, or as many as there are key blocks) the combine writes it instead."""
     configure(attention_splits=splits)
     g = _graph(*CASES[case])
-    packed, _ = share_attention_statistics(g)
+    packed, _, _ = share_attention_statistics(g)
     feeds = _feeds(g, np.random.default_rng(1))
     want = reference.run(g, feeds, {}, np.float64)
     session = build_inference_session(packed, optimize=False)

@@ -122,6 +122,28 @@ def test_fusion_with_real_optimizer(window, qtbot):
     assert sorted(hits) == window.state.report.rule_nodes["matmul_add"]
 
 
+def test_fusion_report_and_graph_show_the_passes_a_session_runs(window, qtbot):
+    """whisper-tiny's q, k and v products are stacked after the rules: the optimized graph
+    on screen has the batched products, the report a row for the pass that points at them."""
+    wait_optimized(window, qtbot)
+    assert window.load_model("whisper-tiny", {**SMALL["whisper-tiny"], "batch": 4})   # 128 rows: enough to stack
+    opt = wait_optimized(window, qtbot)
+    table = window.fusion_panel.table
+    rows = {table.item(r, 0).text(): r for r in range(table.rowCount())}
+    assert "stacked_products" in rows and "matmul_add" in rows
+    passed = table.item(rows["stacked_products"], 0)
+    assert table.item(rows["stacked_products"], 1).text() == "12"
+    assert passed.font().italic() and not table.item(rows["matmul_add"], 0).font().italic()
+    assert "graph pass after the fusion rules" in passed.toolTip() and "one batched product" in passed.toolTip()
+    assert "then 1 graph pass (stacked_products)" in window.fusion_panel.status.text()
+    assert f"<b>{len(opt.nodes)}</b>" in window.fusion_panel.totals.text()
+    table.selectRow(rows["stacked_products"])
+    hits = window.graph_view.highlighted()
+    assert sorted(hits) == window.state.report.rule_nodes["stacked_products"]
+    assert {opt[i].op for i in hits} >= {"part", "concat"}
+    assert sum(opt[i].op == "part" for i in hits) == 12
+
+
 def run_profile(window, qtbot, steps=3, train=False):
     panel = window.profiler_panel
     panel.steps.setValue(steps)

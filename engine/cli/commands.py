@@ -204,8 +204,8 @@ def _optimize(args):
         passes = None
     else:
         fused, report = optimize(graph)
-        fused, applied = run_passes(fused, TRAINING if args.train else INFERENCE)
-        passes = {"applied": applied, "dispatches_after": cost.graph_cost(fused)[1]}
+        fused, applied = run_passes(fused, TRAINING if args.train else INFERENCE, report=report)
+        passes = {"applied": applied, "dispatches_after": report.dispatches_after}
         few = None
     if args.json:
         d = report.to_dict()
@@ -220,9 +220,6 @@ def _optimize(args):
             applied = ", ".join(f"{k} x{v}" for k, v in few["fusions"].items()) or "none applied"
             print(f"then the few-row fusions (engine.optimize.few_rows): {applied}; "
                   f"{few['dispatches_after']} dispatches")
-        if passes:
-            applied = ", ".join(f"{k} x{v}" for k, v in passes["applied"].items())
-            print(f"then the graph passes (engine.optimize.passes): {applied}; {passes['dispatches_after']} dispatches")
     return 0
 
 

@@ -156,10 +156,8 @@ def cached_optimize(graph: Graph, cache_dir: Path | None = None):
     """``engine.optimize(graph)`` and the inference passes (``engine.optimize.passes``) ->
     (fused graph, OptimizeReport), through the on-disk cache."""
     def build():
-        from ..optimize import optimize
-        from ..optimize.passes import run_passes
-        out, report = optimize(graph)
-        out, _ = run_passes(out)
+        from ..optimize.passes import optimize_inference
+        out, report = optimize_inference(graph)
         return out, [], [report]
     out, _, (report,) = _cached_graphs("forward", graph, None, build, cache_dir)
     return out, report
@@ -177,7 +175,7 @@ def cached_training_graph(forward: Graph, loss: str, cache_dir: Path | None = No
         fused, forward_report = optimize(forward)
         train_graph, pairs = differentiate(fused, loss)
         train_graph, training_report = optimize(train_graph)
-        train_graph, _ = run_passes(train_graph, TRAINING)
+        train_graph, _ = run_passes(train_graph, TRAINING, report=training_report)
         return train_graph, pairs, [forward_report, training_report]
     out, pairs, (forward_report, training_report) = _cached_graphs("training", forward, loss, build, cache_dir)
     return out, pairs, forward_report, training_report

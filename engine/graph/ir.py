@@ -413,6 +413,10 @@ class Graph:
         g.outputs = {k: remap[v] for k, v in self.outputs.items()}
         return g, remap
 
+    def identity(self) -> dict[int, int]:
+        """The old -> new id map of a rewrite that left this graph as it was."""
+        return {n.id: n.id for n in self.nodes}
+
     def copy(self) -> "Graph":
         return self.rebuild(lambda n: True)[0]
 

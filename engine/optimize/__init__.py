@@ -14,7 +14,7 @@ from collections import Counter, defaultdict
 from ..errors import GraphError
 from ..graph.ir import Graph
 from . import cost
-from .report import OptimizeReport
+from .report import OptimizeReport, where
 
 __all__ = ["optimize", "OptimizeReport"]
 
@@ -68,7 +68,7 @@ def optimize(graph: Graph, *, max_iterations: int = 30, node_limit: int = 500_00
         saturated=stop == "saturated", stop_reason=stop, iterations=iterations, egraph_nodes=size,
         seconds=time.perf_counter() - t0, phase_seconds=phases, origins=origins,
         rule_nodes={name: sorted(ids) for name, ids in produced.items() if ids},
-        rule_modules={name: dict(Counter(_where(out[i]) for i in ids)) for name, ids in produced.items() if ids})
+        rule_modules={name: dict(Counter(where(out[i]) for i in ids)) for name, ids in produced.items() if ids})
     return out, report
 
 
@@ -78,11 +78,6 @@ def _keep_modules(graph: Graph, out: Graph, origins: dict[int, list[int]]) -> No
         modules = {m for o in origins.get(n.id, ()) for m in graph[o].modules}
         if modules:
             out.set_modules(n.id, modules)
-
-
-def _where(node) -> str:
-    """The module a fused node sits in; where its modules share none, all of them (``model.norm + lm_head``)."""
-    return node.module or " + ".join(node.modules)
 
 
 def _attribute(graph: Graph, out: Graph, origins: dict[int, list[int]]):

@@ -23,16 +23,16 @@ def _key(n: Node) -> tuple:
     return q, k, tuple(sorted(n.attrs.items()))
 
 
-def share_attention_statistics(graph: Graph) -> tuple[Graph, int]:
+def share_attention_statistics(graph: Graph) -> tuple[Graph, int, dict[int, int]]:
     """The graph with every attention whose log-sum-exp is also computed apart computing
-    both at once, and how many it rewrote."""
+    both at once, how many it rewrote and the old -> new node ids."""
     lse_nodes: dict[tuple, list[int]] = {}
     for n in graph.nodes:
         if n.op == "attention_lse":
             lse_nodes.setdefault(_key(n), []).append(n.id)
     pairs = {n.id: lse_nodes.pop(_key(n)) for n in graph.nodes if n.op == "attention" and _key(n) in lse_nodes}
     if not pairs:
-        return graph, 0
+        return graph, 0, graph.identity()
 
     def stand_in(g: Graph, n: Node, new: dict[int, int]) -> int | None:
         if n.id not in pairs:
@@ -43,4 +43,5 @@ def share_attention_statistics(graph: Graph) -> tuple[Graph, int]:
             for lse in pairs[n.id]:   # the attention_lse nodes the forward now writes
                 new[lse] = g.apply("part", packed, offset=lse_at, shape=graph[lse].shape, name=graph[lse].name)
             return g.apply("part", packed, offset=out_at, shape=n.shape, name=n.name)
-    return graph.rebuild(stand_in=stand_in)[0], len(pairs)
+    out, remap = graph.rebuild(stand_in=stand_in)
+    return out, len(pairs), remap

@@ -33,13 +33,13 @@ def _activated(n: Node) -> bool:
     return n.op == "fused_matmul" and n.attrs["activation"] != "none" and not n.attrs["has_residual"]
 
 
-def reuse_preactivations(graph: Graph) -> tuple[Graph, int]:
+def reuse_preactivations(graph: Graph) -> tuple[Graph, int, dict[int, int]]:
     """The graph with each activated product that is also computed without its activation
-    made from that one, and how many it rewrote."""
+    made from that one, how many it rewrote and the old -> new node ids."""
     plain = {_product_key(n): n.id for n in graph.nodes if _plain(n)}
     twins = {n.id: plain[_product_key(n)] for n in graph.nodes if _activated(n) and _product_key(n) in plain}
     if not twins:
-        return graph, 0
+        return graph, 0, graph.identity()
 
     def stand_in(g: Graph, n: Node, new: dict[int, int]) -> int | None:
         if n.id not in twins:
@@ -53,4 +53,5 @@ def reuse_preactivations(graph: Graph) -> tuple[Graph, int]:
             made = g.apply(op, new[h.id], **attrs)
         assert g.shape(made) == n.shape
         return made
-    return graph.rebuild(stand_in=stand_in)[0], len(twins)
+    out, remap = graph.rebuild(stand_in=stand_in)
+    return out, len(twins), remap

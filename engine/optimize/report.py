@@ -7,6 +7,11 @@ from dataclasses import dataclass, field
 from ..graph.modules import describe
 
 
+def where(node) -> str:
+    """The module a fused node sits in; where its modules share none, all of them (``model.norm + lm_head``)."""
+    return node.module or " + ".join(node.modules)
+
+
 @dataclass
 class OptimizeReport:
     nodes_before: int
@@ -27,6 +32,8 @@ class OptimizeReport:
     origins: dict[int, list[int]] = field(default_factory=dict)    # optimized node id -> original node ids
     rule_nodes: dict[str, list[int]] = field(default_factory=dict)  # rule name -> optimized node ids it produced
     rule_modules: dict[str, dict[str, int]] = field(default_factory=dict)  # rule name -> {module: nodes it produced there}
+    passes: dict[str, int] = field(default_factory=dict)           # graph pass after the e-graph -> rewrites
+    pass_dispatches_saved: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {
@@ -41,6 +48,7 @@ class OptimizeReport:
             "origins": {str(k): list(v) for k, v in self.origins.items()},
             "rule_nodes": {k: list(v) for k, v in self.rule_nodes.items()},
             "rule_modules": {k: dict(v) for k, v in self.rule_modules.items()},
+            "passes": dict(self.passes), "pass_dispatches_saved": dict(self.pass_dispatches_saved),
         }
 
     @classmethod
@@ -62,6 +70,9 @@ class OptimizeReport:
         ]
         for name in self.rules:
             lines.append(f"{name:<26}{self.rules[name]:>10,}{self.matches.get(name, 0):>10,}"
+                         f"{mb(self.rule_bytes_saved.get(name, 0)):>16}  {describe(self.rule_modules.get(name, {}))}")
+        for name, count in self.passes.items():
+            lines.append(f"{name + ' (pass)':<26}{count:>10,}{'-':>10}"
                          f"{mb(self.rule_bytes_saved.get(name, 0)):>16}  {describe(self.rule_modules.get(name, {}))}")
         lines += ["", f"saturated: {status} after {self.iterations} iterations, "
                       f"{self.egraph_nodes:,} e-nodes, {self.seconds:.2f} s"]

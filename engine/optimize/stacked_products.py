@@ -90,15 +90,16 @@ def _input_gradient_sums(graph: Graph, groups: list[list[int]]) -> dict[int, lis
     return found
 
 
-def stack_products(graph: Graph) -> tuple[Graph, int]:
+def stack_products(graph: Graph) -> tuple[Graph, int, dict[int, int]]:
     """The graph with each group of products sharing their input and their weights' shape
     made by one batched product, and the backward's sum of their input gradients made by
-    one product over the gradients side by side; returns it and how many products it stacked."""
+    one product over the gradients side by side; returns it, how many products it stacked
+    and the old -> new node ids."""
     found = _groups(graph)
     groups = {ids[0]: ids for ids in found}
     sums = _input_gradient_sums(graph, found)
     if not groups:
-        return graph, 0
+        return graph, 0, graph.identity()
     dropped = {graph[n].inputs[j] for n in sums for j in range(2, len(graph[n].inputs))}
 
     def source(g: Graph, nid: int, new: dict[int, int]) -> int:
@@ -142,5 +143,5 @@ def stack_products(graph: Graph) -> tuple[Graph, int]:
             with g.scope(m.modules):
                 new[m.id] = g.apply("part", stacked, offset=i * rows * width, shape=m.shape, name=m.name)
         return new[n.id]
-    return graph.rebuild(keep=lambda n: n.id not in dropped, stand_in=stand_in)[0], \
-        sum(len(ids) for ids in groups.values()) + sum(len(t) for t in sums.values())
+    out, remap = graph.rebuild(keep=lambda n: n.id not in dropped, stand_in=stand_in)
+    return out, sum(len(ids) for ids in groups.values()) + sum(len(t) for t in sums.values()), remap
