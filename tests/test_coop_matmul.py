@@ -95,6 +95,7 @@ def test_cooperative_kernels_are_chosen_by_output_size_and_workgroup_memory():
     assert codegen.matmul_variant(4096, 4096, 1, 4096, caps=COOP_CAPS) == "c128"
     assert codegen.matmul_variant(2048, 768, 1, 384, caps=COOP_CAPS) == "c64"         # 96 tiles of 128 x 128
     assert codegen.matmul_variant(1500, 384, 1, 1536, caps=COOP_CAPS) == "c64"        # whisper's fc2
+    assert codegen.matmul_variant(384, 1536, 1, 12000, True, caps=COOP_CAPS) == "c128"  # its weight gradient at b8
     assert codegen.matmul_variant(8, 4096, 1, 4096, caps=COOP_CAPS) not in codegen.COOP   # thinner than a fragment
     assert codegen.matmul_variant(4096, 4096, 1, 4096, caps=small) == "128k8u"        # tiles over 16 KiB
     assert codegen.matmul_variant(4096, 4096, 1, 4096) == "128k8u"                    # f32 precision

@@ -423,7 +423,7 @@ def matmul_variant(m_: int, n_: int, nbatch: int, k_: int = 0, transpose_a: bool
     if forced in MATMUL_KERNELS and (forced not in COOP or caps.matmul_f16):
         return forced
     if caps.matmul_f16 and min(m_, n_, k_) >= COOP_FRAGMENT:
-        for variant in (coop_variant(m_, n_, nbatch, caps.tuning), "c64"):
+        for variant in (coop_variant(m_, n_, nbatch, caps.tuning, k_), "c64"):
             if coop_workgroup_bytes(variant) <= caps.workgroup_storage:
                 return variant
     tiles = lambda t: -(-m_ // t) * -(-n_ // t) * nbatch
@@ -434,11 +434,19 @@ def matmul_variant(m_: int, n_: int, nbatch: int, k_: int = 0, transpose_a: bool
     return "simple"
 
 
-def coop_variant(m_: int, n_: int, nbatch: int, tuning: Tuning = Tuning()) -> str:
+def coop_variant(m_: int, n_: int, nbatch: int, tuning: Tuning = Tuning(), k_: int = 0) -> str:
     """The cooperative-matrix tile for an m x n output: 128 x 128 where that still makes a
     wave of its workgroups (a quarter of ``tuning.matmul_resident``: they are four times
-    a 64 x 64 tile's), else 64 x 64 (split-K then fills the GPU where K is long)."""
-    return "c128" if -(-m_ // 128) * -(-n_ // 128) * nbatch >= tuning.matmul_resident // 4 else "c64"
+    a 64 x 64 tile's), or where K is long enough that its K slices (``split_rule``) make
+    half of that many, else 64 x 64 (split-K then fills the GPU where K is long). On the
+    H100 (run 31) whisper's weight gradients at batch 8 ([384, 1536] over K = 12000: 36
+    tiles in 14 slices) ran 150 us on average where 64 x 64 tiles in 3 slices took 226,
+    and conv2's 278 where they took 428; its [384, 384] ones (9 tiles, 144 workgroups in
+    16 slices) lost to 64 x 64 (90 against 79 us), so they keep it."""
+    tiles = -(-m_ // 128) * -(-n_ // 128) * nbatch
+    if tiles >= tuning.matmul_resident // 4 or tiles * split_rule(tiles, k_, tuning) >= tuning.matmul_resident // 2:
+        return "c128"
+    return "c64"
 
 
 class TilePreset(NamedTuple):
