@@ -56,6 +56,11 @@ def test_kernel_rules_follow_the_tuning():
     assert coop_variant(384, 1536, 1, k_=12000) == "c128" and coop_variant(384, 384, 1, k_=12000) == "c64"
     assert coop_variant(384, 1536, 1, k_=1500) == "c64"            # 5 slices of 36: too few
     assert coop_variant(384, 1536, 1, SMALL_GPU, k_=12000) == "c128"   # 36 tiles fill a quarter of 64 by themselves
+    assert codegen.matmul_variant(384, 1536, 1, 12000, True, caps=big) == "128k8u"    # the same in f32
+    assert codegen.matmul_variant(384, 384, 1, 12000, True, caps=big) == "64t128"
+    # gpt-tiny's (K = 2048) would take 8 slices of 256: too short for the larger tile
+    assert coop_variant(256, 1024, 1, k_=2048) == "c64" and coop_variant(384, 1536, 1, k_=2048) == "c64"
+    assert codegen.matmul_variant(384, 1536, 1, 2048, True, caps=big) == "64t128"
     assert codegen.attention_splits(47 * 6, 47) == 3
     assert codegen.attention_splits(47 * 6, 47, tuning=SMALL_GPU) == 1
 

@@ -402,7 +402,9 @@ def matmul_variant(m_: int, n_: int, nbatch: int, k_: int = 0, transpose_a: bool
     """Which matmul kernel a (batched) m x n output with reduction length ``k_`` gets.
     Measured on an H100 (docs/benchmarks.md, run 5): the 128 x 128 tile with BK 8 is
     fastest once it makes at least two waves of workgroups (``tuning.matmul_resident`` / 2
-    of them; 33 TFLOP/s at 4096^3; with
+    of them), or as many in long K slices (``fills_in_slices``: whisper's weight gradients
+    at batch 8, [384, 1536] over K = 12000, 36 tiles in 14 slices, ran 404 us where 64 x 64
+    tiles in 3 slices took 525, run 31); 33 TFLOP/s at 4096^3; with
     its k loop unrolled 34.0-36.9 in four calls where the loop gave 33.0-34.4, run 17);
     below that the 64 x 64 tile, which keeps more workgroups per SM, wins (23 TFLOP/s on
     gpt-tiny's 2048 x 1536 x 384, where the 128 tile gave 15-21). For a transposed A
@@ -427,7 +429,7 @@ def matmul_variant(m_: int, n_: int, nbatch: int, k_: int = 0, transpose_a: bool
             if coop_workgroup_bytes(variant) <= caps.workgroup_storage:
                 return variant
     tiles = lambda t: -(-m_ // t) * -(-n_ // t) * nbatch
-    if tiles(128) >= caps.tuning.matmul_resident // 2:
+    if tiles(128) >= caps.tuning.matmul_resident // 2 or fills_in_slices(tiles(128), k_, caps.tuning):
         return "128k8u"
     if (tiles(64) >= 64 and min(m_, n_) >= 64) or split_rule(tiles(64), k_, caps.tuning) > 1:
         return "64t128" if transpose_a else "64"
@@ -444,9 +446,19 @@ def coop_variant(m_: int, n_: int, nbatch: int, tuning: Tuning = Tuning(), k_: i
     and conv2's 278 where they took 428; its [384, 384] ones (9 tiles, 144 workgroups in
     16 slices) lost to 64 x 64 (90 against 79 us), so they keep it."""
     tiles = -(-m_ // 128) * -(-n_ // 128) * nbatch
-    if tiles >= tuning.matmul_resident // 4 or tiles * split_rule(tiles, k_, tuning) >= tuning.matmul_resident // 2:
-        return "c128"
-    return "c64"
+    return "c128" if tiles >= tuning.matmul_resident // 4 or fills_in_slices(tiles, k_, tuning) else "c64"
+
+
+LONG_SLICE = 512   # K a 128 x 128 tile's slice needs to pay for its start and its partials
+
+
+def fills_in_slices(tiles: int, k: int, tuning: Tuning = Tuning()) -> bool:
+    """Whether ``tiles`` 128 x 128 tiles cut into K slices (``split_rule``) of at least
+    ``LONG_SLICE`` make half of ``tuning.matmul_resident`` workgroups. Whisper's weight
+    gradients at batch 8 (K = 12000 in 14 slices) ran faster so (run 31); gpt-tiny's
+    (K = 2048 in 8 slices of 256) ran 5% slower than on 64 x 64 tiles in 3 slices."""
+    splits = split_rule(tiles, k, tuning)
+    return splits > 1 and k // splits >= LONG_SLICE and tiles * splits >= tuning.matmul_resident // 2
 
 
 class TilePreset(NamedTuple):
