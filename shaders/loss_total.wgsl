@@ -7,6 +7,8 @@
 
 {{BINDINGS}}
 
+const WG_THREADS: u32 = 256u;
+
 {{WG_REDUCE}}
 
 @compute @workgroup_size(256)

@@ -8,6 +8,8 @@
 
 @group(0) @binding(1) var<storage, read_write> stats: array<f32>;
 
+const WG_THREADS: u32 = 256u;
+
 {{WG_REDUCE}}
 
 @compute @workgroup_size(256)

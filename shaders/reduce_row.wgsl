@@ -1,6 +1,6 @@
-// Row-reduction archetype: one workgroup of 256 threads per row of N elements
-// (rows of the last axis, or the whole tensor as one row), a tree reduction in
-// workgroup memory, then an epilogue that writes one value per row (sum, mean, max)
+// Row-reduction archetype: one workgroup of WG_THREADS threads per row of N elements
+// (rows of the last axis, or the whole tensor as one row; 64 threads for rows of a few
+// hundred, up to 256 for long ones), a tree reduction in workgroup memory, then an epilogue that writes one value per row (sum, mean, max)
 // or the whole row again (softmax, log_softmax, layer_norm, rms_norm).
 // meta: [rows, N, eps]
 
@@ -8,9 +8,11 @@
 
 {{BINDINGS}}
 
+const WG_THREADS: u32 = {{THREADS}}u;
+
 {{WG_REDUCE}}
 
-@compute @workgroup_size(256)
+@compute @workgroup_size({{THREADS}})
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_id) lid: vec3<u32>{{SG_ARGS}}) {
 {{SG_INIT}}

@@ -13,6 +13,8 @@
 
 const CHUNK: u32 = {{CHUNK}}u;
 
+const WG_THREADS: u32 = 256u;
+
 {{WG_REDUCE}}
 
 @compute @workgroup_size(256)

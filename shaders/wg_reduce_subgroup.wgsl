@@ -1,4 +1,4 @@
-// Reductions over the 256 threads of a workgroup with subgroup operations (the
+// Reductions over the threads of a workgroup (at most 256) with subgroup operations (the
 // device offers them): each subgroup reduces in registers, its first lane leaves
 // one partial in workgroup memory, and every thread adds the few partials. Same
 // functions as wg_reduce.wgsl; every thread gets the result. The entry point sets

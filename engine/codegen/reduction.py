@@ -12,46 +12,54 @@ from .common import Capabilities, Kernel, PLAIN, _finish, contiguous_strides, f3
 
 # ---------------------------------------------------------------- reductions
 
+def row_threads(n: int) -> int:
+    """Threads of a row kernel's workgroup (reduce_row.wgsl) for rows of ``n``: about 8
+    elements a thread, a power of two from 64 to 256. A workgroup of 256 on a row of 384
+    (whisper's layer norms) left most threads one element and the GPU few rows in flight
+    (the H100 keeps 8 such workgroups an SM, against 32 of 64 threads)."""
+    return min(256, max(64, 1 << (-(-n // 8) - 1).bit_length()))
+
+
 _ROW_MODES = {
     "sum": """    var s = 0.0;
-    for (var i = t; i < N; i = i + 256u) { s = s + x[base + i]; }
+    for (var i = t; i < N; i = i + WG_THREADS) { s = s + x[base + i]; }
     s = wg_sum(s, t);
     if (t == 0u) { out[row] = s; }""",
     "mean": """    var s = 0.0;
-    for (var i = t; i < N; i = i + 256u) { s = s + x[base + i]; }
+    for (var i = t; i < N; i = i + WG_THREADS) { s = s + x[base + i]; }
     s = wg_sum(s, t);
     if (t == 0u) { out[row] = s / f32(N); }""",
     "max": """    var s = -3.4028234e38;
-    for (var i = t; i < N; i = i + 256u) { s = max(s, x[base + i]); }
+    for (var i = t; i < N; i = i + WG_THREADS) { s = max(s, x[base + i]); }
     s = wg_max(s, t);
     if (t == 0u) { out[row] = s; }""",
     "softmax": """    var mx = -3.4028234e38;
-    for (var i = t; i < N; i = i + 256u) { mx = max(mx, x[base + i]); }
+    for (var i = t; i < N; i = i + WG_THREADS) { mx = max(mx, x[base + i]); }
     mx = wg_max(mx, t);
     var s = 0.0;
-    for (var i = t; i < N; i = i + 256u) { s = s + exp(x[base + i] - mx); }
+    for (var i = t; i < N; i = i + WG_THREADS) { s = s + exp(x[base + i] - mx); }
     s = wg_sum(s, t);
     let inv = 1.0 / s;
-    for (var i = t; i < N; i = i + 256u) { out[base + i] = exp(x[base + i] - mx) * inv; }""",
+    for (var i = t; i < N; i = i + WG_THREADS) { out[base + i] = exp(x[base + i] - mx) * inv; }""",
     "log_softmax": """    var mx = -3.4028234e38;
-    for (var i = t; i < N; i = i + 256u) { mx = max(mx, x[base + i]); }
+    for (var i = t; i < N; i = i + WG_THREADS) { mx = max(mx, x[base + i]); }
     mx = wg_max(mx, t);
     var s = 0.0;
-    for (var i = t; i < N; i = i + 256u) { s = s + exp(x[base + i] - mx); }
+    for (var i = t; i < N; i = i + WG_THREADS) { s = s + exp(x[base + i] - mx); }
     s = wg_sum(s, t);
     let lse = mx + log(s);
-    for (var i = t; i < N; i = i + 256u) { out[base + i] = x[base + i] - lse; }""",
+    for (var i = t; i < N; i = i + WG_THREADS) { out[base + i] = x[base + i] - lse; }""",
     "layer_norm": """    var s = 0.0;
-    for (var i = t; i < N; i = i + 256u) { s = s + x[base + i]; }
+    for (var i = t; i < N; i = i + WG_THREADS) { s = s + x[base + i]; }
     let mu = wg_sum(s, t) / f32(N);
     var q = 0.0;
-    for (var i = t; i < N; i = i + 256u) { let d = x[base + i] - mu; q = q + d * d; }
+    for (var i = t; i < N; i = i + WG_THREADS) { let d = x[base + i] - mu; q = q + d * d; }
     let r = inverseSqrt(wg_sum(q, t) / f32(N) + eps);
-    for (var i = t; i < N; i = i + 256u) { out[base + i] = (x[base + i] - mu) * r * w[i] + bias[i]; }""",
+    for (var i = t; i < N; i = i + WG_THREADS) { out[base + i] = (x[base + i] - mu) * r * w[i] + bias[i]; }""",
     "rms_norm": """    var q = 0.0;
-    for (var i = t; i < N; i = i + 256u) { let v = x[base + i]; q = q + v * v; }
+    for (var i = t; i < N; i = i + WG_THREADS) { let v = x[base + i]; q = q + v * v; }
     let r = inverseSqrt(wg_sum(q, t) / f32(N) + eps);
-    for (var i = t; i < N; i = i + 256u) { out[base + i] = x[base + i] * r * w[i]; }""",
+    for (var i = t; i < N; i = i + WG_THREADS) { out[base + i] = x[base + i] * r * w[i]; }""",
 }
 
 _ROW_OPERANDS = {"layer_norm": ["x", "w", "bias"], "rms_norm": ["x", "w"]}
@@ -73,7 +81,8 @@ def _row_reduce(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
         return kernel
     names = _ROW_OPERANDS.get(node.op, ["x"])
     return _finish(f"reduce:{node.op}", "reduction", "reduce_row.wgsl", names, ["f32"] * len(names),
-                   "f32", [rows, n, f32_bits(eps)], grid_1d(rows), caps, MODE=_ROW_MODES[node.op])
+                   "f32", [rows, n, f32_bits(eps)], grid_1d(rows), caps, MODE=_ROW_MODES[node.op],
+                   THREADS=row_threads(n))
 
 
 def _argmax(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
@@ -99,10 +108,10 @@ LOSS_CHUNK = 4096  # elements per workgroup of the elementwise losses
 _LOSS_ROWS = {
     "cross_entropy": """    let label = labels[row];
     var mx = -3.4028234e38;
-    for (var i = t; i < N; i = i + 256u) { mx = max(mx, logits[base + i]); }
+    for (var i = t; i < N; i = i + WG_THREADS) { mx = max(mx, logits[base + i]); }
     mx = wg_max(mx, t);
     var s = 0.0;
-    for (var i = t; i < N; i = i + 256u) { s = s + exp(logits[base + i] - mx); }
+    for (var i = t; i < N; i = i + WG_THREADS) { s = s + exp(logits[base + i] - mx); }
     s = wg_sum(s, t);
     if (t == 0u) {
         let kept = label != mi(3u);
@@ -111,12 +120,12 @@ _LOSS_ROWS = {
         out[2u * row + 1u] = select(0.0, 1.0, kept);
     }""",
     "soft_cross_entropy": """    var mx = -3.4028234e38;
-    for (var i = t; i < N; i = i + 256u) { mx = max(mx, logits[base + i]); }
+    for (var i = t; i < N; i = i + WG_THREADS) { mx = max(mx, logits[base + i]); }
     mx = wg_max(mx, t);
     var s = 0.0;
     var ts = 0.0;
     var tl = 0.0;
-    for (var i = t; i < N; i = i + 256u) {
+    for (var i = t; i < N; i = i + WG_THREADS) {
         s = s + exp(logits[base + i] - mx);
         ts = ts + tgt[base + i];
         tl = tl + tgt[base + i] * logits[base + i];
@@ -138,7 +147,7 @@ def _chunk_sum(term: str) -> str:
     return f"""    let total = m(3u);
     let end = min(base + N, total);
     var s = 0.0;
-    for (var i = base + t; i < end; i = i + 256u) {{ s = s + {term}; }}
+    for (var i = base + t; i < end; i = i + WG_THREADS) {{ s = s + {term}; }}
     s = wg_sum(s, t);
     if (t == 0u) {{ out[2u * row] = s; out[2u * row + 1u] = f32(end - base); }}"""
 
@@ -158,7 +167,7 @@ def _loss(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
         meta = [rows, n, 0, x.size]
         mode = _chunk_sum(_LOSS_TERMS[node.op])
     k = _finish(f"loss:{node.op}", "reduction", "reduce_row.wgsl", names, types, "f32", meta, grid_1d(rows),
-                caps, MODE=mode)
+                caps, MODE=mode, THREADS=row_threads(n))
     k.partials = 2 * rows
     k.finish = _finish("loss:total", "reduction", "loss_total.wgsl", ["partials"], ["f32"], "f32", [rows],
                        (1, 1, 1), caps)
@@ -173,7 +182,7 @@ def _sum_to(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
         # only the last axis summed (layer-norm gradients): a row reduction reads it coalesced
         n = x.shape[-1]
         return _finish("sum_to", "reduction", "reduce_row.wgsl", ["x"], ["f32"], "f32", [x.size // n, n, 0],
-                       grid_1d(x.size // n), caps, MODE=_ROW_MODES["sum"])
+                       grid_1d(x.size // n), caps, MODE=_ROW_MODES["sum"], THREADS=row_threads(n))
     xs = contiguous_strides(x.shape)
     kept = [xs[d] if out_p[d] == x.shape[d] else 0 for d in range(r)]
     red = [x.shape[d] if out_p[d] != x.shape[d] else 1 for d in range(r)]
@@ -225,12 +234,12 @@ def _reduced_offset(extents, strides) -> str:
 # norm) and r = 1 / sqrt(variance + eps).
 _NORM_STATS = """    var s = 0.0;
     if ({{CENTER}}) {
-        for (var i = t; i < N; i = i + 256u) { s = s + x[base + i]; }
+        for (var i = t; i < N; i = i + WG_THREADS) { s = s + x[base + i]; }
         s = wg_sum(s, t);
     }
     let mu = s / f32(N);
     var q = 0.0;
-    for (var i = t; i < N; i = i + 256u) { let c = x[base + i] - mu; q = q + c * c; }
+    for (var i = t; i < N; i = i + WG_THREADS) { let c = x[base + i] - mu; q = q + c * c; }
     let r = inverseSqrt(wg_sum(q, t) / f32(N) + eps);"""
 
 _ROW_KERNELS = {
@@ -238,12 +247,12 @@ _ROW_KERNELS = {
     let cpg = m(4u);
     let G = m(5u);
     var s = 0.0;
-    for (var i = t; i < N; i = i + 256u) { s = s + x[base + i]; }
+    for (var i = t; i < N; i = i + WG_THREADS) { s = s + x[base + i]; }
     let mu = wg_sum(s, t) / f32(N);
     var q = 0.0;
-    for (var i = t; i < N; i = i + 256u) { let d = x[base + i] - mu; q = q + d * d; }
+    for (var i = t; i < N; i = i + WG_THREADS) { let d = x[base + i] - mu; q = q + d * d; }
     let r = inverseSqrt(wg_sum(q, t) / f32(N) + eps);
-    for (var i = t; i < N; i = i + 256u) {
+    for (var i = t; i < N; i = i + WG_THREADS) {
         let c = (row % G) * cpg + i / S;
         let y = (x[base + i] - mu) * r * w[c] + bias[c];
         out[base + i] = {{GN_ACT}};
@@ -251,38 +260,38 @@ _ROW_KERNELS = {
     "norm_grad": (["dout", "x", "w"], _NORM_STATS + """
     var sg = 0.0;
     var sgx = 0.0;
-    for (var i = t; i < N; i = i + 256u) {
+    for (var i = t; i < N; i = i + WG_THREADS) {
         let g = dout[base + i] * w[i];
         sg = sg + g;
         sgx = sgx + g * (x[base + i] - mu) * r;
     }
     let mean_g = select(0.0, wg_sum(sg, t) / f32(N), {{CENTER}});
     let mean_gx = wg_sum(sgx, t) / f32(N);
-    for (var i = t; i < N; i = i + 256u) {
+    for (var i = t; i < N; i = i + WG_THREADS) {
         out[base + i] = r * (dout[base + i] * w[i] - mean_g - (x[base + i] - mu) * r * mean_gx);
     }"""),
     "norm_grad_w": (["dout", "x"], _NORM_STATS + """
-    for (var i = t; i < N; i = i + 256u) { out[base + i] = dout[base + i] * (x[base + i] - mu) * r; }"""),
+    for (var i = t; i < N; i = i + WG_THREADS) { out[base + i] = dout[base + i] * (x[base + i] - mu) * r; }"""),
     "max_grad": (["dout", "x"], """    var mx = -3.4028234e38;
-    for (var i = t; i < N; i = i + 256u) { mx = max(mx, x[base + i]); }
+    for (var i = t; i < N; i = i + WG_THREADS) { mx = max(mx, x[base + i]); }
     mx = wg_max(mx, t);
     var ties = 0.0;
-    for (var i = t; i < N; i = i + 256u) { ties = ties + select(0.0, 1.0, x[base + i] == mx); }
+    for (var i = t; i < N; i = i + WG_THREADS) { ties = ties + select(0.0, 1.0, x[base + i] == mx); }
     let share = dout[row] / wg_sum(ties, t);
-    for (var i = t; i < N; i = i + 256u) { out[base + i] = select(0.0, share, x[base + i] == mx); }"""),
+    for (var i = t; i < N; i = i + WG_THREADS) { out[base + i] = select(0.0, share, x[base + i] == mx); }"""),
     "cross_entropy_grad": (["logits", "labels", "dout"], """    let ignore = mi(3u);
     var kept = 0.0;
-    for (var r = t; r < rows; r = r + 256u) { kept = kept + select(1.0, 0.0, labels[r] == ignore); }
+    for (var r = t; r < rows; r = r + WG_THREADS) { kept = kept + select(1.0, 0.0, labels[r] == ignore); }
     kept = wg_sum(kept, t);
     let label = labels[row];
     var mx = -3.4028234e38;
-    for (var i = t; i < N; i = i + 256u) { mx = max(mx, logits[base + i]); }
+    for (var i = t; i < N; i = i + WG_THREADS) { mx = max(mx, logits[base + i]); }
     mx = wg_max(mx, t);
     var s = 0.0;
-    for (var i = t; i < N; i = i + 256u) { s = s + exp(logits[base + i] - mx); }
+    for (var i = t; i < N; i = i + WG_THREADS) { s = s + exp(logits[base + i] - mx); }
     let scale = select(dout[0] / max(kept, 1.0), 0.0, label == ignore);
     let inv = 1.0 / wg_sum(s, t);
-    for (var i = t; i < N; i = i + 256u) {
+    for (var i = t; i < N; i = i + WG_THREADS) {
         let onehot = select(0.0, 1.0, i32(i) == label);
         out[base + i] = (exp(logits[base + i] - mx) * inv - onehot) * scale;
     }"""),
@@ -310,5 +319,5 @@ def _row_kernel(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
             extra = [i32_bits(a.get("ignore_index", -100))]
     meta = [rows, n, f32_bits(a.get("eps", 0.0))] + extra
     return _finish(f"reduce:{node.op}", "reduction", "reduce_row.wgsl", names, types, "f32", meta,
-                   grid_1d(rows), caps,
+                   grid_1d(rows), caps, THREADS=row_threads(n),
                    MODE=mode.replace("{{GN_ACT}}", act).replace("{{CENTER}}", str(a.get("center", True)).lower()))
