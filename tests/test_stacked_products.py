@@ -74,9 +74,16 @@ def test_whisper_training_stacks_each_layers_projections_and_keeps_its_values():
     assert len(stacks) == 4 and all(n.shape[-1] == 384 for n in stacks)   # q, k and v of 4 layers
     plain, _ = differentiate(optimize(model.build(train=True))[0], "loss")
     plain = reuse_preactivations(share_attention_statistics(optimize(plain)[0])[0])[0]
-    assert stack_products(plain)[1] == 24   # and the backward's sums of their input gradients
-    sums = [n for n in train.nodes if n.op == "matmul" and train[n.inputs[0]].shape[-1] == 3 * 384]
-    assert len(sums) == 4 and all(train[n.inputs[0]].op == "concat" and n.shape[-1] == 384 for n in sums)
+    # and the backward's sums of their input gradients and their 12 weight gradients (k has
+    # no bias: q's and v's bias gradients stay two sums)
+    assert stack_products(plain)[1] == 36
+    sums = [n for n in train.nodes if n.op == "matmul" and train[n.inputs[0]].op == "concat"]
+    assert len(sums) == 4 and all(train[n.inputs[0]].shape[-1] == 3 * 384 and n.shape[-1] == 384 for n in sums)
+    weights = [n for n in train.nodes if n.op == "matmul" and n.shape == (3 * 384, 384)]
+    assert len(weights) == 4 and all(n.attrs["transpose_a"] and train[train[n.inputs[0]].inputs[0]].op == "concat"
+                                     for n in weights)
+    assert sum(n.op == "transpose" and n.shape == (3, 384, 384) for n in train.nodes) == 4   # weights [in, out]
+    assert not any(n.op == "sum_to" and n.shape == (3 * 384,) for n in train.nodes)
     params = {k: v.astype(np.float64) for k, v in model.init_params(0).items()}
     inputs = model.example_inputs(train=True)
     want, got = reference.run(plain, inputs, params, np.float64), reference.run(train, inputs, params, np.float64)
@@ -117,7 +124,9 @@ def test_pooled_buffers_hold_one_live_value_at_a_time():
 def test_the_input_gradient_sum_of_transposed_weights_is_one_product():
     """Weights stored [out, in] (transformers' layout, transpose_b): the backward's
     x-gradient, dq @ wq + dk @ wk + dv @ wv, is one product over [dq | dk | dv] and the
-    weights stacked along K; the loss and gradients as without the pass, also on lavapipe."""
+    weights stacked along K, and the weights' gradients one product [dq | dk | dv]ᵀ x whose
+    row blocks they are (no transpose); the loss and gradients as without the pass, also
+    on lavapipe."""
     from engine.autodiff.gradients import differentiate
     from engine.optimize import optimize
     g = Graph("qkv")
@@ -127,9 +136,11 @@ def test_the_input_gradient_sum_of_transposed_weights_is_one_product():
     train, pairs = differentiate(optimize(g)[0], "loss")
     train = optimize(train)[0]
     out, count, _ = stack_products(train)
-    assert count == 6
+    assert count == 9
     (total,) = [n for n in out.nodes if n.op == "matmul" and out[n.inputs[0]].shape == (2, 40, 24)]
     assert out[total.inputs[1]].shape == (24, 8) and not total.attrs["transpose_b"]
+    (weights,) = [n for n in out.nodes if n.op == "matmul" and n.shape == (24, 8)]
+    assert weights.attrs["transpose_a"] and not any(n.op == "transpose" for n in out.nodes)
     _, params = feeds(train, np.random.default_rng(3))
     want = reference.run(train, {}, params, np.float64)
     got = reference.run(out, {}, params, np.float64)
@@ -138,7 +149,8 @@ def test_the_input_gradient_sum_of_transposed_weights_is_one_product():
     session = Session(out)
     session.set_parameters(params)
     session.run()
-    np.testing.assert_allclose(session.read_output("grad:x"), want["grad:x"], rtol=1e-4, atol=1e-4)
+    for name in ("grad:x", "grad:q.w", "grad:k.w", "grad:v.w"):
+        np.testing.assert_allclose(session.read_output(name), want[name], rtol=1e-4, atol=1e-4, err_msg=name)
 
 
 def test_cli_optimize_reports_the_graph_passes(capsys):
@@ -146,8 +158,37 @@ def test_cli_optimize_reports_the_graph_passes(capsys):
     from engine.cli import main
     assert main(["optimize", "whisper-tiny", "--set", "mel_len=64", "--set", "batch=8", "--train", "--json"]) == 0
     passes = json.loads(capsys.readouterr().out)["passes"]
-    assert passes["applied"] == {"attention_stats": 4, "preactivation": 4, "stacked_products": 24}
+    assert passes["applied"] == {"attention_stats": 4, "preactivation": 4, "stacked_products": 36}
     assert passes["dispatches_after"] > 0
     assert main(["optimize", "whisper-tiny", "--set", "mel_len=64", "--set", "batch=8"]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("stacked_products (pass)"))
     assert row.split()[2] == "12"
+
+
+def test_merged_gradients_are_computed_where_the_optimizer_reads_them(configure):
+    """q, k and v with biases: their weight gradients one product, their bias gradients
+    one sum, each placed over the three parameters' gradient slots (side by side in the
+    arena), so the step copies none of them; an SGD step on lavapipe moves every
+    parameter by -lr times its float64 gradient (in f32: the placement is under test)."""
+    from engine.train.config import TrainConfig
+    from engine.train.session import TrainingSession
+    configure(precision="f32")
+    g = Graph("qkv-biases")
+    x = g.parameter("x", (2, 40, 64))
+    q, k, v = (g.apply("fused_matmul", x, g.parameter(f"{p}.w", (64, 64)), g.parameter(f"{p}.b", (64,)),
+                       has_add=True) for p in "qkv")
+    g.output("loss", g.mean(g.mul(g.mul(q, g.tanh(k)), v)))
+    session = TrainingSession(g, TrainConfig(optimizer="sgd", lr=0.5))
+    train = session.graph
+    assert sum(n.op == "sum_to" and n.shape == (3 * 64,) for n in train.nodes) == 1
+    assert sum(n.op == "matmul" and n.shape == (3 * 64, 64) for n in train.nodes) == 1
+    copied = {name for d in session.plan.dispatches if d.kernel == "copy:gradient" for name in d.names}
+    assert not copied & {f"grad:{p}.{w}" for p in "qkv" for w in "wb"}, copied
+    _, params = feeds(g, np.random.default_rng(5))
+    session.set_parameters(params)
+    session.step()
+    want = reference.run(train, {}, {k: v.astype(np.float64) for k, v in params.items()}, np.float64)
+    got = session.get_parameters()
+    for name, value in params.items():
+        np.testing.assert_allclose(got[name], value - 0.5 * want[f"grad:{name}"], rtol=1e-4, atol=1e-5,
+                                   err_msg=name)

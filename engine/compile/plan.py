@@ -418,7 +418,8 @@ def _place_groups(b: _PlanBuilder, spec: OptimizerSpec, gradients: dict[str, str
     parameter, and each gradient computed in place, is placed at its slot."""
     g = b.graph
     groups = []
-    for names in _group_parameters(g, spec, list(gradients)):
+    packs = _packed_gradients(b, gradients)
+    for names in _group_parameters(g, spec, _arena_order(list(gradients), packs)):
         offsets, total = [], 0
         for name in names:
             offsets.append(total)
@@ -435,7 +436,54 @@ def _place_groups(b: _PlanBuilder, spec: OptimizerSpec, gradients: dict[str, str
     for p in _direct_gradients(b, gradients, {n: grp.gradient_buffer for n, grp in group_of.items()}):
         grp = group_of[p]
         b.place(g.outputs[gradients[p]], grp.gradient_buffer, grp.offset_of(p), _slot_bytes(g, p))
+    for pack in packs:
+        grp = group_of[pack[0]]
+        start = grp.offset_of(pack[0])
+        r = b.root[g.outputs[gradients[pack[0]]]]
+        if all(group_of[p] is grp and grp.offset_of(p) == start + 4 * b.within[g.outputs[gradients[p]]]
+               for p in pack) and not any(b.storage.get(b.root[i], (None,))[0] == grp.gradient_buffer
+                                          for i in g[r].inputs):
+            b.place(r, grp.gradient_buffer, start, g[r].nbytes)
     return groups
+
+
+def _packed_gradients(b: _PlanBuilder, gradients: dict[str, str]) -> list[list[str]]:
+    """Parameters whose gradients are parts of one result that they fill exactly, in
+    part order, each a whole slot (``engine.optimize.stacked_products`` computes q's, k's
+    and v's weight gradients as one product): placed side by side in their group's
+    gradient arena, that result is computed right there instead of copied part by part.
+    A result that is also another output, or holds more than those gradients, is left out."""
+    g, root = b.graph, b.root
+    gradient_names = set(gradients.values())
+    other_outputs = {root[i] for name, i in g.outputs.items() if name not in gradient_names}
+    by_root: dict[int, list[tuple[int, str]]] = {}
+    for p, o in gradients.items():
+        if g.outputs[o] in b.within:
+            by_root.setdefault(root[g.outputs[o]], []).append((b.within[g.outputs[o]], p))
+    packs = []
+    for r, parts in by_root.items():
+        parts.sort()
+        at = 0
+        for offset, p in parts:
+            if 4 * offset != at or _slot_bytes(g, p) != g[g.parameters[p]].nbytes:
+                break
+            at += _slot_bytes(g, p)
+        else:
+            if at == g[r].nbytes and len(parts) > 1 and r not in other_outputs:
+                packs.append([p for _, p in parts])
+    return packs
+
+
+def _arena_order(names: list[str], packs: list[list[str]]) -> list[str]:
+    """``names`` with each pack's parameters together, in part order, where its first came."""
+    pack_of = {p: pack for pack in packs for p in pack}
+    out, seen = [], set()
+    for n in names:
+        for p in pack_of.get(n, [n]):
+            if p not in seen:
+                seen.add(p)
+                out.append(p)
+    return out
 
 
 # ---------------------------------------------------------------- pinned tensors and the graph

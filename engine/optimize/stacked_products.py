@@ -12,7 +12,12 @@ of the biases, zeros where a product has none), a few microseconds.
 In a training graph the backward sums the shared input's gradient over the products,
 dq @ wqᵀ + dk @ wkᵀ + dv @ wvᵀ (one ``fused_matmul`` adding the others in its epilogue);
 that sum becomes one product over the gradients side by side and the weights stacked
-along K (270 -> 125 us in f16, plus the gradients' concat).
+along K (270 -> 125 us in f16, plus the gradients' concat). That concat [dq | dk | dv]
+also makes the weights' gradients one product, xᵀ [dq | dk | dv] (three products over
+K = 12000 rows at batch 8, 79 us each in f16, too small for the GPU alone), whose rows
+are each weight's gradient transposed (a copy puts them back where the weights are
+[in, out]), and the biases' gradients one sum over its rows where every product has one.
+The plan computes those results right where the optimizer reads the gradients.
 
 Run after ``optimize`` on inference graphs and after autodiff on training graphs (the
 products' gradients are built by then from the products themselves); decode steps (rows
@@ -22,6 +27,7 @@ of a few tokens) are the few-row pass's.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -90,17 +96,98 @@ def _input_gradient_sums(graph: Graph, groups: list[list[int]]) -> dict[int, lis
     return found
 
 
+def _base(graph: Graph, nid: int) -> int:
+    """The node ``nid`` views through reshapes."""
+    while graph[nid].op == "reshape":
+        nid = graph[nid].inputs[0]
+    return nid
+
+
+class ParameterGradients(NamedTuple):
+    """The weight and bias gradients of the products in one input-gradient sum: ``x`` the
+    products' shared input; ``weights`` term index -> its weight's gradient, xᵀ g (weights
+    [in, out]) or, where ``outer_first``, gᵀ x (weights [out, in]); ``biases`` term index ->
+    its bias's gradient, g summed over its rows. Merged, each is a part of one result,
+    which the plan computes right in the gradient arena where the parts fill it exactly
+    (engine.compile.plan); so biases merge only where every product has one."""
+
+    x: int
+    weights: dict[int, int]
+    outer_first: bool
+    biases: dict[int, int]
+
+
+def _parameter_gradients(graph: Graph, groups: list[list[int]],
+                         sums: dict[int, list[tuple[int, int]]]) -> dict[int, ParameterGradients]:
+    """Per input-gradient sum, the parameter gradients of its products (weights only when
+    every term's is found, in one orientation)."""
+    input_of = {_weights(graph, graph[i])[0]: graph[i].inputs[0] for ids in groups for i in ids}
+    found = {}
+    for sid, terms in sums.items():
+        x = input_of[terms[0][1]]
+        index = {d: i for i, (d, _) in enumerate(terms)}
+        weights, orientation, biases = {}, set(), {}
+        for n in graph.nodes:
+            if n.op == "matmul" and n.attrs["transpose_a"] and not n.attrs["transpose_b"]:
+                a, b = (_base(graph, i) for i in n.inputs)
+                if (a, b) in {(x, d) for d in index} | {(d, x) for d in index}:
+                    weights[index[b if a == x else a]] = n.id
+                    orientation.add(a != x)
+            elif n.op == "sum_to" and n.inputs[0] in index and n.shape == graph[n.inputs[0]].shape[-1:]:
+                biases[index[n.inputs[0]]] = n.id
+        width, k = graph[terms[0][0]].shape[-1], graph[x].shape[-1]
+        if len(weights) != len(terms) or len(orientation) != 1 or width * k % PART_ALIGN:
+            weights, orientation = {}, {False}
+        if width % PART_ALIGN or len(biases) != len(terms):   # one sum only where they fill it (k has none in whisper)
+            biases = {}
+        found[sid] = ParameterGradients(x, weights, orientation.pop(), biases)
+    return found
+
+
 def stack_products(graph: Graph) -> tuple[Graph, int, dict[int, int]]:
     """The graph with each group of products sharing their input and their weights' shape
     made by one batched product, and the backward's sum of their input gradients made by
-    one product over the gradients side by side; returns it, how many products it stacked
-    and the old -> new node ids."""
+    one product over the gradients side by side, as are their weights' gradients (their
+    biases' one sum); returns it, how many products and gradients it merged and the
+    old -> new node ids."""
     found = _groups(graph)
     groups = {ids[0]: ids for ids in found}
     sums = _input_gradient_sums(graph, found)
     if not groups:
         return graph, 0, graph.identity()
     dropped = {graph[n].inputs[j] for n in sums for j in range(2, len(graph[n].inputs))}
+    gradients = _parameter_gradients(graph, found, sums)
+    merged_at = {nid: sid for sid, p in gradients.items() for nid in [*p.weights.values(), *p.biases.values()]}
+    side_by_side: dict[int, int] = {}
+    left_apart: set[int] = set()   # sums whose parameter gradients came before their terms
+
+    def gradients_side_by_side(g: Graph, sid: int, new: dict[int, int]) -> int:
+        """[g_1 | g_2 | ...] of sum ``sid``'s terms, made once."""
+        if sid not in side_by_side:
+            with g.scope(graph[sid].modules):
+                side_by_side[sid] = g.concat([new[d] for d, _ in sums[sid]], axis=-1)
+        return side_by_side[sid]
+
+    def parameter_gradients(g: Graph, sid: int, new: dict[int, int]) -> None:
+        """Sum ``sid``'s products' weight gradients as one product and their bias gradients
+        as one sum, each mapped in ``new`` to a part of those."""
+        p = gradients[sid]
+        grads = gradients_side_by_side(g, sid, new)
+        width, count = graph[sums[sid][0][0]].shape[-1], len(sums[sid])
+        if p.weights:
+            k, rows = graph[p.x].shape[-1], math.prod(graph[p.x].shape[:-1])
+            with g.scope([mod for nid in p.weights.values() for mod in graph[nid].modules]):
+                made = g.matmul(g.reshape(grads, (rows, count * width)), g.reshape(new[p.x], (rows, k)),
+                                transpose_a=True)         # row i * width + j: output j of weight i's gradient
+                if not p.outer_first:
+                    made = g.transpose(g.reshape(made, (count, width, k)), perm=(0, 2, 1))
+            for i, nid in p.weights.items():
+                new[nid] = g.apply("part", made, offset=i * width * k, shape=graph[nid].shape, name=graph[nid].name)
+        if p.biases:
+            with g.scope([mod for nid in p.biases.values() for mod in graph[nid].modules]):
+                total = g.apply("sum_to", grads, shape=(count * width,))
+            for i, nid in p.biases.items():
+                new[nid] = g.apply("part", total, offset=i * width, shape=graph[nid].shape, name=graph[nid].name)
 
     def source(g: Graph, nid: int, new: dict[int, int]) -> int:
         """A parameter's node in ``g``, copied ahead of its place where the stack needs it first."""
@@ -112,8 +199,8 @@ def stack_products(graph: Graph) -> tuple[Graph, int, dict[int, int]]:
     def input_gradient(g: Graph, n: Node, new: dict[int, int]) -> int:
         """sum of gradient_i @ weight_iᵀ as [gradient_1 | gradient_2 | ...] @ [weight_1; weight_2; ...]ᵀ."""
         terms, tb = sums[n.id], n.attrs["transpose_b"]
+        grads = gradients_side_by_side(g, n.id, new)
         with g.scope(n.modules):
-            grads = g.concat([new[x] for x, _ in terms], axis=-1)
             weights = g.concat([source(g, w, new) for _, w in terms], axis=1 if tb else 0)
             made = g.matmul(grads, weights, transpose_b=tb, name=n.name)
         assert g.shape(made) == n.shape
@@ -122,6 +209,13 @@ def stack_products(graph: Graph) -> tuple[Graph, int, dict[int, int]]:
     def stand_in(g: Graph, n: Node, new: dict[int, int]) -> int | None:
         if n.id in sums:
             return input_gradient(g, n, new)
+        if n.id in merged_at:
+            sid = merged_at[n.id]
+            if sid not in left_apart and all(d in new for d, _ in sums[sid]) and gradients[sid].x in new:
+                parameter_gradients(g, sid, new)   # maps every one of them, this node too
+                return new[n.id]
+            left_apart.add(sid)
+            return None
         if n.id not in groups:
             return None
         members = [graph[i] for i in groups[n.id]]
@@ -144,4 +238,5 @@ def stack_products(graph: Graph) -> tuple[Graph, int, dict[int, int]]:
                 new[m.id] = g.apply("part", stacked, offset=i * rows * width, shape=m.shape, name=m.name)
         return new[n.id]
     out, remap = graph.rebuild(keep=lambda n: n.id not in dropped, stand_in=stand_in)
-    return out, sum(len(ids) for ids in groups.values()) + sum(len(t) for t in sums.values()), remap
+    merged = sum(len(p.weights) + len(p.biases) for sid, p in gradients.items() if sid not in left_apart)
+    return out, sum(len(ids) for ids in groups.values()) + sum(len(t) for t in sums.values()) + merged, remap
