@@ -754,3 +754,25 @@ def test_dispatches_recorded_raw_still_report_validation_errors():
     s._steps[0] = (pipeline, bind_group, (70000, 1, 1))   # over the 65535 workgroups per dimension
     with pytest.raises(Exception, match="65535"):
         s.run()
+
+
+def test_pointwise_kernels_take_four_elements_a_thread_where_they_can():
+    """f32 operands of the output's shape and a size that 4 divides: each thread loads a
+    vec4 of every operand and runs the program per lane; a broadcast operand or an odd
+    size keeps a thread an element. All three agree with the reference."""
+    g = Graph("four")
+    a, b = g.input("a", (3, 40)), g.input("b", (3, 40))
+    bias, odd = g.input("bias", (40,)), g.input("odd", (3, 7))
+    g.output("same", g.add(g.mul(a, b), g.tanh(a)))
+    g.output("broadcast", g.add(a, bias))
+    g.output("odd", g.exp(odd))
+    plan = compile_plan(g, loss=None)
+    variant = {name: next(d.variant for d in plan.dispatches if g.outputs[name] in d.nodes) for name in g.outputs}
+    assert variant == {"same": "vec4", "broadcast": "", "odd": ""}
+    inputs, _ = feeds(g)
+    s = build_inference_session(g, optimize=False)
+    s.set_inputs(inputs)
+    s.run()
+    want = reference.run(g, inputs, {}, np.float64)
+    for name in g.outputs:
+        assert rel_err(s.read_output(name), want[name]) < 1e-6, name
