@@ -776,3 +776,24 @@ def test_pointwise_kernels_take_four_elements_a_thread_where_they_can():
     want = reference.run(g, inputs, {}, np.float64)
     for name in g.outputs:
         assert rel_err(s.read_output(name), want[name]) < 1e-6, name
+
+
+def test_a_concat_of_rows_moves_vec4s_where_every_piece_allows():
+    """Along the last axis with every piece a multiple of 4 wide, a concat copies vec4s
+    (concat_rows.wgsl); a piece 6 wide, or another axis, takes the general copy. All
+    exact."""
+    g = Graph("concats")
+    a, b, c = g.input("a", (3, 5, 4)), g.input("b", (3, 5, 12)), g.input("c", (3, 5, 8))
+    g.output("rows", g.concat([a, b, c], axis=-1))
+    g.output("narrow", g.concat([a, g.input("d", (3, 5, 6))], axis=2))
+    g.output("first", g.concat([a, a], axis=0))
+    plan = compile_plan(g, loss=None)
+    variant = {name: next(d.variant for d in plan.dispatches if g.outputs[name] in d.nodes) for name in g.outputs}
+    assert variant == {"rows": "vec4", "narrow": "", "first": ""}
+    inputs, _ = feeds(g)
+    s = build_inference_session(g, optimize=False)
+    s.set_inputs(inputs)
+    s.run()
+    want = reference.run(g, inputs, {}, np.float64)
+    for name in g.outputs:
+        np.testing.assert_array_equal(s.read_output(name), want[name].astype(np.float32), err_msg=name)

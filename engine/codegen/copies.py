@@ -13,7 +13,29 @@ from .common import (MAX_WORKGROUPS, PLAIN, WG, Capabilities, Kernel, _finish, _
 
 # ---------------------------------------------------------------- copies
 
+def _concat_rows(graph: Graph, node: Node) -> Kernel | None:
+    """A concat along the last axis of f32 pieces each a multiple of 4 wide, in vec4s
+    (concat_rows.wgsl); None for any other copy."""
+    operands = [graph[i] for i in node.inputs]
+    if node.op != "concat" or not node.shape or node.attrs["axis"] % len(node.shape) != len(node.shape) - 1 \
+            or node.dtype != "f32" or any(x.dtype != "f32" or x.shape[-1] % 4 for x in operands):
+        return None
+    lines, end = [], 0
+    for k, x in enumerate(operands):
+        width = x.shape[-1] // 4
+        lines.append(f"    if (c < {end + width}u) {{ out[idx] = in{k}[row * {width}u + c - {end}u]; return; }}")
+        end += width
+    kernel = _finish("copy:concat", "copy", "concat_rows.wgsl", [f"in{k}" for k in range(len(operands))],
+                     ["vec4<f32>"] * len(operands), "vec4<f32>", [node.size // 4], grid_1d(-(-node.size // (4 * WG))),
+                     OUT4=end, PIECES="\n".join(lines))
+    kernel.notes["variant"] = "vec4"
+    return kernel
+
+
 def _copy(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    rows = _concat_rows(graph, node)
+    if rows is not None:
+        return rows
     out = node.shape
     r = len(out)
     operands = [graph[i] for i in node.inputs]
