@@ -159,7 +159,8 @@ def stack_products(graph: Graph) -> tuple[Graph, int, dict[int, int]]:
     gradients = _parameter_gradients(graph, found, sums)
     merged_at = {nid: sid for sid, p in gradients.items() for nid in [*p.weights.values(), *p.biases.values()]}
     side_by_side: dict[int, int] = {}
-    left_apart: set[int] = set()   # sums whose parameter gradients came before their terms
+    merged: set[int] = set()       # sums whose parameter gradients are made by one product (and one sum)
+    left_apart: set[int] = set()   # ... or stay as they were (they came before their terms)
 
     def gradients_side_by_side(g: Graph, sid: int, new: dict[int, int]) -> int:
         """[g_1 | g_2 | ...] of sum ``sid``'s terms, made once."""
@@ -206,16 +207,26 @@ def stack_products(graph: Graph) -> tuple[Graph, int, dict[int, int]]:
         assert g.shape(made) == n.shape
         return made
 
+    def merge_parameter_gradients(g: Graph, sid: int, new: dict[int, int]) -> None:
+        """Sum ``sid``'s parameter gradients made now (each mapped in ``new``) if all they
+        read is; else left as they are."""
+        if sid in merged or sid in left_apart:
+            return
+        if all(d in new for d, _ in sums[sid]) and gradients[sid].x in new:
+            parameter_gradients(g, sid, new)
+            merged.add(sid)
+        else:
+            left_apart.add(sid)
+
     def stand_in(g: Graph, n: Node, new: dict[int, int]) -> int | None:
         if n.id in sums:
-            return input_gradient(g, n, new)
+            made = input_gradient(g, n, new)
+            if gradients[n.id].weights or gradients[n.id].biases:   # beside the other product reading the concat,
+                merge_parameter_gradients(g, n.id, new)              # which then lives no longer than before
+            return made
         if n.id in merged_at:
-            sid = merged_at[n.id]
-            if sid not in left_apart and all(d in new for d, _ in sums[sid]) and gradients[sid].x in new:
-                parameter_gradients(g, sid, new)   # maps every one of them, this node too
-                return new[n.id]
-            left_apart.add(sid)
-            return None
+            merge_parameter_gradients(g, merged_at[n.id], new)
+            return new[n.id] if merged_at[n.id] in merged else None
         if n.id not in groups:
             return None
         members = [graph[i] for i in groups[n.id]]
@@ -238,5 +249,5 @@ def stack_products(graph: Graph) -> tuple[Graph, int, dict[int, int]]:
                 new[m.id] = g.apply("part", stacked, offset=i * rows * width, shape=m.shape, name=m.name)
         return new[n.id]
     out, remap = graph.rebuild(keep=lambda n: n.id not in dropped, stand_in=stand_in)
-    merged = sum(len(p.weights) + len(p.biases) for sid, p in gradients.items() if sid not in left_apart)
-    return out, sum(len(ids) for ids in groups.values()) + sum(len(t) for t in sums.values()) + merged, remap
+    rewritten = sum(len(gradients[sid].weights) + len(gradients[sid].biases) for sid in merged)
+    return out, sum(len(ids) for ids in groups.values()) + sum(len(t) for t in sums.values()) + rewritten, remap
