@@ -756,6 +756,18 @@ def test_dispatches_recorded_raw_still_report_validation_errors():
         s.run()
 
 
+def variants_and_outputs(g):
+    """The kernel variant computing each output of ``g`` (unoptimized), the outputs on the
+    device and in the float64 reference."""
+    plan = compile_plan(g, loss=None)
+    variant = {name: next(d.variant for d in plan.dispatches if g.outputs[name] in d.nodes) for name in g.outputs}
+    inputs, _ = feeds(g)
+    s = build_inference_session(g, optimize=False)
+    s.set_inputs(inputs)
+    s.run()
+    return variant, {name: s.read_output(name) for name in g.outputs}, reference.run(g, inputs, {}, np.float64)
+
+
 def test_pointwise_kernels_take_four_elements_a_thread_where_they_can():
     """f32 operands of the output's shape and a size that 4 divides: each thread loads a
     vec4 of every operand and runs the program per lane; a broadcast operand or an odd
@@ -766,16 +778,10 @@ def test_pointwise_kernels_take_four_elements_a_thread_where_they_can():
     g.output("same", g.add(g.mul(a, b), g.tanh(a)))
     g.output("broadcast", g.add(a, bias))
     g.output("odd", g.exp(odd))
-    plan = compile_plan(g, loss=None)
-    variant = {name: next(d.variant for d in plan.dispatches if g.outputs[name] in d.nodes) for name in g.outputs}
+    variant, got, want = variants_and_outputs(g)
     assert variant == {"same": "vec4", "broadcast": "", "odd": ""}
-    inputs, _ = feeds(g)
-    s = build_inference_session(g, optimize=False)
-    s.set_inputs(inputs)
-    s.run()
-    want = reference.run(g, inputs, {}, np.float64)
     for name in g.outputs:
-        assert rel_err(s.read_output(name), want[name]) < 1e-6, name
+        assert rel_err(got[name], want[name]) < 1e-6, name
 
 
 def test_a_concat_of_rows_moves_vec4s_where_every_piece_allows():
@@ -787,13 +793,7 @@ def test_a_concat_of_rows_moves_vec4s_where_every_piece_allows():
     g.output("rows", g.concat([a, b, c], axis=-1))
     g.output("narrow", g.concat([a, g.input("d", (3, 5, 6))], axis=2))
     g.output("first", g.concat([a, a], axis=0))
-    plan = compile_plan(g, loss=None)
-    variant = {name: next(d.variant for d in plan.dispatches if g.outputs[name] in d.nodes) for name in g.outputs}
+    variant, got, want = variants_and_outputs(g)
     assert variant == {"rows": "vec4", "narrow": "", "first": ""}
-    inputs, _ = feeds(g)
-    s = build_inference_session(g, optimize=False)
-    s.set_inputs(inputs)
-    s.run()
-    want = reference.run(g, inputs, {}, np.float64)
     for name in g.outputs:
-        np.testing.assert_array_equal(s.read_output(name), want[name].astype(np.float32), err_msg=name)
+        np.testing.assert_array_equal(got[name], want[name].astype(np.float32), err_msg=name)
