@@ -388,15 +388,17 @@ class Graph:
         keep = self.live_nodes() | set(self.inputs.values()) | set(self.parameters.values())
         return self.rebuild(lambda n: n.id in keep)
 
-    def rebuild(self, keep=lambda n: True, stand_in=None) -> tuple["Graph", dict[int, int]]:
+    def rebuild(self, keep=lambda n: True, stand_in=None, order=None) -> tuple["Graph", dict[int, int]]:
         """A copy with the nodes ``keep`` accepts. ``stand_in(g, node, remap)``, where given,
         may build a node's replacement in the new graph ``g`` itself and return its id (None:
         the node is copied); it may map later nodes in ``remap`` as well (a packed node and
-        its parts), which are then not copied. Returns the graph and the old -> new id map."""
+        its parts), which are then not copied. ``order``: the nodes in another topological
+        order to copy them in (the order a plan runs them). Returns the graph and the
+        old -> new id map."""
         g = Graph(self.name)
         g.param_meta = {k: dict(v) for k, v in self.param_meta.items()}
         remap: dict[int, int] = {}
-        for n in self.nodes:
+        for n in (self.nodes if order is None else order):
             if n.id in remap or not keep(n):
                 continue
             made = stand_in(g, n, remap) if stand_in else None

@@ -14,10 +14,11 @@ from . import cost
 from .attention_stats import share_attention_statistics
 from .preactivation import reuse_preactivations
 from .report import OptimizeReport, where
+from .schedule import outputs_early
 from .stacked_products import stack_products
 
 TRAINING = (("attention_stats", share_attention_statistics), ("preactivation", reuse_preactivations),
-            ("stacked_products", stack_products))
+            ("stacked_products", stack_products), ("outputs_early", outputs_early))
 INFERENCE = (("stacked_products", stack_products),)
 WHY = {   # what each pass buys, where the cost model's bytes and dispatches do not show it
     "attention_stats": "the attention forward also writes the log-sum-exp its backward needs, "
@@ -27,6 +28,8 @@ WHY = {   # what each pass buys, where the cost model's bytes and dispatches do 
     "stacked_products": "products of one input by weights of one shape (q, k, v) run as one batched "
                         "product, which keeps more of the GPU busy; the backward adds their input "
                         "gradients in one product",
+    "outputs_early": "nodes that only lead to outputs (weight and bias gradients) run as soon as "
+                     "their operands are ready, so the tensors they read are freed sooner",
 }
 
 
