@@ -27,7 +27,7 @@ WHY = {   # what each pass buys, where the cost model's bytes and dispatches do 
                      "and the activation applied to it pointwise",
     "stacked_products": "products of one input by weights of one shape (q, k, v) run as one batched "
                         "product, which keeps more of the GPU busy; the backward adds their input "
-                        "gradients in one product",
+                        "gradients in one product and makes their weights' gradients in one",
     "outputs_early": "nodes that only lead to outputs (weight and bias gradients) run as soon as "
                      "their operands are ready, so the tensors they read are freed sooner",
 }

@@ -122,19 +122,23 @@ def _parameter_gradients(graph: Graph, groups: list[list[int]],
     """Per input-gradient sum, the parameter gradients of its products (weights only when
     every term's is found, in one orientation)."""
     input_of = {_weights(graph, graph[i])[0]: graph[i].inputs[0] for ids in groups for i in ids}
+    products: dict[tuple[int, int], int] = {}   # (what A views, what B views) -> an Aᵀ B product
+    row_sums: dict[int, int] = {}               # tensor -> its sum over rows
+    for n in graph.nodes:
+        if n.op == "matmul" and n.attrs["transpose_a"] and not n.attrs["transpose_b"]:
+            products[tuple(_base(graph, i) for i in n.inputs)] = n.id
+        elif n.op == "sum_to" and n.shape == graph[n.inputs[0]].shape[-1:]:
+            row_sums[n.inputs[0]] = n.id
     found = {}
     for sid, terms in sums.items():
         x = input_of[terms[0][1]]
-        index = {d: i for i, (d, _) in enumerate(terms)}
-        weights, orientation, biases = {}, set(), {}
-        for n in graph.nodes:
-            if n.op == "matmul" and n.attrs["transpose_a"] and not n.attrs["transpose_b"]:
-                a, b = (_base(graph, i) for i in n.inputs)
-                if (a, b) in {(x, d) for d in index} | {(d, x) for d in index}:
-                    weights[index[b if a == x else a]] = n.id
-                    orientation.add(a != x)
-            elif n.op == "sum_to" and n.inputs[0] in index and n.shape == graph[n.inputs[0]].shape[-1:]:
-                biases[index[n.inputs[0]]] = n.id
+        weights, orientation = {}, set()
+        for i, (d, _) in enumerate(terms):
+            for outer_first, pair in ((False, (x, d)), (True, (d, x))):
+                if pair in products:
+                    weights[i] = products[pair]
+                    orientation.add(outer_first)
+        biases = {i: row_sums[d] for i, (d, _) in enumerate(terms) if d in row_sums}
         width, k = graph[terms[0][0]].shape[-1], graph[x].shape[-1]
         if len(weights) != len(terms) or len(orientation) != 1 or width * k % PART_ALIGN:
             weights, orientation = {}, {False}
