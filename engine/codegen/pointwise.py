@@ -183,24 +183,23 @@ def _pointwise(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
                    for i, c in enumerate(consts)]
     meta += [i32_bits(c[1]) if isinstance(c, tuple) else f32_bits(c) for c in consts]
     names = [f"in{k}" for k in range(len(operands))]
-    result = f"t{len(program) - 1}"
-    if _four_at_a_time(node, operands, in_types, out_type):
+    result, grid = f"t{len(program) - 1}", grid_1d(-(-node.size // WG))
+    four = _four_at_a_time(node, operands, in_types, out_type)
+    if four:
         meta[0] = node.size // 4
+        in_types, out_type, grid = ["vec4<f32>"] * len(operands), "vec4<f32>", grid_1d(-(-node.size // (4 * WG)))
         loads = [f"    let v{k} = in{k}[idx];" for k in range(len(operands))]
-        lanes = ["    var r: vec4<f32>;"] + [
+        body = ["    var r: vec4<f32>;"] + [
             "    {\n" + "\n".join("    " + line for line in
                                  [f"    let a{k} = v{k}.{c};" for k in range(len(operands))] + body)
             + f"\n        r.{c} = {result};\n    }}" for c in "xyzw"]
-        kernel = _finish(f"pointwise:{node.op}", "pointwise", "pointwise.wgsl", names,
-                         ["vec4<f32>"] * len(operands), "vec4<f32>", meta, grid_1d(-(-node.size // (4 * WG))),
-                         RANK=rank, OFFSETS="", LOADS="\n".join(const_lines + loads), BODY="\n".join(lanes),
-                         RESULT="r")
+        off_lines, result = [], "r"
+    kernel = _finish(f"pointwise:{node.op}", "pointwise", "pointwise.wgsl", names,
+                     in_types, out_type, meta, grid,
+                     RANK=rank, OFFSETS="\n".join(off_lines), LOADS="\n".join(const_lines + loads),
+                     BODY="\n".join(body), RESULT=result)
+    if four:
         kernel.notes["variant"] = "vec4"
-    else:
-        kernel = _finish(f"pointwise:{node.op}", "pointwise", "pointwise.wgsl", names,
-                         in_types, out_type, meta, grid_1d(-(-node.size // WG)),
-                         RANK=rank, OFFSETS="\n".join(off_lines), LOADS="\n".join(const_lines + loads),
-                         BODY="\n".join(body), RESULT=result)
     if any(op in _ONNX_HELPER_OPS for op, _, _ in program):
         kernel.source += "\n" + _template("pointwise_onnx.wgsl")
     return kernel

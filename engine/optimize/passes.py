@@ -73,13 +73,10 @@ def _account(report: OptimizeReport, name: str, before: Graph, after: Graph, rem
             copies.add(new)
     origins = {new: sorted({o for old in olds for o in report.origins.get(old, ())})
                for new, olds in preimages.items()}
-    consumers = {}
-    for n in after.nodes:
-        for i in n.inputs:
-            consumers.setdefault(i, []).append(n.id)
+    consumers = after.users()
     for n in reversed(after.nodes):   # a node no old one maps to stands for what its consumers stand for
         if n.id not in origins:
-            origins[n.id] = sorted({o for c in consumers.get(n.id, ()) for o in origins.get(c, ())})
+            origins[n.id] = sorted({o for c in consumers[n.id] for o in origins.get(c, ())})
     report.origins = {k: v for k, v in sorted(origins.items()) if v}
     report.rule_nodes = {rule: sorted({remap[i] for i in ids if i in remap})
                          for rule, ids in report.rule_nodes.items()}

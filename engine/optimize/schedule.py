@@ -38,7 +38,7 @@ def outputs_early(graph: Graph) -> tuple[Graph, int, dict[int, int]]:
     for index, n in enumerate(graph.nodes):
         key[n.id] = (max(key[i][0] for i in n.inputs), index) if n.id in early and n.inputs else (index, -1)
     order = sorted(graph.nodes, key=lambda n: key[n.id])
-    moved = sum(new < old for new, old in zip(range(len(order)), (n.id for n in order)))
+    moved = sum(position < n.id for position, n in enumerate(order))   # an id is its old position
     if not moved:
         return graph, 0, graph.identity()
     out, remap = graph.rebuild(order=order)
