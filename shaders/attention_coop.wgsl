@@ -8,10 +8,13 @@
 //   its lanes run the online softmax on S * scale * log2(e) in f32 (the scores are f32
 //   products of the f16-rounded q and k, rounded no further; a lane takes row lane % 16
 //   and the keys of parity lane / 16, in a rotated order so that the 32 lanes' scratch
-//   reads hit 32 banks): running max, correction factor, P = exp2(S - max) rounded to
-//   f16 into its Ph, the row sum of the rounded P (what P V multiplies), O = O * corr
-//   (O in registers: a result fragment cannot be scaled per row);
-//   PV [16 x D] in D / 16 fresh result fragments, stored to Sc, added by the lanes to O.
+//   reads hit 32 banks): P = exp2(S - m) rounded to f16 into its Ph and the row sum of the
+//   rounded P (what P V multiplies), against a reference m per row that only moves when a
+//   block's max exceeds it by more than LAZY (P <= 2^LAZY: f16 holds it, f32 sums it);
+//   O += P V on D / 16 result fragments.
+// A result fragment cannot be scaled per row, so when a row's m moves while its O holds
+// anything, every subgroup takes O through Sc once to multiply each row by its factor:
+// a workgroup-uniform branch, rare after the first block (whose O is still 0).
 // At the end O / l goes through Sc so that the lanes write whole rows of the output.
 // q, k, v are activations: rounded to f16 without a range scan (like the matmul's forward
 // operands).
@@ -39,6 +42,7 @@ const KS: u32 = D + {{PAD}}u;       // halves a row of Kh and Vh (and of Q, stag
 const PS: u32 = BKV + {{PAD}}u;     // halves a row of a subgroup's Ph
 const SS: u32 = {{SS}}u;          // floats a row of a subgroup's Sc (S: 64 keys; PV and O: D columns)
 const NEG: f32 = -1.0e30;     // finite "no score yet"
+const LAZY: f32 = 8.0;        // how far (log2 units) a row's max may pass its reference m
 const SPLIT: bool = {{SPLIT}};
 const LSE_AT: u32 = {{LSE_AT}}u;   // attention_stats: where the rows' log-sum-exp go in out (0: none)
 
@@ -46,6 +50,8 @@ var<workgroup> Kh: array<f16, BKV * KS>;
 var<workgroup> Vh: array<f16, BKV * KS>;
 var<workgroup> Ph: array<f16, 4u * 16u * PS>;
 var<workgroup> Sc: array<f32, 4u * 16u * SS>;
+var<workgroup> moved: array<u32, 4>;    // whether a subgroup's O needs rescaling this block
+var<workgroup> Inv: array<f32, 64>;     // 1 / l of each row, for the output
 
 // Element e of rows r0.. of q, k or v (`which`; [B, n, heads * D], head hx), row-major;
 // rows past `n` are zero. Neighbouring threads read a row's neighbouring vec4s.
@@ -90,15 +96,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 {{STAGE_Q}}
     workgroupBarrier();
 {{LOAD_Q}}
-    var mx = NEG;                   // the row's max so far (log2 units)
+    var mx = NEG;                   // the row's reference m (log2 units)
     var l = 0.0;                    // this lane's keys' share of its row's sum
-    var o: array<f32, {{OC}}>;       // row r, columns 2 ((c + r) % (D / 2)) + half
+{{RESULTS}}
     let blocks = (kv_end + BKV - 1u) / BKV;
     let per_part = (blocks + splits - 1u) / splits;
     let last = min(blocks, (part + 1u) * per_part);
     for (var kb = part * per_part; kb < last; kb = kb + 1u) {
         let k0 = kb * BKV;
-        workgroupBarrier();         // Q's fragments, the previous block's Vh and Sc are read
+        workgroupBarrier();         // Q's fragments, the previous block's Vh and Ph are read
 {{STAGE}}
         workgroupBarrier();
 {{SCORES}}
@@ -108,28 +114,34 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         var top = NEG;
 {{ROW_MAX}}
         top = max(top, subgroupShuffleXor(top, 16u));
-        let mx_new = max(mx, top);
+        let moves = top > mx + LAZY;
+        let mx_new = select(mx, top, moves);
         let corr = exp2(mx - mx_new);
+        let any_moved = subgroupMax(select(0u, 1u, moves && mx > NEG));
+        if (lane == 0u) { moved[sg] = any_moved; }
         var sum = 0.0;
 {{PROBABILITIES}}
         l = l * corr + sum;
         mx = mx_new;
+        let flags = workgroupUniformLoad(&moved);    // also: Ph is written and Sc's scores are read
+        if (flags[0] + flags[1] + flags[2] + flags[3] > 0u) {
 {{RESCALE}}
-        workgroupBarrier();         // Ph is written and Sc's scores are read
+        }
 {{PV}}
-        workgroupBarrier();
-{{ADD_PV}}
     }
     let total = l + subgroupShuffleXor(l, 16u);
     var inv = select(0.0, 1.0 / total, total > 0.0);
     if (SPLIT) { inv = 1.0; }
-    workgroupBarrier();             // the last block's Sc is read
+    workgroupBarrier();             // the last block's Ph is read
 {{STORE_O}}
+    if (half == 0u) { Inv[16u * sg + r] = inv; }
     workgroupBarrier();
     let base = part * B * T * H * D;
     for (var e = lane; e < 16u * D; e = e + 32u) {
         let row = q0 + 16u * sg + e / D;
-        if (row < T) { out[base + ((b * T + row) * H + h) * D + e % D] = Sc[sb + e / D * SS + e % D]; }
+        if (row < T) {
+            out[base + ((b * T + row) * H + h) * D + e % D] = Sc[sb + e / D * SS + e % D] * Inv[16u * sg + e / D];
+        }
     }
     if (!SPLIT && LSE_AT > 0u && half == 0u && t < T) {
         out[LSE_AT + (b * T + t) * H + h] = (mx + log2(total)) * 0.6931471805599453;

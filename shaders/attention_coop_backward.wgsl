@@ -11,15 +11,18 @@
 // (row-major, rows padded by PAD halves); then each subgroup:
 //   S [16 x 64] = A X^T -> its f32 scratch Sc -> its lanes: p = exp2(S scale log2(e) - L)
 //   (lane: row lane % 16, the streamed rows of parity lane / 16 in the forward's rotated order);
-//   dkdv: P (f16) -> its Ph, dV_blk = P Y in fresh fragments -> Sc -> added by the lanes to dv;
+//   dkdv: P (f16) -> its Ph, dV += P Y on its result fragments dvf;
 //   dP = B Y^T -> Sc -> lanes: ds = p (dP / sY - Delta) in f32, times a power of two s2 that
 //   puts the subgroup's largest |ds| in [2^14, 2^15), rounded to f16 into Ph;
-//   G_blk = dS X in fresh fragments -> Sc -> the lanes add G_blk / s2 to their f32 registers
-//   (a result fragment cannot take a scale per block: the registers can).
+//   G += dS X on its result fragments gf.
 // dO is a gradient: before it is rounded it is scaled by the power of two sY that puts its
 // largest |value| in [2^14, 2^15) (dq: over the workgroup's 64 rows, once; dkdv: over each
 // block); dP is divided by sY in f32. Powers of two are exact to undo, so any magnitude of
 // dO keeps f16's relative precision. q, k, v are activations, rounded without a scan.
+// The result fragments hold their sums times the scale of the last block; a block whose
+// scale is lower first multiplies them by the ratio (a power of two: exact). Scales are only
+// ever lowered (a block of smaller values is rounded at the sum's scale), so no ratio
+// exceeds 1 and no sum can overflow; at the end the fragments are divided by their scale.
 // Causal (key j visible to query i iff j <= i): dq stops after the block of its last query,
 // dkdv starts its queries at its first key; scores past the diagonal, T or S give p = 0.
 // A block's X and Y are fetched into registers before the barrier that frees the tiles (the
@@ -79,7 +82,10 @@ fn exponent_of(top: f32) -> f32 {
 
 {{PUT_TILES}}
 
-@compute @workgroup_size(128)
+// The scales the result fragments are multiplied by are uniform across each subgroup (its
+// subgroupMax, or red's), which is what the hardware needs; Tint's analysis proves only
+// workgroup uniformity, hence the diagnostic.
+@compute @workgroup_size(128) @diagnostic(off, chromium.subgroup_matrix_uniformity)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32,
         @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
     let T = m(0u);
@@ -142,8 +148,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 {{PUT_FIXED}}
     workgroupBarrier();
 {{LOAD_FIXED}}
-    var acc: array<f32, {{OC}}>;     // dq or dk: row r, columns 2 ((c + r) % (D / 2)) + half
-    var accv: array<f32, {{OCV}}>;   // dkdv: dv, the same
+{{RESULTS}}
+    var s_g = exp2(114.0);          // the scale gf holds (dq or dk), then dvf's (dkdv): only ever lowered
+    var s_v = exp2(114.0);
     let blocks = (end - begin + BS - 1u) / BS;
     for (var it = 0u; it < heads * blocks; it = it + 1u) {
         let c0 = begin + it % blocks * BS;
@@ -153,11 +160,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 {{STREAM_MAX}}
         workgroupBarrier();         // the previous block's tiles, Sc and red are read
         var s_y = 1.0;              // dkdv: this block's dO scale
-        var inv_y = 1.0 / s_fixed;  // what undoes dO's scale in dP (and dV)
+        var inv_y = 1.0 / s_fixed;  // what undoes dO's scale in dP
+        var ratio_y = 1.0;          // dkdv: what brings dvf to s_y
         if (!dq) {
-            let ex_y = exponent_of(max(max(red[0], red[1]), max(red[2], red[3])));
-            s_y = exp2(14.0 - ex_y);
-            inv_y = exp2(ex_y - 14.0);
+            s_y = min(s_v, exp2(14.0 - exponent_of(max(max(red[0], red[1]), max(red[2], red[3])))));
+            inv_y = 1.0 / s_y;
+            ratio_y = s_y / s_v;
+            s_v = s_y;
         }
 {{PUT_STREAM}}
         if (!dq && tid < BS) {
@@ -182,14 +191,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         workgroupBarrier();
         var top = 0.0;
 {{DS}}
-        let ex2 = exponent_of(subgroupMax(top));
-        let s2 = exp2(14.0 - ex2);
-        let inv2 = exp2(ex2 - 14.0);
+        let s2 = min(s_g, exp2(14.0 - exponent_of(subgroupMax(top))));
+        let ratio_g = s2 / s_g;
+        s_g = s2;
 {{PUT_DS}}
         workgroupBarrier();
 {{GRAD}}
-        workgroupBarrier();
-{{ADD_GRAD}}
     }
     workgroupBarrier();             // the last block's Sc is read
 {{STORE}}

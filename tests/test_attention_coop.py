@@ -124,13 +124,18 @@ def test_f16_attention_matches_the_reference(case, configure):
         assert rel_err(got, exact) < TOL, rel_err(got, exact)
 
 
-def test_f16_attention_rescales_when_a_later_block_has_the_max(configure):
-    """Scores grow along the keys and span hundreds (a softmax without running max would
-    overflow): each key block raises the rows' max and rescales O and the sums."""
+@pytest.mark.parametrize("causal", [False, True])
+def test_f16_attention_rescales_when_a_later_block_has_the_max(causal, configure):
+    """Scores grow along the keys for even queries and shrink for odd ones, and span
+    hundreds (a softmax without a running max would overflow): each key block moves the
+    even rows' reference max past the lazy margin, so the workgroup takes O through the
+    scratch and rescales those rows while the odd rows, in the same subgroups, keep
+    theirs (factor 1). Causal: the first blocks of a row hold few visible keys."""
     configure(precision="f16")
-    g = attention_graph(1, 70, 200, 1, 1, 64, scale=1.0)
+    g = attention_graph(1, 70, 200, 1, 1, 64, causal=causal, scale=1.0)
     rng = np.random.default_rng(3)
-    q = np.abs(rng.standard_normal((1, 70, 64))) + 0.5
+    sign = np.where(np.arange(70) % 2 == 0, 1.0, -1.0)[None, :, None]
+    q = (np.abs(rng.standard_normal((1, 70, 64))) + 0.5) * sign
     k = (np.abs(rng.standard_normal((1, 200, 64))) + 0.5) * np.linspace(0.0, 6.0, 200)[None, :, None]
     inputs = {"q": q, "k": k, "v": rng.standard_normal((1, 200, 64))}
     s = build_inference_session(g, optimize=False, capabilities=device_capabilities())

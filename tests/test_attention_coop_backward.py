@@ -111,6 +111,10 @@ CASES = {
     "head-dim-48": ((1, 100, 90, 3, 3, 48, False, None), 1.0),
     "large-dout": ((1, 130, 130, 6, 2, 64, True, None), 1e4),
     "tiny-dout": ((1, 130, 130, 6, 2, 64, True, None), 1e-6),
+    # dO from 1e-4 to 1e4 along the queries: each block of dkdv's streamed queries, and
+    # dq's dS, lowers the scale the result fragments hold
+    "dout-spanning": ((1, 130, 130, 6, 2, 64, False, None), np.logspace(-4.0, 4.0, 130)[None, :, None]),
+    "dout-shrinking": ((1, 130, 130, 6, 2, 64, False, None), np.logspace(4.0, -4.0, 130)[None, :, None]),
 }
 
 

@@ -58,7 +58,8 @@ def _coop_subs(d: int) -> dict:
     Kh), S = Q K^T (K^T a column-major view of key-major Kh), the staging of Q and of a key
     block (unrolled: as a loop, each thread's global loads went one after another and the
     kernel took 2.1x as long on the H100), the lanes' softmax over their 32 keys of a row, P V (P row-major in Ph, V
-    row-major in Vh) and the lanes' share of O."""
+    row-major in Vh) accumulated on O's result fragments, and their rare rescaling through
+    the scratch."""
     f, dk, oc = COOP_FRAGMENT, d // COOP_FRAGMENT, d // 2
     ind = " " * 8
     key = lambda c: f"({c}u + r) % 32u * 2u + half"  # noqa: E731
@@ -83,21 +84,24 @@ def _coop_subs(d: int) -> dict:
     pv = [f"{ind}let pf{kk} = {_fragment('left', 'Ph', f'pb + {f * kk}u', False, 'PS')};"
           for kk in range(COOP_KEYS // f)]
     for n in range(dk):
-        pv.append(ind + _result(f"pv{n}"))
-        pv += [f"{ind}pv{n} = subgroupMatrixMultiplyAccumulate(pf{kk}, "
-               f"{_fragment('right', 'Vh', f'{f * kk}u * KS + {f * n}u', False, 'KS')}, pv{n});"
+        pv += [f"{ind}of{n} = subgroupMatrixMultiplyAccumulate(pf{kk}, "
+               f"{_fragment('right', 'Vh', f'{f * kk}u * KS + {f * n}u', False, 'KS')}, of{n});"
                for kk in range(COOP_KEYS // f)]
-        pv.append(f"{ind}subgroupMatrixStore(&Sc, sb + {f * n}u, pv{n}, false, SS);")
-    return dict(D=d, OC=oc, PAD=_HALF_PAD, SS=COOP_SCRATCH_ROW, PUT_TILES=put_tiles(("k", "Kh"), ("v", "Vh")),
+    store_o = [f"subgroupMatrixStore(&Sc, sb + {f * n}u, of{n}, false, SS);" for n in range(dk)]
+    rescale = ([ind + "    " + line for line in store_o] + [f"{ind}    workgroupBarrier();"]
+               + [f"{ind}    Sc[sb + r * SS + {col(c)}] = Sc[sb + r * SS + {col(c)}] * corr;" for c in range(oc)]
+               + [f"{ind}    workgroupBarrier();"]
+               + [f"{ind}    of{n} = subgroupMatrixLoad<subgroup_matrix_result<f32, {f}, {f}>>(&Sc, sb + {f * n}u, "
+                  f"false, SS);" for n in range(dk)])
+    return dict(D=d, PAD=_HALF_PAD, SS=COOP_SCRATCH_ROW, PUT_TILES=put_tiles(("k", "Kh"), ("v", "Vh")),
                 LOAD_Q="\n".join(load_q), STAGE_Q="\n".join(stage_q),
+                RESULTS="\n".join("    " + _result(f"of{n}") for n in range(dk)),
                 STAGE="\n".join(stage),
                 SCORES="\n".join(scores), READ_SCORES="\n".join(read),
                 ROW_MAX="\n".join(f"{ind}top = max(top, sv[{c}]);" for c in range(32)),
                 PROBABILITIES="\n".join(probabilities),
-                RESCALE="\n".join(f"{ind}o[{c}] = o[{c}] * corr;" for c in range(oc)),
-                PV="\n".join(pv),
-                ADD_PV="\n".join(f"{ind}o[{c}] = o[{c}] + Sc[sb + r * SS + {col(c)}];" for c in range(oc)),
-                STORE_O="\n".join(f"    Sc[sb + r * SS + {col(c)}] = o[{c}] * inv;" for c in range(oc)))
+                RESCALE="\n".join(rescale), PV="\n".join(pv),
+                STORE_O="\n".join("    " + line for line in store_o))
 
 
 def attention_forward(graph: Graph, node: Node, caps: Capabilities) -> Kernel:

@@ -55,12 +55,13 @@ def _subs(d: int, mode: int) -> dict:
     """attention_coop_backward.wgsl's unrolled parts for head dim ``d`` and ``mode`` (0: dq,
     1: dkdv): the staging (unrolled, as the forward's: loops of global loads ran 2.1x
     slower there), the fragment products, and the lanes' lines over their 32 streamed rows
-    (``key``) and D / 2 output columns (``col``), in the forward's rotated order."""
-    f, dk, oc = COOP_FRAGMENT, d // COOP_FRAGMENT, d // 2
+    (``key``) in the forward's rotated order. The results (dq or dk, and dv) accumulate in
+    result fragments across blocks, rescaled by ``subgroupMatrixScalarMultiply`` where a
+    block's scale changes: no round trip through the scratch per block."""
+    f, dk = COOP_FRAGMENT, d // COOP_FRAGMENT
     kv = mode == 1
     ind = " " * 8
     key = lambda c: f"({c}u + r) % 32u * 2u + half"  # noqa: E731
-    col = lambda c: f"({c}u + r) % {oc}u * 2u + half"  # noqa: E731
     threads = 32 * COOP_BACKWARD_SUBGROUPS
     steps = range(COOP_BACKWARD_STREAMED * d // 4 // threads)
     e = lambda n: f"tid + {n * threads}u"  # noqa: E731
@@ -78,23 +79,48 @@ def _subs(d: int, mode: int) -> dict:
                   + [f"{ind}{{ let top = subgroupMax(top_y); if (lane == 0u) {{ red[sg] = top; }} }}"]) if kv else []
     put_stream = [f"{ind}put_x({e(n)}, x{n}); put_y({e(n)}, y{n}{' * s_y' if kv else ''});" for n in steps]
 
+    def right(tile: str, n: int, kk: int, transposed: bool) -> str:
+        at = f"{f * n}u * KS + {f * kk}u" if transposed else f"{f * kk}u * KS + {f * n}u"
+        return _fragment("right", tile, at, transposed, "KS")
+
     def products(name: str, left: str, tile: str, transposed: bool, outs: int, inner: int) -> list[str]:
-        """``outs`` result fragments name0.. = sum over ``inner`` of left fragments times
-        ``tile``'s (transposed: the column-major view of its rows), stored to Sc."""
+        """``outs`` fresh result fragments name0.. = sum over ``inner`` of left fragments
+        times ``tile``'s (transposed: the column-major view of its rows), stored to Sc."""
         lines = []
         for n in range(outs):
             lines.append(ind + _result(f"{name}{n}"))
-            for kk in range(inner):
-                at = f"{f * n}u * KS + {f * kk}u" if transposed else f"{f * kk}u * KS + {f * n}u"
-                lines.append(f"{ind}{name}{n} = subgroupMatrixMultiplyAccumulate({left}{kk}, "
-                             f"{_fragment('right', tile, at, transposed, 'KS')}, {name}{n});")
+            lines += [f"{ind}{name}{n} = subgroupMatrixMultiplyAccumulate({left}{kk}, {right(tile, n, kk, transposed)}, "
+                      f"{name}{n});" for kk in range(inner)]
             lines.append(f"{ind}subgroupMatrixStore(&Sc, sb + {f * n}u, {name}{n}, false, SS);")
+        return lines
+
+    def accumulate(name: str, left: str, tile: str, ratio: str) -> list[str]:
+        """The D / 16 accumulated fragments name0.. times ``ratio``, plus the subgroup's
+        16 x 64 left fragments times ``tile``'s rows."""
+        lines = []
+        for n in range(dk):
+            lines.append(f"{ind}{name}{n} = subgroupMatrixScalarMultiply({name}{n}, {ratio});")
+            lines += [f"{ind}{name}{n} = subgroupMatrixMultiplyAccumulate({left}{kk}, {right(tile, n, kk, False)}, "
+                      f"{name}{n});" for kk in range(COOP_BACKWARD_STREAMED // f)]
         return lines
 
     def p_frags(name: str) -> list[str]:
         """The subgroup's P or dS rows (16 x 64 in Ph) as 4 left fragments name0.."""
         return [f"{ind}let {name}{kk} = {_fragment('left', 'Ph', f'pb + {f * kk}u', False, 'PS')};"
                 for kk in range(COOP_BACKWARD_STREAMED // f)]
+
+    def store(name: str, factor: str, base: str) -> list[str]:
+        """Fragments name0.. times ``factor`` through the subgroup's scratch to ``out``."""
+        lines = [f"    subgroupMatrixStore(&Sc, sb + {f * n}u, subgroupMatrixScalarMultiply({name}{n}, {factor}), "
+                 f"false, SS);" for n in range(dk)]
+        return lines + [
+            "    workgroupBarrier();",
+            "    for (var e = lane; e < 16u * D; e = e + 32u) {",
+            "        let row = f0 + 16u * sg + e / D;",
+            "        if (row < NF) {",
+            f"            out[{base}((b * NF + row) * HF + head) * D + e % D] = Sc[sb + e / D * SS + e % D];",
+            "        }",
+            "    }"]
 
     lse = (lambda c: f"Ls[{key(c)}]") if kv else (lambda c: "row_lse")  # noqa: E731
     delta = (lambda c: f"Ds[{key(c)}]") if kv else (lambda c: "row_delta")  # noqa: E731
@@ -103,39 +129,27 @@ def _subs(d: int, mode: int) -> dict:
     if kv:
         pv = ([f"{ind}Ph[pb + r * PS + {key(c)}] = f16(p[{c}]);" for c in range(32)]
               + [f"{ind}workgroupBarrier();         // P is written and S read"] + p_frags("pf")
-              + products("dvf", "pf", "Yh", False, dk, COOP_BACKWARD_STREAMED // f)
-              + [f"{ind}workgroupBarrier();"]
-              + [f"{ind}accv[{c}] = accv[{c}] + Sc[sb + r * SS + {col(c)}] * inv_y;" for c in range(oc)])
+              + accumulate("dvf", "pf", "Yh", "ratio_y"))
     else:
-        pv = []
-    pv.append(f"{ind}workgroupBarrier();         // Sc is read")
+        pv = [f"{ind}workgroupBarrier();         // S is read"]
     ds = [f"{ind}{{ let g = p[{c}] * (Sc[sb + r * SS + {key(c)}] * inv_y - {delta(c)}); p[{c}] = g; "
           f"top = max(top, abs(g)); }}" for c in range(32)]
-    store = [f"    Sc[sb + r * SS + {col(c)}] = acc[{c}] * scale;" for c in range(oc)]
-    write = ("    workgroupBarrier();\n"
-             "    for (var e = lane; e < 16u * D; e = e + 32u) {{\n"
-             "        let row = f0 + 16u * sg + e / D;\n"
-             "        if (row < NF) {{\n"
-             "            out[{base}((b * NF + row) * HF + head) * D + e % D] = Sc[sb + e / D * SS + e % D];\n"
-             "        }}\n"
-             "    }}")
-    store.append(write.format(base=""))
+    results = [ind[4:] + _result(f"gf{n}") for n in range(dk)] + [ind[4:] + _result(f"dvf{n}") for n in range(dk) if kv]
+    out = store("gf", "scale / s_g", "")
     if kv:
-        store += ["    workgroupBarrier();", *(f"    Sc[sb + r * SS + {col(c)}] = accv[{c}];" for c in range(oc)),
-                  write.format(base="m(7u) + ")]
-    return dict(MODE=mode, D=d, OC=oc, OCV=oc if kv else 1, PAD=_HALF_PAD, SS=COOP_SCRATCH_ROW,
+        out += ["    workgroupBarrier();", *store("dvf", "1.0 / s_v", "m(7u) + ")]
+    return dict(MODE=mode, D=d, PAD=_HALF_PAD, SS=COOP_SCRATCH_ROW,
                 PUT_TILES=put_tiles(("x", "Xh"), ("y", "Yh")),
                 FETCH_FIXED="\n".join(fetch_fixed), FIXED_MAX="\n".join(fixed_max), PUT_FIXED="\n".join(put_fixed),
-                LOAD_FIXED="\n".join(load_fixed), FETCH_STREAM="\n".join(fetch_stream),
+                LOAD_FIXED="\n".join(load_fixed), RESULTS="\n".join(results), FETCH_STREAM="\n".join(fetch_stream),
                 STREAM_MAX="\n".join(stream_max), PUT_STREAM="\n".join(put_stream),
                 SCORES="\n".join(products("sf", "af", "Xh", True, COOP_BACKWARD_STREAMED // f, dk)),
                 PROBABILITIES="\n".join(probabilities), PV="\n".join(pv),
                 DP="\n".join(products("dpf", "bf", "Yh", True, COOP_BACKWARD_STREAMED // f, dk)),
                 DS="\n".join(ds),
                 PUT_DS="\n".join(f"{ind}Ph[pb + r * PS + {key(c)}] = f16(p[{c}] * s2);" for c in range(32)),
-                GRAD="\n".join(p_frags("df") + products("gf", "df", "Xh", False, dk, COOP_BACKWARD_STREAMED // f)),
-                ADD_GRAD="\n".join(f"{ind}acc[{c}] = acc[{c}] + Sc[sb + r * SS + {col(c)}] * inv2;" for c in range(oc)),
-                STORE="\n".join(store))
+                GRAD="\n".join(p_frags("df") + accumulate("gf", "df", "Xh", "ratio_g")),
+                STORE="\n".join(out))
 
 
 def coop_attention_backward(graph: Graph, node: Node, bsz, t, s, h, hkv, d, causal, scale,
