@@ -55,9 +55,10 @@ def _result(name: str) -> str:
 
 def _coop_subs(d: int) -> dict:
     """attention_coop.wgsl's unrolled parts for head dim ``d``: Q's fragments (row-major in
-    Kh), S = Q K^T (K^T a column-major view of key-major Kh), the staging of Q and of a key
-    block (unrolled: as a loop, each thread's global loads went one after another and the
-    kernel took 2.1x as long on the H100), the lanes' softmax over their 32 keys of a row, P V (P row-major in Ph, V
+    Kh), S = Q K^T (K^T a column-major view of key-major Kh), the staging of Q and of the
+    key blocks (unrolled: as a loop, each thread's global loads went one after another and
+    the kernel took 2.1x as long on the H100; K fetched a block ahead and V at the top of
+    its block, each stored once the scores that hide its loads are done), the lanes' softmax over their 32 keys of a row, P V (P row-major in Ph, V
     row-major in Vh) accumulated on O's result fragments, and their rare rescaling through
     the scratch."""
     f, dk, oc = COOP_FRAGMENT, d // COOP_FRAGMENT, d // 2
@@ -69,8 +70,12 @@ def _coop_subs(d: int) -> dict:
     threads = 32 * COOP_SUBGROUPS
     elements = [f"tid + {n * threads}u" for n in range(COOP_KEYS * d // 4 // threads)]   # BQ = BKV rows
     stage_q = [f"    put_k({e}, fetch_rows({e}, b, h, q0, T, H, 0u));" for e in elements]
-    stage = [f"{ind}put_k({e}, fetch_rows({e}, b, hk, k0, S, HKV, 1u)); "
-             f"put_v({e}, fetch_rows({e}, b, hk, k0, S, HKV, 2u));" for e in elements]
+    fetch_first = [f"    var kr{n} = fetch_rows({e}, b, hk, part * per_part * BKV, S, HKV, 1u);"
+                   for n, e in enumerate(elements)]
+    stage = ([f"{ind}put_k({e}, kr{n});" for n, e in enumerate(elements)]
+             + [f"{ind}let vr{n} = fetch_rows({e}, b, hk, k0, S, HKV, 2u);" for n, e in enumerate(elements)])
+    fetch_next = [f"{ind}kr{n} = fetch_rows({e}, b, hk, k0 + BKV, S, HKV, 1u);" for n, e in enumerate(elements)]
+    put_v = [f"{ind}put_v({e}, vr{n});" for n, e in enumerate(elements)]
     scores = []
     for n in range(COOP_KEYS // f):
         scores.append(ind + _result(f"s{n}"))
@@ -96,7 +101,8 @@ def _coop_subs(d: int) -> dict:
     return dict(D=d, PAD=_HALF_PAD, SS=COOP_SCRATCH_ROW, PUT_TILES=put_tiles(("k", "Kh"), ("v", "Vh")),
                 LOAD_Q="\n".join(load_q), STAGE_Q="\n".join(stage_q),
                 RESULTS="\n".join("    " + _result(f"of{n}") for n in range(dk)),
-                STAGE="\n".join(stage),
+                STAGE="\n".join(stage), FETCH_FIRST="\n".join(fetch_first), FETCH_NEXT="\n".join(fetch_next),
+                PUT_V="\n".join(put_v),
                 SCORES="\n".join(scores), READ_SCORES="\n".join(read),
                 ROW_MAX="\n".join(f"{ind}top = max(top, sv[{c}]);" for c in range(32)),
                 PROBABILITIES="\n".join(probabilities),
