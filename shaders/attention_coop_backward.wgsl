@@ -156,9 +156,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         let c0 = begin + it % blocks * BS;
         let sh = select(head * group + it / blocks, head / group, dq);   // the streamed head
 {{FETCH_STREAM}}
+        var l = 0.0;                // dkdv: thread tid's streamed query's L and Delta, fetched with X and Y
+        var dl = 0.0;
+        if (!dq && tid < BS && c0 + tid < T) {
+            let i = (b * T + c0 + tid) * H + sh;
+            l = lse[i] * LOG2E;
+            dl = delta[i];
+        }
         top_y = 0.0;
 {{STREAM_MAX}}
-        workgroupBarrier();         // the previous block's tiles, Sc and red are read
+        workgroupBarrier();         // the previous block's tiles, Sc, Ls, Ds and red are read
         var s_y = 1.0;              // dkdv: this block's dO scale
         var inv_y = 1.0 / s_fixed;  // what undoes dO's scale in dP
         var ratio_y = 1.0;          // dkdv: what brings dvf to s_y
@@ -170,14 +177,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         }
 {{PUT_STREAM}}
         if (!dq && tid < BS) {
-            let query = c0 + tid;
-            var l = 0.0;
-            var dl = 0.0;
-            if (query < T) {
-                let i = (b * T + query) * H + sh;
-                l = lse[i] * LOG2E;
-                dl = delta[i];
-            }
             Ls[tid] = l;
             Ds[tid] = dl;
         }
