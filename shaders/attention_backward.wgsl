@@ -237,6 +237,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     for (var it = part * per_part; it < last; it = it + 1u) {
         let c0 = begin + (it % blocks) * C;
         let stream_head = select(head * group + it / blocks, head / group, ROWS_ARE_QUERIES);
+        let col = c0 + 4u * tx;
+        // dkdv: the L and Delta of this thread's 4 streamed queries, fetched now so that their
+        // latency hides behind the staging (fetched after the scores, they cost 11% of the
+        // cooperative kernel's time: run 32)
+        var sts = array<vec2<f32>, 4>();
+        if (!ROWS_ARE_QUERIES && MODE != MODE_LSE) {
+            sts[0] = stats_of(b, col, stream_head);
+            sts[1] = stats_of(b, col + 1u, stream_head);
+            sts[2] = stats_of(b, col + 2u, stream_head);
+            sts[3] = stats_of(b, col + 3u, stream_head);
+        }
         // The block's X (dkdv: and Y), fetched into registers now so that X's latency hides
         // behind Y's staging and pass.
 {{PREFETCH}}
@@ -252,7 +263,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         workgroupBarrier();
         var s = mat4x4<f32>();
 {{SCORES}}
-        let col = c0 + 4u * tx;
         let seen0 = visible(rows, col, causal);
         let seen1 = visible(rows, col + 1u, causal);
         let seen2 = visible(rows, col + 2u, causal);
@@ -268,12 +278,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
             var lse0 = row_lse; var lse1 = row_lse; var lse2 = row_lse; var lse3 = row_lse;
             var delta0 = row_delta; var delta1 = row_delta; var delta2 = row_delta; var delta3 = row_delta;
             if (!ROWS_ARE_QUERIES) {
-                let st0 = stats_of(b, col, stream_head);
-                let st1 = stats_of(b, col + 1u, stream_head);
-                let st2 = stats_of(b, col + 2u, stream_head);
-                let st3 = stats_of(b, col + 3u, stream_head);
-                lse0 = vec4<f32>(st0.x); lse1 = vec4<f32>(st1.x); lse2 = vec4<f32>(st2.x); lse3 = vec4<f32>(st3.x);
-                delta0 = vec4<f32>(st0.y); delta1 = vec4<f32>(st1.y); delta2 = vec4<f32>(st2.y); delta3 = vec4<f32>(st3.y);
+                lse0 = vec4<f32>(sts[0].x); lse1 = vec4<f32>(sts[1].x); lse2 = vec4<f32>(sts[2].x);
+                lse3 = vec4<f32>(sts[3].x);
+                delta0 = vec4<f32>(sts[0].y); delta1 = vec4<f32>(sts[1].y); delta2 = vec4<f32>(sts[2].y);
+                delta3 = vec4<f32>(sts[3].y);
             }
             let p0 = weight(s[0], lse0, seen0);
             let p1 = weight(s[1], lse1, seen1);
