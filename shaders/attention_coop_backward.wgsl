@@ -25,8 +25,9 @@
 // exceeds 1 and no sum can overflow; at the end the fragments are divided by their scale.
 // Causal (key j visible to query i iff j <= i): dq stops after the block of its last query,
 // dkdv starts its queries at its first key; scores past the diagonal, T or S give p = 0.
-// A block's X and Y are fetched into registers before the barrier that frees the tiles (the
-// next block's fetched after this one is staged, held through its products, ran 10% slower).
+// A block's X and Y (dkdv: and its queries' L and Delta) are fetched into registers before
+// the barrier that frees the tiles (L and Delta fetched after it cost dkdv 11%; the next
+// block's X fetched during this one's products, held through them, 10% too: run 32).
 // No splits of the streamed side (the f32 kernels have them).
 // q, dout: [B, T, H*D]; k, v: [B, S, HKV*D] (D % 16 == 0, D <= 64); lse, delta: [B, T, H].
 // out: dq [B, T, H*D], or dk and dv [B, S, HKV*D] each, dv from element dv_at.

@@ -58,9 +58,9 @@ def _coop_subs(d: int) -> dict:
     Kh), S = Q K^T (K^T a column-major view of key-major Kh), the staging of Q and of the
     key blocks (unrolled: as a loop, each thread's global loads went one after another and
     the kernel took 2.1x as long on the H100; K fetched a block ahead and V at the top of
-    its block, each stored once the scores that hide its loads are done), the lanes' softmax over their 32 keys of a row, P V (P row-major in Ph, V
-    row-major in Vh) accumulated on O's result fragments, and their rare rescaling through
-    the scratch."""
+    its block, each stored once the products that hide its loads are done), the lanes'
+    softmax over their 32 keys of a row, P V (P row-major in Ph, V row-major in Vh)
+    accumulated on O's result fragments, and their rare rescaling through the scratch."""
     f, dk, oc = COOP_FRAGMENT, d // COOP_FRAGMENT, d // 2
     ind = " " * 8
     key = lambda c: f"({c}u + r) % 32u * 2u + half"  # noqa: E731

@@ -134,7 +134,7 @@ def _subs(d: int, mode: int) -> dict:
         pv = [f"{ind}workgroupBarrier();         // S is read"]
     ds = [f"{ind}{{ let g = p[{c}] * (Sc[sb + r * SS + {key(c)}] * inv_y - {delta(c)}); p[{c}] = g; "
           f"top = max(top, abs(g)); }}" for c in range(32)]
-    results = [ind[4:] + _result(f"gf{n}") for n in range(dk)] + [ind[4:] + _result(f"dvf{n}") for n in range(dk) if kv]
+    results = ["    " + _result(f"{name}{n}") for name in ("gf", "dvf")[:1 + kv] for n in range(dk)]
     out = store("gf", "scale / s_g", "")
     if kv:
         out += ["    workgroupBarrier();", *store("dvf", "1.0 / s_v", "m(7u) + ")]
