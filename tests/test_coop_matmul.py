@@ -41,6 +41,9 @@ def _matmul_graph():
     g.output("batched", g.matmul(x, g.input("y", [3, 20, 44])))
     g.output("epilogue", g.apply("fused_matmul", x, w, g.parameter("bias", [36]), g.input("res", [3, 68, 36]),
                                  activation="gelu", has_add=True, has_residual=True))
+    g.output("residual", g.apply("fused_matmul", g.input("rx", [2, 80, 32]), g.input("rw", [32, 64]),
+                                 g.parameter("rb", [64]), g.input("res2", [2, 80, 64]), has_add=True,
+                                 has_residual=True))   # 160 rows: two whole 64-row tiles and an edge one
     g.output("long_k", g.matmul(g.input("p", [48, 3000]), g.input("q", [3000, 40])))
     g.output("aligned", g.matmul(g.input("r", [128, 96]), g.input("t", [96, 64])))      # no edge tiles
     cx = g.input("cx", [2, 20, 150])
@@ -88,6 +91,25 @@ def test_f16_precision_runs_cooperative_kernels_where_offered_and_f32_elsewhere(
         assert not any("cooperative" in v for v in variants), variants
         for name in g.outputs:
             assert rel_err(s.read_output(name), exact[name]) < 1e-4, name
+
+
+def test_whole_tiles_start_from_the_residual():
+    """A cooperative product adding a row-major residual after no activation starts its
+    whole tiles' accumulators from it and skips it in their epilogue; with an activation
+    before the residual, a K split (the finish adds it) or in f32, the epilogue adds it."""
+    g = _matmul_graph()
+    kernel = lambda name, caps=COOP_CAPS: codegen.kernel_for(g, g[g.outputs[name]], caps)  # noqa: E731
+    source = kernel("residual").source
+    assert "subgroupMatrixLoad<subgroup_matrix_result<f32, 16, 16>>(&residual_in" in source
+    assert "if (!residual_in_acc)" in source
+    assert "residual_in_acc" not in kernel("epilogue").source                      # gelu before the residual
+    f32 = codegen.Capabilities(subgroups=True, workgroup_storage=49152, dialect="tint", matmul_f16=False)
+    assert "residual_in_acc" not in kernel("residual", f32).source
+    s = Graph("split-residual")
+    s.output("y", s.apply("fused_matmul", s.input("x", [64, 4096]), s.input("w", [4096, 64]),
+                          s.input("r", [64, 64]), has_residual=True))
+    split = codegen.kernel_for(s, s[s.outputs["y"]], COOP_CAPS)
+    assert split.finish is not None and "residual_in_acc" not in split.source
 
 
 def test_cooperative_kernels_are_chosen_by_output_size_and_workgroup_memory():
