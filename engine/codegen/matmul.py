@@ -83,8 +83,9 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     words_a = op_words(a_shape, 1, 0) if ta else op_words(a_shape, 0, 1)
     words_b = op_words(b_shape, 1, 0) if tb else op_words(b_shape, 0, 1)
     meta += words_a + words_b
-    for shape in extra_shapes:
-        meta += op_words(shape, 0, 1)
+    extra_words = [op_words(shape, 0, 1) for shape in extra_shapes]
+    for words in extra_words:
+        meta += words
 
     names, types = ["a_in", "b_in"], ["f32", "f32"]
     epi = []
@@ -111,7 +112,7 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
             types.append("f32")
             line = f"    v = v + {nm}[boff(b, {j}u) + row * srow({j}u) + col * scol({j}u)];"
             if role == "residual":
-                residual = (line, meta[5 + br + j * (br + 2):][:br + 2])   # its epilogue line and its words
+                residual = (line, extra_words[j - 2])
             if role == "add":
                 epi.append(line)
                 epi.append("    v = act(v);")
