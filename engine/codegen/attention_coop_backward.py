@@ -89,8 +89,8 @@ def _subs(d: int, mode: int) -> dict:
         lines = []
         for n in range(outs):
             lines.append(ind + _result(f"{name}{n}"))
-            lines += [f"{ind}{name}{n} = subgroupMatrixMultiplyAccumulate({left}{kk}, {right(tile, n, kk, transposed)}, "
-                      f"{name}{n});" for kk in range(inner)]
+            lines += [f"{ind}{name}{n} = subgroupMatrixMultiplyAccumulate({left}{kk}, "
+                      f"{right(tile, n, kk, transposed)}, {name}{n});" for kk in range(inner)]
             lines.append(f"{ind}subgroupMatrixStore(&Sc, sb + {f * n}u, {name}{n}, false, SS);")
         return lines
 

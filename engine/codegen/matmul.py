@@ -112,7 +112,7 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
             types.append("f32")
             line = f"    v = v + {nm}[boff(b, {j}u) + row * srow({j}u) + col * scol({j}u)];"
             if role == "residual":
-                residual = (line, extra_words[j - 2])
+                residual = (line, extra_words[j - 2], j)
             if role == "add":
                 epi.append(line)
                 epi.append("    v = act(v);")
@@ -146,8 +146,10 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     scaled = _scaled_operands(graph, node, variant, node.inputs[0], node.inputs[1])
     note = f"{_tile_note(variant, scaled)}, A {fetch_a}, B {fetch_b}"
     subs = _tile_subs(variant, fetch_a, fetch_b, mnk=(m_, n_, k_), scaled=scaled)
-    if variant in COOP and residual is not None and act == "x" and br == 0 and residual[1] == [n_, 1] and not any(scaled):
-        subs["RESIDUAL_INIT"] = _residual_init(variant, residual[0], len(names) - 1)
+    if residual is not None:
+        line, words, operand = residual
+        if variant in COOP and act == "x" and br == 0 and words == [n_, 1] and not any(scaled):
+            subs["RESIDUAL_INIT"] = _residual_init(variant, line, operand)
     return _tiled_kernel(f"matmul:{node.op}", "matmul", names, types, meta, (gx, gy, max(nbatch, 1)), k_, note,
                          common, subs, caps, extras=len(extras))
 
