@@ -47,7 +47,7 @@ fn store(b: u32, z: u32, row: u32, col: u32, acc: f32) {
     out[(z * M + row) * N + col] = v;
 }
 
-@compute @workgroup_size({{THREADS}})
+@compute @workgroup_size({{THREADS}}){{MAIN_ATTRS}}
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) tid: u32{{ARGS}}) {
     let M = m(0u);

@@ -23,7 +23,8 @@ from test_attention_backward import attention_attrs, with_row_stats
 from test_runtime import TOL, rel_err
 from tint_check import tint_check
 
-COOP_CAPS = codegen.Capabilities(subgroups=True, workgroup_storage=49152, dialect="tint", matmul_f16=True)
+COOP_CAPS = codegen.Capabilities(subgroups=True, workgroup_storage=49152, dialect="tint", matmul_f16=True,
+                                 invocations=1024)
 F32_CAPS = codegen.Capabilities(subgroups=True, workgroup_storage=49152, dialect="tint", matmul_f16=False)
 GRAD_OPS = ("attention_grad_q", "attention_grad_kv")
 

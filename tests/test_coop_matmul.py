@@ -8,6 +8,8 @@ through ``MEGANEURA_WGPU=dawn``) the same tests run the cooperative kernels and 
 them against a float64 reference of the f16-rounded operands.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -19,7 +21,8 @@ from engine.runtime.device import device_capabilities
 from test_runtime import feeds, rel_err
 from tint_check import tint_check
 
-COOP_CAPS = codegen.Capabilities(subgroups=True, workgroup_storage=49152, dialect="tint", matmul_f16=True)
+COOP_CAPS = codegen.Capabilities(subgroups=True, workgroup_storage=49152, dialect="tint", matmul_f16=True,
+                                 invocations=1024)
 
 
 def _f16(x):
@@ -120,6 +123,8 @@ def test_cooperative_kernels_are_chosen_by_output_size_and_workgroup_memory():
     assert codegen.matmul_variant(384, 1536, 1, 12000, True, caps=COOP_CAPS) == "c128"  # its weight gradient at b8
     assert codegen.matmul_variant(8, 4096, 1, 4096, caps=COOP_CAPS) not in codegen.COOP   # thinner than a fragment
     assert codegen.matmul_variant(4096, 4096, 1, 4096, caps=small) == "128k8u"        # tiles over 16 KiB
+    narrow = dataclasses.replace(COOP_CAPS, invocations=256)
+    assert codegen.matmul_variant(4096, 4096, 1, 4096, caps=narrow) == "c64"          # 512 threads over 256
     assert codegen.matmul_variant(4096, 4096, 1, 4096) == "128k8u"                    # f32 precision
     assert all(codegen.coop_workgroup_bytes(v) <= 49152 for v in codegen.COOP)
     plain = codegen.Capabilities.from_features(["subgroup", "shader-f16", codegen.SUBGROUP_MATRIX_FEATURE],
@@ -199,7 +204,8 @@ TINT_CHECK = """
     from engine.compile import OptimizerSpec, compile_plan
     from engine.optimize import optimize
     from engine.train import TrainConfig
-    capabilities = [codegen.Capabilities(subgroups=s, workgroup_storage=w, dialect="tint", matmul_f16=f)
+    capabilities = [codegen.Capabilities(subgroups=s, workgroup_storage=w, dialect="tint", matmul_f16=f,
+                                          invocations=1024)
                     for s, w, f in ((True, 49152, True), (True, 49152, False), (False, 32768, False))]
     for name in models.names():
         model = models.create(name, ["mel_len=200"] if name in ("whisper-tiny", "audio-align") else [])

@@ -273,6 +273,9 @@ def test_a_plan_the_device_cannot_run_is_refused(monkeypatch):
     monkeypatch.setattr(runtime, "device_capabilities", lambda device=None: codegen.PLAIN)  # a device without them
     with pytest.raises(DeviceError, match="compiled for subgroups, which this device lacks"):
         Session(g, plan)
+    wide = compile_plan(g, capabilities=codegen.Capabilities(invocations=1024))
+    with pytest.raises(DeviceError, match=r"compiled for invocations 1024 \(it has 256\), which this device lacks"):
+        Session(g, wide)
     monkeypatch.undo()
     real = runtime._limit
     monkeypatch.setattr(runtime, "_limit", lambda limits, name: 512 if name == "min_storage_buffer_offset_alignment"

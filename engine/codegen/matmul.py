@@ -456,7 +456,7 @@ def matmul_variant(m_: int, n_: int, nbatch: int, k_: int = 0, transpose_a: bool
         return forced
     if caps.matmul_f16 and min(m_, n_, k_) >= COOP_FRAGMENT:
         for variant in (coop_variant(m_, n_, nbatch, caps.tuning, k_), "c64"):
-            if coop_workgroup_bytes(variant) <= caps.workgroup_storage:
+            if coop_workgroup_bytes(variant) <= caps.workgroup_storage and COOP[variant].threads <= caps.invocations:
                 return variant
     tiles = lambda t: -(-m_ // t) * -(-n_ // t) * nbatch
     if tiles(128) >= caps.tuning.matmul_resident // 2 or fills_in_slices(tiles(128), k_, caps.tuning):
@@ -510,7 +510,8 @@ class TilePreset(NamedTuple):
 class CoopPreset(NamedTuple):
     """A cooperative-matrix kernel: a ``bm`` x ``bn`` output tile, K steps of ``bk``, and
     ``wm`` x ``wn`` subgroups of 32 threads, each owning a (bm / wm) x (bn / wn) block of
-    16 x 16 f32 accumulator fragments."""
+    16 x 16 f32 accumulator fragments. The results leave through a 16 x 16 f32 scratch a
+    subgroup, for at most ``SCRATCH_SUBGROUPS`` subgroups at a time."""
 
     bm: int
     bn: int
@@ -523,12 +524,16 @@ class CoopPreset(NamedTuple):
         return 32 * self.wm * self.wn
 
 
-# Measured on the H100 through Dawn (docs/benchmarks.md, run 18). At 4096^3 (edge tiles
-# still checked) the 128 x 128 tile on 8 subgroups of 64 x 32 ran 111 TFLOP/s, on 4 of
-# 64 x 64 91 (more registers a thread), with BK 16 67; 128 x 64 on 4 subgroups 61,
+# Measured on the H100 through Dawn (docs/benchmarks.md, runs 18 and 33). At 4096^3 (edge
+# tiles still checked) the 128 x 128 tile on 8 subgroups of 64 x 32 ran 111 TFLOP/s, on 4
+# of 64 x 64 91 (more registers a thread), with BK 16 67; 128 x 64 on 4 subgroups 61,
 # 64 x 64 73, on 2 subgroups 59. On the models' shapes the 64 x 64 tile won or tied
-# wherever 128 x 128 tiles make less than a wave, and 128 x 64 never won.
-COOP = {"c128": CoopPreset(128, 128, 32, 2, 4), "c64": CoopPreset(64, 64, 32, 2, 2)}
+# wherever 128 x 128 tiles make less than a wave, and 128 x 64 never won. Run 33: the
+# 128 x 128 tile on 16 subgroups of 32 x 32 (512 threads) ran 1-6% faster than on 8 of
+# 64 x 32 on every shape where that tile is chosen (whisper's step -0.5 ms in f16);
+# 256 x 128 and 128 x 256 tiles (BK 16, to fit 48 KiB) ran slower on the models' shapes.
+COOP = {"c128": CoopPreset(128, 128, 32, 4, 4), "c64": CoopPreset(64, 64, 32, 2, 2)}
+SCRATCH_SUBGROUPS = 8   # subgroups whose 16 x 16 f32 scratch fits beside the f16 tiles in 48 KiB
 COOP_FRAGMENT = 16   # the subgroup-matrix shape used: f16 16 x 16 x 16 -> f32
 COOP_ENABLES = ("f16", "chromium_experimental_subgroup_matrix")
 
@@ -751,7 +756,7 @@ def _coop_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=
     subgroupMatrixMultiplyAccumulate (each fragment loaded column- or row-major to
     match its tile). The accumulators leave one fragment at a time through the
     subgroup's 16 x 16 f32 scratch, each lane passing its share to store() (epilogue,
-    bounds). ``edges``: how A's and B's fetches meet their bounds (``_fetch_operand``;
+    bounds); past ``SCRATCH_SUBGROUPS`` subgroups, they take turns with the scratch. ``edges``: how A's and B's fetches meet their bounds (``_fetch_operand``;
     None: only edge tiles check each element). ``scaled``: which operands are scaled by
     a power of two into f16's range first (``_coop_prescan``; gradients), the results
     scaled back in f32."""
@@ -774,25 +779,32 @@ def _coop_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=
                                                        ("b", lb, rb, fetch_b, scaled[1])) if on]
     prescan, exponents = _coop_prescan(*zip(*picked), warps=c.threads // 32) if picked else ([], "")
     back = f" * exp2({exponents})" if picked else ""
+    subgroups = c.threads // 32
+    scratch, rounds = min(subgroups, SCRATCH_SUBGROUPS), -(-subgroups // SCRATCH_SUBGROUPS)
     store = []
-    for i, j in frags:
-        store += [f"    subgroupMatrixStore(&Cs, sg * {f * f}u, acc{i}_{j}, false, {f}u);",
+    for (i, j), turn in ((frag, turn) for frag in frags for turn in range(rounds)):
+        mine = f"if (sg / {scratch}u == {turn}u) " if rounds > 1 else ""
+        at = f"sg % {scratch}u * {f * f}u" if rounds > 1 else f"sg * {f * f}u"
+        store += [f"    {mine}{{ subgroupMatrixStore(&Cs, {at}, acc{i}_{j}, false, {f}u); }}",
                   "    workgroupBarrier();",
-                  f"    for (var q = lane; q < {f * f}u; q = q + sg_size) {{",
+                  f"    {mine}{{ for (var q = lane; q < {f * f}u; q = q + sg_size) {{",
                   f"        store(b, wg.z, row0 + wrow + {i * f}u + q / {f}u, col0 + wcol + {j * f}u + q % {f}u,"
-                  f" Cs[sg * {f * f}u + q]{back});",
-                  "    }",
+                  f" Cs[{at} + q]{back});",
+                  "    } }",
                   "    workgroupBarrier();"]
     # f16 slots per row of each tile, padded by 8 against bank conflicts (rows stay 16-byte aligned)
     (a_slots, a_buf), (b_slots, b_buf) = (_coop_tile(fetch, tile, c.bk) for fetch, tile in ((fetch_a, c.bm),
                                                                                            (fetch_b, c.bn)))
     smem = (f"var<workgroup> Ah: array<f16, {2 * a_buf}>;\n"
             f"var<workgroup> Bh: array<f16, {2 * b_buf}>;\n"
-            f"var<workgroup> Cs: array<f32, {c.threads // 32 * f * f}>;")
+            f"var<workgroup> Cs: array<f32, {scratch * f * f}>;")
     args = (",\n        @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32,"
             " @builtin(subgroup_size) sg_size: u32")
+    # subgroups take turns with the scratch: a branch on subgroup_id, uniform in each subgroup only
+    main_attrs = " @diagnostic(off, chromium.subgroup_matrix_uniformity)" if rounds > 1 else ""
     return dict(BM=c.bm, BN=c.bn, BK=c.bk, TM=f, TN=f, AS=a_slots, BS=b_slots, ABUF=a_buf, BBUF=b_buf,
-                THREADS=c.threads, SMEM=smem, ARGS=args, THREAD_XY="", PRESCAN="\n".join(prescan),
+                THREADS=c.threads, SMEM=smem, ARGS=args, MAIN_ATTRS=main_attrs, THREAD_XY="",
+                PRESCAN="\n".join(prescan),
                 ENABLES=COOP_ENABLES + (("subgroups",) if picked else ()),
                 ACC_DECL="\n".join(decl), COMPUTE="\n".join(comp), STORE_OUT="\n".join(store),
                 LOAD_DECL="\n".join([*lets, *ca, *cb, *da, *db]), LOAD="\n".join(la + lb),
@@ -811,7 +823,7 @@ def coop_workgroup_bytes(preset: str) -> int:
     buffers of each operand tile and the subgroups' f32 scratch."""
     c = COOP[preset]
     buf = lambda tile: max(_coop_tile(fetch, tile, c.bk)[1] for fetch in ("outer-vec4", "k-vec4"))
-    return 2 * 2 * (buf(c.bm) + buf(c.bn)) + 4 * c.threads // 32 * COOP_FRAGMENT ** 2
+    return 2 * 2 * (buf(c.bm) + buf(c.bn)) + 4 * min(c.threads // 32, SCRATCH_SUBGROUPS) * COOP_FRAGMENT ** 2
 
 
 def _tile_subs(variant: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=None, lets=(),
@@ -874,7 +886,7 @@ def _tiled_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b
     smem = (f"var<workgroup> As: array<vec4<f32>, {2 * bk * (bm // 4 + 1)}>;\n"
             f"var<workgroup> Bs: array<vec4<f32>, {2 * bk * (bn // 4 + 1)}>;")
     return dict(BM=bm, BN=bn, BK=bk, TM=tm, TN=tn, AS=bm // 4 + 1, BS=bn // 4 + 1, THREADS=threads,
-                ABUF=bk * (bm // 4 + 1), BBUF=bk * (bn // 4 + 1), SMEM=smem, ARGS="", PRESCAN="",
+                ABUF=bk * (bm // 4 + 1), BBUF=bk * (bn // 4 + 1), SMEM=smem, ARGS="", MAIN_ATTRS="", PRESCAN="",
                 ACC_DECL=decl, COMPUTE="\n".join(comp), STORE_OUT="\n".join(store),
                 LOAD_DECL="\n".join([*lets, *ca, *cb, *da, *db]), LOAD="\n".join(la + lb),
                 STORE="\n".join(sa + sb))

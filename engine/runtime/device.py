@@ -380,7 +380,8 @@ def device_capabilities(device=None, config: Config | None = None) -> Capabiliti
                                               dialect="tint" if backend() == "dawn" else "naga",
                                               precision=config.precision, knobs=config.knobs,
                                               fragments=backend() == "dawn" and has_coop_fragments(get_adapter()),
-                                              tuning=adapter_tuning(adapter_info()))
+                                              tuning=adapter_tuning(adapter_info()),
+                                              invocations=_limit(device.limits, "max_compute_invocations_per_workgroup"))
 
 
 def adapter_summary() -> dict:

@@ -90,8 +90,13 @@ class Session:
             raise DeviceError(f"this adapter needs storage-buffer offsets aligned to {align} bytes; "
                               f"plans align them to {ALIGN}")
         offered = device_capabilities(self.device)
-        missing = [f.name for f in dataclasses.fields(offered)
-                   if getattr(self.capabilities, f.name) and not getattr(offered, f.name)]
+        missing = []
+        for f in dataclasses.fields(offered):
+            wanted, has = getattr(self.capabilities, f.name), getattr(offered, f.name)
+            if type(has) is int and wanted > has:   # workgroup memory, threads a workgroup
+                missing.append(f"{f.name} {wanted} (it has {has})")
+            elif type(has) is not int and wanted and not has:
+                missing.append(f.name)
         if missing:
             raise DeviceError(f"the plan was compiled for {', '.join(missing)}, which this device lacks; "
                               f"compile it with engine.runtime.device_capabilities(device)")
