@@ -516,6 +516,22 @@ def test_copy_kernels():
     check(g)
 
 
+@pytest.mark.parametrize("shape", [(3, 70, 45), (2, 64, 96), (33, 40), (2, 3, 40, 32)])
+def test_transposes_of_the_last_two_axes_go_through_tiles(shape):
+    """Ragged edges, one batch element or several batch axes: the tiled kernel's result is
+    numpy's; thinner than a tile or another permutation, the generic copy's."""
+    g = Graph("transpose")
+    x = g.input("x", list(shape))
+    g.output("t", g.transpose(x))
+    g.output("thin", g.transpose(g.slice(x, -1, 0, 5)))
+    g.output("other", g.transpose(x, (len(shape) - 1, *range(len(shape) - 1))))
+    s = check(g)
+    copies = [d.variant for d in s.plan.dispatches if d.kernel == "transpose"]
+    tiled = 2 if len(shape) == 2 else 1   # a matrix's other permutation is its transpose too
+    assert sorted(copies) == [""] * (3 - tiled) + ["32 x 32 tiles"] * tiled
+    assert s.read_output("t").dtype == np.float32
+
+
 def test_embedding_and_int_copies():
     g = Graph("emb")
     table = g.parameter("table", [7, 10])
