@@ -19,6 +19,8 @@
 // raw sums to slice z of `out` (partials); matmul_splits.wgsl adds the slices and applies
 // the epilogue, which is then empty here.
 // Strides, transposes, batch broadcasting and epilogue as in matmul.wgsl (same meta).
+// OUT_AT: where result (z, row, col) goes, (z * M + row) * N + col unless codegen maps
+// the columns elsewhere (a strided convolution's input gradient; never split).
 // meta: [M, N, K, nbatch, eps, batch_shape[BR], per operand: batch_strides[BR], s_row, s_col]
 
 {{PRELUDE}}
@@ -42,9 +44,10 @@ fn store(b: u32, z: u32, row: u32, col: u32, acc: f32) {
     let M = m(0u);
     let N = m(1u);
     if (row >= M || col >= N) { return; }
+{{OUT_AT}}
     var v = acc;
 {{EPILOGUE}}
-    out[(z * M + row) * N + col] = v;
+    out[at] = v;
 }
 
 @compute @workgroup_size({{THREADS}}){{MAIN_ATTRS}}

@@ -273,12 +273,36 @@ def test_split_k_matmuls_and_convolutions(kernel, splits, monkeypatch, configure
     d = g.input("d", g.shape(conv))
     g.output("conv", conv)
     g.output("dx", g.apply("conv_input_grad", d, cw, stride=(2,), padding=(1,), input_shape=(2, 20, 150)))
+    g.output("dx1", g.apply("conv_input_grad", g.input("d1", [2, 70, 150]), cw, stride=(1,), padding=(1,),
+                            input_shape=(2, 20, 150)))
     g.output("dw", g.apply("conv_weight_grad", cx, d, stride=(2,), padding=(1,), kernel=(3,)))
     s = check(g)
     firsts = [d for d in s.plan.dispatches if not d.kernel.endswith(":total")]
     totals = [d for d in s.plan.dispatches if d.kernel.endswith(":total")]
-    assert len(firsts) == len(totals) == len(g.outputs)
-    assert all("K split" in d.variant for d in firsts), [d.variant for d in firsts]
+    assert len(firsts) == len(totals) + 1 == len(g.outputs)   # a strided input gradient's classes are never split
+    assert [d.variant for d in firsts if "K split" not in d.variant] == [
+        d.variant for d in firsts if "in 2 classes of positions" in d.variant], [d.variant for d in firsts]
+
+
+@pytest.mark.parametrize("kernel", ["64", "128k8"])
+def test_strided_input_gradients_by_classes_of_positions(kernel, configure):
+    """A strided convolution's input gradient runs one GEMM per class of input positions
+    over the taps that class receives: strides 2 and 3 along either axis, kernels smaller
+    than the stride (classes with no tap: zeros), larger ones, paddings past the stride,
+    inputs not a multiple of it, 1-d and 2-d; against the reference."""
+    configure(matmul=kernel)
+    g = Graph("strided-input-grad")
+    cases = [((2, 5, 17), (7, 5, 3), (2,), (1,)), ((1, 4, 30), (6, 4, 5), (3,), (2,)),
+             ((2, 3, 9, 11), (4, 3, 3, 3), (2, 2), (1, 1)), ((1, 3, 10, 7), (5, 3, 1, 1), (2, 3), (0, 0)),
+             ((1, 2, 13, 12), (3, 2, 5, 4), (3, 2), (2, 3)), ((1, 2, 8, 9), (3, 2, 2, 2), (2, 2), (0, 1))]
+    for i, (xs, ws, stride, pad) in enumerate(cases):
+        spatial = [(n + 2 * p - k) // s + 1 for n, k, s, p in zip(xs[2:], ws[2:], stride, pad)]
+        d = g.input(f"d{i}", [xs[0], ws[0], *spatial])
+        g.output(f"dx{i}", g.apply("conv_input_grad", d, g.input(f"w{i}", list(ws)), stride=stride, padding=pad,
+                                   input_shape=xs))
+    s = check(g)
+    variants = [d.variant for d in s.plan.dispatches]
+    assert len(variants) == len(cases) and all(" classes of positions" in v for v in variants), variants
 
 
 @pytest.mark.parametrize("kernel", ["simple", "64"])

@@ -77,6 +77,55 @@ def _dout_windows(go, gk):
             f"b0 + ({gk} / (cv_KH * cv_KW) * cv_OH + u32(ty) / cv_SH) * cv_OW + u32(tx) / cv_SW")
 
 
+# A strided convolution's input gradient by classes of input positions: position (y, x)
+# takes taps (ky, kx) with ky = (y + PH) % SH (mod SH), kx likewise, and no others, so the
+# positions of one class (a parity, for stride 2) make a GEMM of their own over
+# O x ceil(KH / SH) x ceil(KW / SW) taps instead of O x KH x KW (whisper's conv2, stride 2,
+# 3 taps: 2 instead of 3, none of them skipped by a failed divisibility test). Workgroup
+# z covers batch element z / classes and class z % classes (so A, the weights, is the
+# same for the whole workgroup), its columns the class's positions on a grid of
+# ceil(H / SH) x ceil(W / SW) (those past the input are masked); OUT_AT puts each result
+# back at its position.
+_CLASS_LETS = ("let cls = b % cv_CLS;", "let ry = cls / cv_SW;", "let rx = cls % cv_SW;",
+               "let y0 = (ry + cv_SH - cv_PH % cv_SH) % cv_SH;", "let x0 = (rx + cv_SW - cv_PW % cv_SW) % cv_SW;",
+               "let db0 = b / cv_CLS * cv_O * cv_OH * cv_OW;")
+
+
+def _class_taps(gk):
+    """(lines, validity) of tap (o, ky, kx) at column ``gk`` of a class's K."""
+    return ([f"let o = {gk} / (cv_JY * cv_JX);", f"let ky = ry + cv_SH * ({gk} % (cv_JY * cv_JX) / cv_JX);",
+             f"let kx = rx + cv_SW * ({gk} % cv_JX);"], "ky < cv_KH && kx < cv_KW")
+
+
+def _class_weights(go, gk):
+    """A of a class's input gradient: w[o, c, ky, kx] at row c, k = (o, jy, jx)."""
+    taps, valid = _class_taps(gk)
+    return (taps, f"{go} < M && {gk} < K && {valid}", f"((o * cv_C + {go}) * cv_KH + ky) * cv_KW + kx")
+
+
+def _class_dout(go, gk):
+    """B of a class's input gradient: the dout element tap (o, ky, kx) of the class's
+    position ``go`` received."""
+    taps, valid = _class_taps(gk)
+    return ([*taps, f"let y = y0 + cv_SH * ({go} / cv_NX);", f"let x = x0 + cv_SW * ({go} % cv_NX);",
+             "let ty = i32(y + cv_PH) - i32(ky);", "let tx = i32(x + cv_PW) - i32(kx);"],
+            f"{go} < N && {gk} < K && {valid} && y < cv_H && x < cv_W && ty >= 0 && tx >= 0 "
+            f"&& u32(ty) / cv_SH < cv_OH && u32(tx) / cv_SW < cv_OW",
+            f"db0 + (o * cv_OH + u32(ty) / cv_SH) * cv_OW + u32(tx) / cv_SW")
+
+
+def _class_out_at(g: dict, classes: int, nx: int) -> str:
+    """matmul_tiled.wgsl's OUT_AT for a class's input gradient: column col of z's class
+    at its input position, nothing past the input."""
+    sh, sw, ph, pw = g["SH"], g["SW"], g["PH"], g["PW"]
+    return "\n".join([
+        f"    let cls = z % {classes}u;",
+        f"    let y = (cls / {sw}u + {sh}u - {ph % sh}u) % {sh}u + {sh}u * (col / {nx}u);",
+        f"    let x = (cls % {sw}u + {sw}u - {pw % sw}u) % {sw}u + {sw}u * (col % {nx}u);",
+        f"    if (y >= {g['H']}u || x >= {g['W']}u) {{ return; }}",
+        f"    let at = (z / {classes}u * M + row) * {g['H'] * g['W']}u + y * {g['W']}u + x;"])
+
+
 def _dout_rows(go, gk):
     """A of the weight gradient: dout[n, o, oy, ox] at row o, k = (n, oy, ox)."""
     return ([], f"{go} < M && {gk} < K",
@@ -96,7 +145,18 @@ def _conv(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     g = _conv_geometry(graph, node)
     taps, spatial_in, spatial_out = g["KH"] * g["KW"], g["H"] * g["W"], g["OH"] * g["OW"]
     words = lambda batch_stride, s_row, s_col: [batch_stride, s_row, s_col]   # BR = 1: one batch stride
-    if node.op == "conv_input_grad":
+    classes, out_at, extra_lets = 1, None, []
+    if node.op == "conv_input_grad" and g["SH"] * g["SW"] > 1:
+        classes = g["SH"] * g["SW"]
+        jy, jx, ny, nx = (-(-g["KH"] // g["SH"]), -(-g["KW"] // g["SW"]),
+                          -(-g["H"] // g["SH"]), -(-g["W"] // g["SW"]))
+        m_, n_, k_, nbatch = g["C"], ny * nx, g["O"] * jy * jx, g["N"] * classes
+        ops = words(0, 0, 0) + words(0, 0, 0)
+        fetch_a, gather_a, fetch_b, gather_b = "k-scalar", _class_weights, "outer-scalar", _class_dout
+        extra_lets = [f"    const cv_{w} = {v}u;" for w, v in (("CLS", classes), ("JY", jy), ("JX", jx), ("NX", nx))]
+        extra_lets += [f"    {line}" for line in _CLASS_LETS]
+        out_at = _class_out_at(g, classes, nx)
+    elif node.op == "conv_input_grad":
         m_, n_, k_, nbatch = g["C"], spatial_in, g["O"] * taps, g["N"]
         ops = words(0, 0, 0) + words(g["O"] * spatial_out, 0, 0)
         fetch_a, gather_a, fetch_b, gather_b = "k-scalar", _weights_by_channel, "outer-scalar", _dout_windows
@@ -112,7 +172,7 @@ def _conv(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     has_bias = node.op in ("conv1d", "conv2d") and len(node.inputs) == 3
     epilogue = ["    v = v + add_in[row];"] if has_bias else []
     meta = [m_, n_, k_, nbatch, 0, nbatch] + ops
-    lets = [f"    const cv_{w} = {g[w]}u;" for w in _CONV_WORDS]
+    lets = [f"    const cv_{w} = {g[w]}u;" for w in _CONV_WORDS] + extra_lets
     # bindings follow the node's inputs: B (x or dout) comes first in all three ops
     names = ["b_in", "a_in"] + (["add_in"] if has_bias else [])
     types = ["f32", "vec4<f32>" if fetch_a.endswith("vec4") else "f32"] + (["f32"] if has_bias else [])
@@ -124,8 +184,11 @@ def _conv(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
         raise DeviceError(f"{graph.format_node(node)}: convolution grid {grid} exceeds {MAX_WORKGROUPS} "
                           f"workgroups per dimension")
     common = dict(BR=1, OPERANDS=_render("matmul_operands.wgsl", ACTIVATION="x"), EPILOGUE="\n".join(epilogue))
+    if out_at is not None:
+        common["OUT_AT"] = out_at
     scaled = _scaled_operands(graph, node, preset, node.inputs[1], node.inputs[0])   # A, B as bound
     return _tiled_kernel(f"conv:{node.op}", "conv", names, types, meta, grid, k_,
-                         f"implicit GEMM {m_}x{n_}x{k_}, {_tile_note(preset, scaled)}", common,
+                         f"implicit GEMM {m_}x{n_}x{k_}{f' in {classes} classes of positions' if classes > 1 else ''}, "
+                         f"{_tile_note(preset, scaled)}", common,
                          _tile_subs(preset, fetch_a, fetch_b, gather_a, gather_b, lets, (m_, n_, k_), scaled),
                          caps, extras=int(has_bias))

@@ -347,6 +347,9 @@ def _tile_note(variant: str, scaled=(False, False)) -> str:
             f"{', unrolled' if unroll else ''}")
 
 
+OUT_AT = "    let at = (z * M + row) * N + col;"   # matmul_tiled.wgsl: where result (z, row, col) goes
+
+
 def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, subs, caps: Capabilities,
                   extras=0) -> Kernel:
     """A matmul_tiled.wgsl kernel over ``grid`` (column tiles, row tiles, batch); where
@@ -357,7 +360,7 @@ def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, s
     subs = dict(subs)
     enables = subs.pop("ENABLES", ())
     splits = matmul_splits(grid[0] * grid[1] * grid[2], k_, subs["BK"], caps.knobs, caps.tuning)
-    if grid[2] * splits > MAX_WORKGROUPS:
+    if grid[2] * splits > MAX_WORKGROUPS or common.get("OUT_AT", OUT_AT) != OUT_AT:
         splits = 1
     first = common if splits == 1 else dict(common, EPILOGUE="",
                                             OPERANDS=_render("matmul_operands.wgsl", ACTIVATION="x"))
@@ -367,7 +370,7 @@ def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, s
         subs.update(ACC_DECL=subs["ACC_DECL"] + "\n" + residual["init"], SMEM=subs["SMEM"] + "\n" + residual["decl"])
     k = _finish(name, archetype, "matmul_tiled.wgsl", names, types, "f32", meta,
                 (grid[0], grid[1], grid[2] * splits), enables=enables,
-                **{"THREAD_XY": _thread_xy("rows", caps.knobs), **first, **subs})
+                **{"THREAD_XY": _thread_xy("rows", caps.knobs), "OUT_AT": OUT_AT, **first, **subs})
     k.notes["variant"] = note
     k.guarded = True
     if splits > 1:
