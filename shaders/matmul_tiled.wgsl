@@ -18,6 +18,10 @@
 // batch z % nbatch and the K slice z / nbatch, a whole number of BK steps, and writes its
 // raw sums to slice z of `out` (partials); matmul_splits.wgsl adds the slices and applies
 // the epilogue, which is then empty here.
+// Scaled operands (cooperative products of gradients; PRESCAN, ATTEMPT_BEGIN/END): the
+// K loop runs with the scale this workgroup's operand took at the previous step, finds
+// the operand's true range as it goes, and runs once more where that scale was not the
+// one the range asks for (codegen's _coop_scales).
 // Strides, transposes, batch broadcasting and epilogue as in matmul.wgsl (same meta).
 // OUT_AT: where result (z, row, col) goes, (z * M + row) * N + col unless codegen maps
 // the columns elsewhere (a strided convolution's input gradient; never split).
@@ -74,6 +78,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 {{LOAD_DECL}}
 {{ACC_DECL}}
 {{PRESCAN}}
+{{ATTEMPT_BEGIN}}
     var kb = kbeg;
     if (kbeg < kend) {   // a split's last slice may be empty: fetch nothing past K
 {{LOAD}}
@@ -96,5 +101,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         }
         workgroupBarrier();
     }
+{{ATTEMPT_END}}
 {{STORE_OUT}}
 }

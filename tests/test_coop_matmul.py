@@ -190,6 +190,101 @@ def test_gradients_past_f16s_range_come_out_right(monkeypatch, configure):
     assert rel_err(got, ref["grad:w"]) < (5e-3 if s.capabilities.matmul_f16 else 1e-4), rel_err(got, ref["grad:w"])
 
 
+def test_scaled_products_keep_their_scales_in_a_state_buffer_of_their_own():
+    """A product that scales a gradient binds, after its output, a buffer of its own (two
+    words a workgroup: each operand's scale at the previous step), and has no scan of
+    its operand before the K loop; unscaled products bind none."""
+    from engine.autodiff.gradients import differentiate
+    from engine.compile.plan import compile_plan
+    g = Graph("state")
+    w = g.parameter("w", [384, 256])
+    g.output("loss", g.mean(g.matmul(g.input("x", [1000, 384]), w)))
+    train, pairs = differentiate(g, "loss")
+    plan = compile_plan(train, dict(pairs), "loss", COOP_CAPS)
+    products = [d for d in plan.dispatches if d.kernel.startswith("matmul:") and not d.kernel.endswith(":total")]
+    assert {"scaled" in d.variant for d in products} == {True, False}
+    for d in products:
+        last = plan.buffers[d.bindings[-1].buffer]
+        source = plan.kernels[d.key].source
+        if "scaled" in d.variant:
+            workgroups = d.workgroups[0] * d.workgroups[1] * d.workgroups[2]
+            assert last.kind == "kernel_state" and last.nbytes >= 8 * workgroups and d.bindings[-1].access == "read_write"
+            assert "scale_state" in source and "for (var kb = kbeg; kb < kend" not in source
+        else:
+            assert last.kind != "kernel_state" and "scale_state" not in source
+    states = [b for b in plan.buffers if b.kind == "kernel_state"]
+    assert len(states) == len({b.id for b in states}) == sum("scaled" in d.variant for d in products)
+
+
+def _workgroup_bytes(source: str) -> int:
+    """Bytes of the workgroup variables a WGSL source declares: arrays of 2- and 4-byte
+    scalars (or vectors of them) whose lengths may use the source's u32 constants, and scalars."""
+    import re
+    number = lambda text: re.sub(r"\b(\d+)u\b", r"\1", text)   # noqa: E731
+    consts = {}
+    for name, value in re.findall(r"const (\w+): u32 = ([^;]+);", source):
+        consts[name] = eval(number(value), {}, dict(consts))
+    size = {"f16": 2, "f32": 4, "u32": 4, "i32": 4}
+    total = 0
+    for kind, count in re.findall(r"var<workgroup>\s+\w+\s*:\s*(?:array<)?(vec\d<\w+>|\w+)(?:,\s*([^>]+))?>?;", source):
+        vec = re.match(r"vec(\d)<(\w+)>", kind)
+        element = int(vec.group(1)) * size[vec.group(2)] if vec else size[kind]
+        total += element * (eval(number(count), {}, dict(consts)) if count else 1)
+    return total
+
+
+def test_cooperative_training_kernels_fit_the_workgroup_memory_they_were_given():
+    """Every kernel of whisper-tiny's and gpt-tiny's training plans compiled for 48 KiB of
+    workgroup memory declares at most that much (pipelines over it fail to build: the
+    scale state's two words once made a product 49184 bytes)."""
+    from engine import models
+    from engine.autodiff.gradients import differentiate
+    from engine.compile.plan import compile_plan
+    from engine.optimize import optimize
+    for name, batch in (("whisper-tiny", 8), ("gpt-tiny", 8)):
+        model = models.create(name)
+        train, pairs = differentiate(optimize(model.build(train=True, batch=batch))[0], "loss")
+        plan = compile_plan(optimize(train)[0], dict(pairs), "loss", COOP_CAPS)
+        sizes = {(k.name, "scale_state" in k.source, "128 x 128" in k.source): _workgroup_bytes(k.source)
+                 for k in plan.kernels.values()}
+        assert any(scaled and wide for _, scaled, wide in sizes), sizes   # a scaled 128 x 128 product among them
+        assert all(v <= 49152 for v in sizes.values()), sizes
+
+
+def test_scaled_products_are_right_whatever_scale_the_step_before_left(monkeypatch, configure):
+    """The scaled product runs its K loop with the scale its workgroup took the step before
+    and again where the operand asks for another: gradients whose range moves by 2^30
+    between steps, up and down, in some workgroups' rows and not others', come out as the
+    reference has them each time, and equal to what a fresh session (no scales kept)
+    computes from the same operands, bit for bit."""
+    from engine.autodiff.gradients import differentiate
+    g = Graph("moving-gradients")
+    x = g.parameter("x", [300, 64])
+    w = g.parameter("w", [64, 200])
+    y = g.matmul(x, w)
+    g.output("loss", g.mean(g.mul(y, g.input("c", [300, 200]))))
+    train, _ = differentiate(g, "loss")
+    configure(precision="f16")
+    inputs, params = feeds(train)
+    session = build_inference_session(train, optimize=False, capabilities=device_capabilities())
+    session.set_parameters(params)
+    rows = np.arange(300)[:, None]
+    for scale in (1.0, 2.0 ** 30, 2.0 ** -30, 3.0, 2.0 ** 12):
+        c = inputs["c"] * np.where(rows < 150, scale, 1.0).astype(np.float32)
+        feed = dict(inputs, c=c)
+        session.set_inputs(feed)
+        session.run()
+        got = {k: session.read_output(k) for k in ("grad:w", "grad:x")}
+        ref = reference.run(train, feed, params, np.float64)
+        fresh = build_inference_session(train, optimize=False, capabilities=device_capabilities())
+        fresh.set_parameters(params)
+        fresh.set_inputs(feed)
+        fresh.run()
+        for k, value in got.items():
+            assert rel_err(value, ref[k]) < (5e-3 if session.capabilities.matmul_f16 else 1e-4), (scale, k)
+            np.testing.assert_array_equal(value, fresh.read_output(k), err_msg=f"{k} at scale {scale}")
+
+
 def test_bad_precision_and_backend_names_are_clear_errors():
     from engine.config import Config, ConfigError
     with pytest.raises(ConfigError, match="MEGANEURA_PRECISION='bf16' is not one of f32, f16"):

@@ -109,6 +109,9 @@ class Kernel:
     partials: int = 0
     finish: "Kernel | None" = None
     finish_operands: tuple[int, ...] = ()   # the node's inputs the finish also binds, after the scratch
+    # u32 words the kernel keeps from one step to the next in a buffer of its own (its
+    # last binding, after the output): a cooperative product's guesses of its scales
+    state_words: int = 0
 
 
 # ---------------------------------------------------------------- helpers

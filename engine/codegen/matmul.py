@@ -322,7 +322,7 @@ def _norm_matmuls(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kerne
 
 def _scaled_operands(graph: Graph, node: Node, variant: str, a: int, b: int) -> tuple[bool, bool]:
     """Which of a cooperative product's operands (A from node ``a``, B from ``b``) are
-    gradients, scaled into f16's range before they are rounded (``_coop_prescan``): those
+    gradients, scaled into f16's range before they are rounded (``_coop_scales``): those
     outside ``forward_nodes``, in a product outside them. Gradients leave f16's range
     where activations do not: audio-align's first gradient norm is 7.8e21, and its
     training on unscaled f16 gradients stopped at step 0 with an infinite norm (run 18)."""
@@ -359,6 +359,7 @@ def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, s
     the output) adds them and applies the epilogue."""
     subs = dict(subs)
     enables = subs.pop("ENABLES", ())
+    state = subs.pop("STATE", False)
     splits = matmul_splits(grid[0] * grid[1] * grid[2], k_, subs["BK"], caps.knobs, caps.tuning)
     if grid[2] * splits > MAX_WORKGROUPS or common.get("OUT_AT", OUT_AT) != OUT_AT:
         splits = 1
@@ -368,11 +369,15 @@ def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, s
     if residual is not None and splits == 1:   # split-K's slices write raw sums: the finish adds the residual
         first = dict(first, EPILOGUE=first["EPILOGUE"].replace(residual["line"], residual["guarded"]))
         subs.update(ACC_DECL=subs["ACC_DECL"] + "\n" + residual["init"], SMEM=subs["SMEM"] + "\n" + residual["decl"])
+    if state:   # _coop_scales' guesses, a binding after the output
+        subs["SMEM"] += (f"\n@group(0) @binding({len(names) + 2}) "
+                         "var<storage, read_write> scale_state: array<u32>;")
     k = _finish(name, archetype, "matmul_tiled.wgsl", names, types, "f32", meta,
                 (grid[0], grid[1], grid[2] * splits), enables=enables,
                 **{"THREAD_XY": _thread_xy("rows", caps.knobs), "OUT_AT": OUT_AT, **first, **subs})
     k.notes["variant"] = note
     k.guarded = True
+    k.state_words = 2 * grid[0] * grid[1] * grid[2] * splits if state else 0
     if splits > 1:
         total = meta[0] * meta[1] * grid[2]
         k.partials = splits * total
@@ -690,10 +695,16 @@ def _coop_layout(fetch: str) -> str:
     return "k-major" if fetch.startswith("outer") else "outer-major"
 
 
+def _absmax(fetch: str, regs) -> list[str]:
+    """The largest |value| of each fetched register (a vec4's or a scalar's)."""
+    return [f"max(max(abs({r}).x, abs({r}).y), max(abs({r}).z, abs({r}).w))" if fetch.endswith("vec4")
+            else f"abs({r})" for r, _, _ in regs]
+
+
 def _store_coop(name: str, fetch: str, regs, scale: str = "") -> list[str]:
     """Stores of the fetched registers, times ``scale`` (a WGSL expression) if given and
     rounded to f16, into buffer ``buf`` of the cooperative kernel's f16 tile
-    (``_coop_layout``)."""
+    (``_coop_layout``); a scaled operand's registers also raise ``amax_{name}``."""
     times = f" * {scale}" if scale else ""
     p = _TILE_OPERANDS[name]
     tile, slots = f"{p['smem'][0]}h", p["slots"]
@@ -710,32 +721,58 @@ def _store_coop(name: str, fetch: str, regs, scale: str = "") -> list[str]:
                        " ".join(f"{at(*place(j))} = h.{c};" for j, c in enumerate("xyzw")) + " }")
         else:
             out.append(f"        {at(k, o)} = f16({r}{times});")
+    if scale:
+        out += [f"        amax_{name} = max(amax_{name}, {m});" for m in _absmax(fetch, regs)]
     return out
 
 
-def _coop_prescan(names, loads, regs, fetches, warps: int) -> tuple[list[str], str]:
-    """Lines that find, before the main loop, the largest |value| of each named operand
-    over the workgroup's whole K range (its own fetches, a first pass), and from it a
-    power of two ``scale_{name}`` that puts that value in [2^14, 2^15): f16's range
-    (65504) and its precision both fit a gradient of any magnitude, and the scale is
-    exact to undo. The subgroups' maxima meet in the results' scratch (``Cs``, free until
-    the results leave). Returns (the lines, the exponents' sum the results are scaled by)."""
-    lines = []
-    for name, load, reg, fetch in zip(names, loads, regs, fetches):
-        absmax = [f"max(max(abs({r}).x, abs({r}).y), max(abs({r}).z, abs({r}).w))" if fetch.endswith("vec4")
-                  else f"abs({r})" for r, _, _ in reg]
-        lines += [f"    var amax_{name} = 0.0;",
-                  "    for (var kb = kbeg; kb < kend; kb = kb + BK) {", *load,
-                  *(f"        amax_{name} = max(amax_{name}, {m});" for m in absmax), "    }"]
-    for i, name in enumerate(names):
-        lines += [f"    {{ let top = subgroupMax(amax_{name}); if (lane == 0u) {{ Cs[sg * 2u + {i}u] = top; }} }}"]
-    lines.append("    workgroupBarrier();")
-    for i, name in enumerate(names):
-        lines += [f"    var wmax_{name} = 0.0;",
-                  f"    for (var w = 0u; w < {warps}u; w = w + 1u) {{ wmax_{name} = max(wmax_{name}, Cs[w * 2u + {i}u]); }}",
-                  f"    let ex_{name} = clamp(select(0.0, floor(log2(wmax_{name})), wmax_{name} > 0.0), -100.0, 100.0);",
-                  f"    let scale_{name} = exp2(14.0 - ex_{name});"]
-    return lines, " + ".join(f"(ex_{name} - 14.0)" for name in names)
+SCALE_BUCKET = 4.0   # exponents a scale covers: a range's exponent picks 2^(11 - 4 floor(e / 4))
+SCALE_TOP = 11.0     # so the largest |value| lands in [2^11, 2^15), inside f16's 65504
+
+
+def _coop_scales(names, accumulators, warps: int) -> dict[str, str]:
+    """Scales of the named (gradient) operands into f16's range, without a pass of their
+    own: a power of two per operand and workgroup, ``scale_{name}`` = 2^(SCALE_TOP - q)
+    for q the operand's largest exponent over the workgroup's K range rounded down to a
+    multiple of SCALE_BUCKET, which puts its largest |value| in [2^11, 2^15) (f16's
+    range, 65504, and its precision both fit a gradient of any magnitude, and the scale
+    is exact to undo). q is not known before the K loop, so the loop runs with the q this
+    workgroup found at the previous step (kept in ``scale_state``, the kernel's state
+    buffer; none at the first step), raising ``amax_{name}`` as it rounds the operand;
+    where the q it then finds differs, the loop runs again with it (the accumulators
+    restarted). The results therefore always come from the q of the operand itself, so
+    they do not depend on the previous step, and a run resumed from a checkpoint computes
+    what an uninterrupted one does. A scan of the operand before the loop cost 1.2 ms of
+    whisper's 21.4 ms f16 step (run 32). The subgroups' maxima, the new q and the
+    decision to run again meet in the results' scratch (``Cs``, free until the results
+    leave). Returns the template's PRESCAN,
+    ATTEMPT_BEGIN, ATTEMPT_END and the exponent the results are multiplied back by."""
+    slot = "((wg.z * nwg.y + wg.y) * nwg.x + wg.x) * 2u"
+    pre = [f"    var q_{n} = select(0.0, f32(i32(scale_state[{slot} + {i}u]) - 512), "
+           f"scale_state[{slot} + {i}u] != 0u);" for i, n in enumerate(names)]
+    pre += [f"    var used_{n} = q_{n};" for n in names]
+    begin = ["    for (var attempt = 0u; attempt < 2u; attempt = attempt + 1u) {"]
+    begin += [line for n in names for line in (f"    used_{n} = q_{n};", f"    let scale_{n} = exp2({SCALE_TOP} - q_{n});",
+                                                f"    var amax_{n} = 0.0;")]
+    begin += [f"    {acc} = subgroup_matrix_result<f32, {COOP_FRAGMENT}, {COOP_FRAGMENT}>();" for acc in accumulators]
+    end = [f"    {{ let top = subgroupMax(amax_{n}); if (lane == 0u) {{ Cs[sg * 2u + {i}u] = top; }} }}"
+           for i, n in enumerate(names)]
+    # after the subgroups' maxima in Cs: each operand's q, then whether to run again (1.0)
+    q_at, retry_at = lambda i: f"Cs[{2 * warps + i}u]", f"Cs[{2 * warps + 2}u]"
+    end += ["    workgroupBarrier();", "    if (tid == 0u) {", f"        {retry_at} = 0.0;"]
+    for i, n in enumerate(names):
+        end += ["        {", "        var wmax = 0.0;",
+                f"        for (var w = 0u; w < {warps}u; w = w + 1u) {{ wmax = max(wmax, Cs[w * 2u + {i}u]); }}",
+                "        let e = select(0.0, floor(log2(wmax)), wmax > 0.0);",
+                f"        {q_at(i)} = clamp(floor(e / {SCALE_BUCKET}) * {SCALE_BUCKET}, -100.0, 100.0);",
+                f"        if ({q_at(i)} != q_{n}) {{ {retry_at} = 1.0; }}", "        }"]
+    end += ["    }", f"    let retry = workgroupUniformLoad(&{retry_at});",
+            *(f"    q_{n} = workgroupUniformLoad(&{q_at(i)});" for i, n in enumerate(names)),
+            "    if (retry == 0.0) { break; }", "    }",
+            "    if (tid == 0u) {",
+            *(f"        scale_state[{slot} + {i}u] = u32(i32(q_{n}) + 512);" for i, n in enumerate(names)), "    }"]
+    back = " + ".join(f"(used_{n} - {SCALE_TOP})" for n in names)
+    return dict(PRESCAN="\n".join(pre), ATTEMPT_BEGIN="\n".join(begin), ATTEMPT_END="\n".join(end), back=back)
 
 
 def _coop_fragment(name: str, fetch: str, outer: str, kk: int) -> str:
@@ -761,7 +798,7 @@ def _coop_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=
     subgroup's 16 x 16 f32 scratch, each lane passing its share to store() (epilogue,
     bounds); past ``SCRATCH_SUBGROUPS`` subgroups, they take turns with the scratch. ``edges``: how A's and B's fetches meet their bounds (``_fetch_operand``;
     None: only edge tiles check each element). ``scaled``: which operands are scaled by
-    a power of two into f16's range first (``_coop_prescan``; gradients), the results
+    a power of two into f16's range first (``_coop_scales``; gradients), the results
     scaled back in f32."""
     c = COOP[preset]
     f = COOP_FRAGMENT
@@ -778,10 +815,10 @@ def _coop_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=
     edges = [mode or "tiles" for mode in edges]
     ca, da, la, ra = _fetch_operand("a", fetch_a, c.bm, c.bk, gather_a, c.threads, edges[0])
     cb, db, lb, rb = _fetch_operand("b", fetch_b, c.bn, c.bk, gather_b, c.threads, edges[1])
-    picked = [(n, ld, rg, fe) for n, ld, rg, fe, on in (("a", la, ra, fetch_a, scaled[0]),
-                                                       ("b", lb, rb, fetch_b, scaled[1])) if on]
-    prescan, exponents = _coop_prescan(*zip(*picked), warps=c.threads // 32) if picked else ([], "")
-    back = f" * exp2({exponents})" if picked else ""
+    picked = [n for n, on in zip("ab", scaled) if on]
+    scales = (_coop_scales(picked, [f"acc{i}_{j}" for i, j in frags], c.threads // 32) if picked
+              else dict(PRESCAN="", ATTEMPT_BEGIN="", ATTEMPT_END="", back=""))
+    back = f" * exp2({scales.pop('back')})" if picked else ""
     subgroups = c.threads // 32
     scratch, rounds = min(subgroups, SCRATCH_SUBGROUPS), -(-subgroups // SCRATCH_SUBGROUPS)
     store = []
@@ -806,8 +843,8 @@ def _coop_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=
     # subgroups take turns with the scratch: a branch on subgroup_id, uniform in each subgroup only
     main_attrs = " @diagnostic(off, chromium.subgroup_matrix_uniformity)" if rounds > 1 else ""
     return dict(BM=c.bm, BN=c.bn, BK=c.bk, TM=f, TN=f, AS=a_slots, BS=b_slots, ABUF=a_buf, BBUF=b_buf,
-                THREADS=c.threads, SMEM=smem, ARGS=args, MAIN_ATTRS=main_attrs, THREAD_XY="",
-                PRESCAN="\n".join(prescan),
+                THREADS=c.threads, SMEM=smem, ARGS=args, MAIN_ATTRS=main_attrs, THREAD_XY="", STATE=bool(picked),
+                **scales,
                 ENABLES=COOP_ENABLES + (("subgroups",) if picked else ()),
                 ACC_DECL="\n".join(decl), COMPUTE="\n".join(comp), STORE_OUT="\n".join(store),
                 LOAD_DECL="\n".join([*lets, *ca, *cb, *da, *db]), LOAD="\n".join(la + lb),
@@ -890,6 +927,7 @@ def _tiled_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b
             f"var<workgroup> Bs: array<vec4<f32>, {2 * bk * (bn // 4 + 1)}>;")
     return dict(BM=bm, BN=bn, BK=bk, TM=tm, TN=tn, AS=bm // 4 + 1, BS=bn // 4 + 1, THREADS=threads,
                 ABUF=bk * (bm // 4 + 1), BBUF=bk * (bn // 4 + 1), SMEM=smem, ARGS="", MAIN_ATTRS="", PRESCAN="",
+                ATTEMPT_BEGIN="", ATTEMPT_END="", STATE=False,
                 ACC_DECL=decl, COMPUTE="\n".join(comp), STORE_OUT="\n".join(store),
                 LOAD_DECL="\n".join([*lets, *ca, *cb, *da, *db]), LOAD="\n".join(la + lb),
                 STORE="\n".join(sa + sb))

@@ -575,12 +575,17 @@ def _dispatch_node(b: _PlanBuilder, n, free: list[int], fresh: bool = False) -> 
     operands = n.inputs[1:] if OPS[n.op].inplace else n.inputs  # an in-place op's first is its output
     name, inputs = _kernel_name(b.graph, n), [b.slot_of(i) for i in operands]
     reads = [READ] * len(inputs)
+    # state the kernel keeps across steps (a cooperative product's scales): its own buffer, never pooled
+    state = [b.whole(b.new_buffer(4 * kernel.state_words, "kernel_state", [f"{name}: f16 scales"]))
+             ] if kernel.state_words else []
     if kernel.finish is None:
-        b.dispatch(kernel, name, inputs + [b.slot_of(n.id)], reads + [READ_WRITE], n.size, nodes=[n.id])
+        b.dispatch(kernel, name, inputs + [b.slot_of(n.id)] + state, reads + [READ_WRITE] * (1 + len(state)),
+                   n.size, nodes=[n.id])
         return
     buffer = _pooled_buffer(b, free, _aligned(4 * kernel.partials), fresh)
     scratch = (buffer, 0, 4 * kernel.partials)
-    b.dispatch(kernel, name, inputs + [scratch], reads + [READ_WRITE], kernel.partials, nodes=[n.id])
+    b.dispatch(kernel, name, inputs + [scratch] + state, reads + [READ_WRITE] * (1 + len(state)), kernel.partials,
+               nodes=[n.id])
     extra = [inputs[i] for i in kernel.finish_operands]
     b.dispatch(kernel.finish, f"{name}:total", [scratch, *extra, b.slot_of(n.id)],
                [READ] * (1 + len(extra)) + [READ_WRITE], n.size, nodes=[n.id])
