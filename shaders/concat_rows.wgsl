@@ -1,6 +1,7 @@
-// Copy archetype, a concat along the last axis whose pieces are all a multiple of 4 wide:
-// thread idx writes vec4 idx of the output (row idx / OUT4, vec4 column idx % OUT4, both
-// divisions by constants) from the piece that holds that column. The general copy kernel
+// Copy archetype, a concat whose pieces' parts of an output row are all a multiple of 4
+// wide (along axis a, a row is everything from axis a on): thread idx writes vec4 idx of
+// the output (row idx / OUT4, vec4 column idx % OUT4, both divisions by constants) from
+// the piece that holds that column. The general copy kernel
 // (copy.wgsl) moves a float a thread through run-time divisions: 1.0 TB/s on the H100
 // for the gradients [dq | dk | dv] of a training step.
 // meta: [vec4s of the output]

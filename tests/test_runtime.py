@@ -412,10 +412,20 @@ def test_row_reductions_and_norms(caps):
         g.output(f"log_softmax_{name}", g.log_softmax(v))
     g.output("layer_norm", g.layer_norm(x, w, b))
     g.output("rms_norm", g.rms_norm(x, w))
+    odd = g.input("odd", [7, 302])   # not a multiple of 4 wide: the scalar norms
+    g.output("layer_norm_odd", g.layer_norm(odd, g.parameter("wo", [302]), g.parameter("bo", [302])))
+    g.output("rms_norm_odd", g.rms_norm(odd, g.parameter("wo2", [302])))
+    long = g.input("long", [2, 4100])   # past the vec4s a thread holds
+    g.output("layer_norm_long", g.layer_norm(long, g.parameter("wl", [4100]), g.parameter("bl", [4100])))
     rng = np.random.default_rng(3)
-    inputs = {"x": rng.standard_normal((3, 4, 300)) * 4 + 1, "s": rng.standard_normal((6, 5))}
-    params = {"w": rng.standard_normal(300), "b": rng.standard_normal(300)}
+    inputs = {"x": rng.standard_normal((3, 4, 300)) * 4 + 1, "s": rng.standard_normal((6, 5)),
+              "odd": rng.standard_normal((7, 302)) * 3 - 2, "long": rng.standard_normal((2, 4100)) + 5}
+    params = {"w": rng.standard_normal(300), "b": rng.standard_normal(300), "wo": rng.standard_normal(302),
+              "bo": rng.standard_normal(302), "wo2": rng.standard_normal(302), "wl": rng.standard_normal(4100),
+              "bl": rng.standard_normal(4100)}
     s = check(g, inputs, params, capabilities=caps)
+    held = sorted(s.graph[d.nodes[0]].name or d.kernel for d in s.plan.dispatches if "vec4s a thread" in d.variant)
+    assert held == ["layer_norm", "rms_norm"], held
     short = {d.key for d in s.plan.dispatches if d.variant == "a thread a row"}   # s: rows shorter than a subgroup
     shared = [k for name, k in s.plan.kernels.items() if name not in short]
     assert short and all(("sg_lane_" in k.source) == caps.subgroups for k in shared)
@@ -825,15 +835,18 @@ def test_pointwise_kernels_take_four_elements_a_thread_where_they_can():
 
 
 def test_a_concat_of_rows_moves_vec4s_where_every_piece_allows():
-    """Along the last axis with every piece a multiple of 4 wide, a concat copies vec4s
-    (concat_rows.wgsl); a piece 6 wide, or another axis, takes the general copy. All
-    exact."""
+    """Where every piece's part of an output row (everything from the concat's axis on)
+    is a multiple of 4 wide, a concat copies vec4s (concat_rows.wgsl): along the last
+    axis, the first (one row) or one between; a piece 6 wide, or 15 along a middle axis,
+    takes the general copy. All exact."""
     g = Graph("concats")
     a, b, c = g.input("a", (3, 5, 4)), g.input("b", (3, 5, 12)), g.input("c", (3, 5, 8))
     g.output("rows", g.concat([a, b, c], axis=-1))
     g.output("narrow", g.concat([a, g.input("d", (3, 5, 6))], axis=2))
     g.output("first", g.concat([a, a], axis=0))
+    g.output("middle", g.concat([a, g.input("e", (3, 2, 4))], axis=1))
+    g.output("odd_middle", g.concat([g.input("f", (2, 5, 3)), g.input("h", (2, 1, 3))], axis=1))
     variant, got, want = variants_and_outputs(g)
-    assert variant == {"rows": "vec4", "narrow": "", "first": ""}
+    assert variant == {"rows": "vec4", "narrow": "", "first": "vec4", "middle": "vec4", "odd_middle": ""}
     for name in g.outputs:
         np.testing.assert_array_equal(got[name], want[name].astype(np.float32), err_msg=name)

@@ -14,15 +14,20 @@ from .common import (MAX_WORKGROUPS, PLAIN, WG, Capabilities, Kernel, _finish, _
 # ---------------------------------------------------------------- copies
 
 def _concat_rows(graph: Graph, node: Node) -> Kernel | None:
-    """A concat along the last axis of f32 pieces each a multiple of 4 wide, in vec4s
-    (concat_rows.wgsl); None for any other copy."""
+    """A concat of f32 pieces in vec4s (concat_rows.wgsl) where each piece's part of an
+    output row is a multiple of 4 wide: along axis a, a row is everything from a on (its
+    rows are the output's leading axes), so a concat along the first axis (a layer's q, k
+    and v weights stacked, 12 us a step as a generic copy on the H100) is one row. None
+    for any other copy."""
     operands = [graph[i] for i in node.inputs]
-    if node.op != "concat" or not node.shape or node.attrs["axis"] % len(node.shape) != len(node.shape) - 1 \
-            or node.dtype != "f32" or any(x.dtype != "f32" or x.shape[-1] % 4 for x in operands):
+    if node.op != "concat" or not node.shape or node.dtype != "f32" or any(x.dtype != "f32" for x in operands):
+        return None
+    axis = node.attrs["axis"] % len(node.shape)
+    widths = [int(np.prod(x.shape[axis:])) for x in operands]
+    if any(w % 4 for w in widths):
         return None
     lines, end = [], 0
-    for k, x in enumerate(operands):
-        width = x.shape[-1] // 4
+    for k, width in enumerate(w // 4 for w in widths):
         lines.append(f"    if (c < {end + width}u) {{ out[idx] = in{k}[row * {width}u + c - {end}u]; return; }}")
         end += width
     kernel = _finish("copy:concat", "copy", "concat_rows.wgsl", [f"in{k}" for k in range(len(operands))],
