@@ -321,7 +321,7 @@ _ROW_KERNELS = {
     let mean_g = select(0.0, wg_sum(sg, t) / f32(N), {{CENTER}});
     let mean_gx = wg_sum(sgx, t) / f32(N);
     for (var i = t; i < N; i = i + WG_THREADS) {
-        out[base + i] = r * (dout[base + i] * w[i] - mean_g - (x[base + i] - mu) * r * mean_gx);
+        out[base + i] = {{RESIDUAL}}r * (dout[base + i] * w[i] - mean_g - (x[base + i] - mu) * r * mean_gx);
     }"""),
     "norm_grad_w": (["dout", "x"], _NORM_STATS + """
     for (var i = t; i < N; i = i + WG_THREADS) { out[base + i] = dout[base + i] * (x[base + i] - mu) * r; }"""),
@@ -371,6 +371,9 @@ def _row_kernel(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
         if node.op == "cross_entropy_grad":
             extra = [i32_bits(a.get("ignore_index", -100))]
     meta = [rows, n, f32_bits(a.get("eps", 0.0))] + extra
+    residual = node.op == "norm_grad" and len(node.inputs) == 4   # engine.optimize.norm_residual
+    names = names + ["res"] if residual else names
     return _finish(f"reduce:{node.op}", "reduction", "reduce_row.wgsl", names, types, "f32", meta,
                    grid_1d(rows), caps, THREADS=row_threads(n),
-                   MODE=mode.replace("{{GN_ACT}}", act).replace("{{CENTER}}", str(a.get("center", True)).lower()))
+                   MODE=mode.replace("{{GN_ACT}}", act).replace("{{CENTER}}", str(a.get("center", True)).lower())
+                   .replace("{{RESIDUAL}}", "res[base + i] + " if residual else ""))

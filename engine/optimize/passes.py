@@ -12,13 +12,15 @@ from ..graph.ir import Graph
 from ..graph.ops import OPS, SOURCE
 from . import cost
 from .attention_stats import share_attention_statistics
+from .norm_residual import fold_residual_gradients
 from .preactivation import reuse_preactivations
 from .report import OptimizeReport, where
 from .schedule import outputs_early
 from .stacked_products import stack_products
 
 TRAINING = (("attention_stats", share_attention_statistics), ("preactivation", reuse_preactivations),
-            ("stacked_products", stack_products), ("outputs_early", outputs_early))
+            ("norm_residual", fold_residual_gradients), ("stacked_products", stack_products),
+            ("outputs_early", outputs_early))
 INFERENCE = (("stacked_products", stack_products),)
 WHY = {   # what each pass buys, where the cost model's bytes and dispatches do not show it
     "attention_stats": "the attention forward also writes the log-sum-exp its backward needs, "
@@ -28,6 +30,8 @@ WHY = {   # what each pass buys, where the cost model's bytes and dispatches do 
     "stacked_products": "products of one input by weights of one shape (q, k, v) run as one batched "
                         "product, which keeps more of the GPU busy; the backward adds their input "
                         "gradients in one product and makes their weights' gradients in one",
+    "norm_residual": "a norm's input gradient and the gradient along the residual are added as the "
+                     "norm's backward kernel writes its result, not by a pass of their own",
     "outputs_early": "nodes that only lead to outputs (weight and bias gradients) run as soon as "
                      "their operands are ready, so the tensors they read are freed sooner",
 }

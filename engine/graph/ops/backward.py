@@ -53,6 +53,8 @@ def _norm_grad_shape(ts, a):
         _fail(f"dout {list(dout.shape)} and x {list(x.shape)} must share one shape of at least one axis")
     if len(ts) > 2 and ts[2].shape != (x.shape[-1],):
         _fail(f"w has shape {list(ts[2].shape)}, expected [{x.shape[-1]}]")
+    if len(ts) > 3 and ts[3].shape != x.shape:
+        _fail(f"the residual gradient has shape {list(ts[3].shape)}, expected {list(x.shape)}")
     return TensorType(x.shape)
 
 
@@ -63,12 +65,14 @@ def _standardized(x, eps, center):
     return xc * r, r
 
 
-def norm_grad_ref(dout, x, w, eps=1e-5, center=True):
-    """r * (g - mean(g) - x_hat * mean(g * x_hat)), g = dout * w (no mean(g): RMS norm)."""
+def norm_grad_ref(dout, x, w, residual=None, eps=1e-5, center=True):
+    """r * (g - mean(g) - x_hat * mean(g * x_hat)), g = dout * w (no mean(g): RMS norm),
+    plus ``residual`` (the gradient along a residual connection) where given."""
     xh, r = _standardized(x, eps, center)
     g = dout * w
     mean_g = g.mean(axis=-1, keepdims=True) if center else 0.0
-    return r * (g - mean_g - xh * (g * xh).mean(axis=-1, keepdims=True))
+    dx = r * (g - mean_g - xh * (g * xh).mean(axis=-1, keepdims=True))
+    return dx if residual is None else dx + residual
 
 
 def norm_grad_w_ref(dout, x, eps=1e-5, center=True):
@@ -76,8 +80,8 @@ def norm_grad_w_ref(dout, x, eps=1e-5, center=True):
 
 
 defop("norm_grad", REDUCTION, _norm_grad_shape, norm_grad_ref,
-      doc="d layer_norm / d x (center) or d rms_norm / d x, over the last axis: one pass per row", eps=1e-5,
-      center=True)
+      doc="d layer_norm / d x (center) or d rms_norm / d x, over the last axis: one pass per row; a fourth "
+          "operand (the gradient along a residual) is added to it", eps=1e-5, center=True)
 defop("norm_grad_w", REDUCTION, _norm_grad_shape, norm_grad_w_ref,
       doc="dout * standardized x: summed over the leading axes, the norm weight's gradient", eps=1e-5,
       center=True)
