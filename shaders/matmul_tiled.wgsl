@@ -18,7 +18,7 @@
 // batch z % nbatch and the K slice z / nbatch, a whole number of BK steps, and writes its
 // raw sums to slice z of `out` (partials); matmul_splits.wgsl adds the slices and applies
 // the epilogue, which is then empty here.
-// Scaled operands (cooperative products of gradients; PRESCAN, ATTEMPT_BEGIN/END): the
+// Scaled operands (cooperative products of gradients; KEPT_SCALES, ATTEMPT_BEGIN/END): the
 // K loop runs with the scale this workgroup's operand took at the previous step, finds
 // the operand's true range as it goes, and runs once more where that scale was not the
 // one the range asks for (codegen's _coop_scales).
@@ -77,7 +77,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let sbn = scol(1u);
 {{LOAD_DECL}}
 {{ACC_DECL}}
-{{PRESCAN}}
+{{KEPT_SCALES}}
 {{ATTEMPT_BEGIN}}
     var kb = kbeg;
     if (kbeg < kend) {   // a split's last slice may be empty: fetch nothing past K

@@ -269,7 +269,7 @@ def test_scaled_products_are_right_whatever_scale_the_step_before_left(monkeypat
     session = build_inference_session(train, optimize=False, capabilities=device_capabilities())
     session.set_parameters(params)
     rows = np.arange(300)[:, None]
-    for scale in (1.0, 2.0 ** 30, 2.0 ** -30, 3.0, 2.0 ** 12):
+    for scale in (1.0, 2.0 ** 30, 2.0 ** -30, 3.0):
         c = inputs["c"] * np.where(rows < 150, scale, 1.0).astype(np.float32)
         feed = dict(inputs, c=c)
         session.set_inputs(feed)

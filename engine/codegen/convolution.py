@@ -86,8 +86,14 @@ def _dout_windows(go, gk):
 # same for the whole workgroup), its columns the class's positions on a grid of
 # ceil(H / SH) x ceil(W / SW) (those past the input are masked); OUT_AT puts each result
 # back at its position.
+def _class_origin(r: str, stride: str, pad: str) -> str:
+    """WGSL: the first input coordinate along an axis whose positions of class ``r`` take
+    taps r, r + stride, ...: the y with (y + pad) % stride == r."""
+    return f"({r} + {stride} - {pad} % {stride}) % {stride}"
+
+
 _CLASS_LETS = ("let cls = b % cv_CLS;", "let ry = cls / cv_SW;", "let rx = cls % cv_SW;",
-               "let y0 = (ry + cv_SH - cv_PH % cv_SH) % cv_SH;", "let x0 = (rx + cv_SW - cv_PW % cv_SW) % cv_SW;",
+               f"let y0 = {_class_origin('ry', 'cv_SH', 'cv_PH')};", f"let x0 = {_class_origin('rx', 'cv_SW', 'cv_PW')};",
                "let db0 = b / cv_CLS * cv_O * cv_OH * cv_OW;")
 
 
@@ -117,11 +123,11 @@ def _class_dout(go, gk):
 def _class_out_at(g: dict, classes: int, nx: int) -> str:
     """matmul_tiled.wgsl's OUT_AT for a class's input gradient: column col of z's class
     at its input position, nothing past the input."""
-    sh, sw, ph, pw = g["SH"], g["SW"], g["PH"], g["PW"]
+    sh, sw, ph, pw = (f"{g[w]}u" for w in ("SH", "SW", "PH", "PW"))
     return "\n".join([
         f"    let cls = z % {classes}u;",
-        f"    let y = (cls / {sw}u + {sh}u - {ph % sh}u) % {sh}u + {sh}u * (col / {nx}u);",
-        f"    let x = (cls % {sw}u + {sw}u - {pw % sw}u) % {sw}u + {sw}u * (col % {nx}u);",
+        f"    let y = {_class_origin(f'cls / {sw}', sh, ph)} + {sh} * (col / {nx}u);",
+        f"    let x = {_class_origin(f'cls % {sw}', sw, pw)} + {sw} * (col % {nx}u);",
         f"    if (y >= {g['H']}u || x >= {g['W']}u) {{ return; }}",
         f"    let at = (z / {classes}u * M + row) * {g['H'] * g['W']}u + y * {g['W']}u + x;"])
 

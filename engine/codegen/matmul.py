@@ -361,7 +361,7 @@ def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, s
     enables = subs.pop("ENABLES", ())
     state = subs.pop("STATE", False)
     splits = matmul_splits(grid[0] * grid[1] * grid[2], k_, subs["BK"], caps.knobs, caps.tuning)
-    if grid[2] * splits > MAX_WORKGROUPS or common.get("OUT_AT", OUT_AT) != OUT_AT:
+    if grid[2] * splits > MAX_WORKGROUPS or "OUT_AT" in common:   # results mapped elsewhere: never split
         splits = 1
     first = common if splits == 1 else dict(common, EPILOGUE="",
                                             OPERANDS=_render("matmul_operands.wgsl", ACTIVATION="x"))
@@ -745,12 +745,12 @@ def _coop_scales(names, accumulators, warps: int) -> dict[str, str]:
     what an uninterrupted one does. A scan of the operand before the loop cost 1.2 ms of
     whisper's 21.4 ms f16 step (run 32). The subgroups' maxima, the new q and the
     decision to run again meet in the results' scratch (``Cs``, free until the results
-    leave). Returns the template's PRESCAN,
-    ATTEMPT_BEGIN, ATTEMPT_END and the exponent the results are multiplied back by."""
+    leave). Returns the template's KEPT_SCALES, ATTEMPT_BEGIN and ATTEMPT_END, and the
+    exponent the results are multiplied back by."""
     slot = "((wg.z * nwg.y + wg.y) * nwg.x + wg.x) * 2u"
-    pre = [f"    var q_{n} = select(0.0, f32(i32(scale_state[{slot} + {i}u]) - 512), "
-           f"scale_state[{slot} + {i}u] != 0u);" for i, n in enumerate(names)]
-    pre += [f"    var used_{n} = q_{n};" for n in names]
+    pre = [line for i, n in enumerate(names) for line in (
+        f"    let kept_{n} = scale_state[{slot} + {i}u];",   # 0: none yet, else q + 512
+        f"    var q_{n} = select(0.0, f32(i32(kept_{n}) - 512), kept_{n} != 0u);", f"    var used_{n} = q_{n};")]
     begin = ["    for (var attempt = 0u; attempt < 2u; attempt = attempt + 1u) {"]
     begin += [line for n in names for line in (f"    used_{n} = q_{n};", f"    let scale_{n} = exp2({SCALE_TOP} - q_{n});",
                                                 f"    var amax_{n} = 0.0;")]
@@ -772,7 +772,7 @@ def _coop_scales(names, accumulators, warps: int) -> dict[str, str]:
             "    if (tid == 0u) {",
             *(f"        scale_state[{slot} + {i}u] = u32(i32(q_{n}) + 512);" for i, n in enumerate(names)), "    }"]
     back = " + ".join(f"(used_{n} - {SCALE_TOP})" for n in names)
-    return dict(PRESCAN="\n".join(pre), ATTEMPT_BEGIN="\n".join(begin), ATTEMPT_END="\n".join(end), back=back)
+    return dict(KEPT_SCALES="\n".join(pre), ATTEMPT_BEGIN="\n".join(begin), ATTEMPT_END="\n".join(end), back=back)
 
 
 def _coop_fragment(name: str, fetch: str, outer: str, kk: int) -> str:
@@ -796,8 +796,9 @@ def _coop_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=
     subgroupMatrixMultiplyAccumulate (each fragment loaded column- or row-major to
     match its tile). The accumulators leave one fragment at a time through the
     subgroup's 16 x 16 f32 scratch, each lane passing its share to store() (epilogue,
-    bounds); past ``SCRATCH_SUBGROUPS`` subgroups, they take turns with the scratch. ``edges``: how A's and B's fetches meet their bounds (``_fetch_operand``;
-    None: only edge tiles check each element). ``scaled``: which operands are scaled by
+    bounds); past ``SCRATCH_SUBGROUPS`` subgroups, they take turns with the scratch.
+    ``edges``: how A's and B's fetches meet their bounds (``_fetch_operand``; None: only
+    edge tiles check each element). ``scaled``: which operands are scaled by
     a power of two into f16's range first (``_coop_scales``; gradients), the results
     scaled back in f32."""
     c = COOP[preset]
@@ -817,7 +818,7 @@ def _coop_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=
     cb, db, lb, rb = _fetch_operand("b", fetch_b, c.bn, c.bk, gather_b, c.threads, edges[1])
     picked = [n for n, on in zip("ab", scaled) if on]
     scales = (_coop_scales(picked, [f"acc{i}_{j}" for i, j in frags], c.threads // 32) if picked
-              else dict(PRESCAN="", ATTEMPT_BEGIN="", ATTEMPT_END="", back=""))
+              else dict(KEPT_SCALES="", ATTEMPT_BEGIN="", ATTEMPT_END="", back=""))
     back = f" * exp2({scales.pop('back')})" if picked else ""
     subgroups = c.threads // 32
     scratch, rounds = min(subgroups, SCRATCH_SUBGROUPS), -(-subgroups // SCRATCH_SUBGROUPS)
@@ -926,7 +927,7 @@ def _tiled_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b
     smem = (f"var<workgroup> As: array<vec4<f32>, {2 * bk * (bm // 4 + 1)}>;\n"
             f"var<workgroup> Bs: array<vec4<f32>, {2 * bk * (bn // 4 + 1)}>;")
     return dict(BM=bm, BN=bn, BK=bk, TM=tm, TN=tn, AS=bm // 4 + 1, BS=bn // 4 + 1, THREADS=threads,
-                ABUF=bk * (bm // 4 + 1), BBUF=bk * (bn // 4 + 1), SMEM=smem, ARGS="", MAIN_ATTRS="", PRESCAN="",
+                ABUF=bk * (bm // 4 + 1), BBUF=bk * (bn // 4 + 1), SMEM=smem, ARGS="", MAIN_ATTRS="", KEPT_SCALES="",
                 ATTEMPT_BEGIN="", ATTEMPT_END="", STATE=False,
                 ACC_DECL=decl, COMPUTE="\n".join(comp), STORE_OUT="\n".join(store),
                 LOAD_DECL="\n".join([*lets, *ca, *cb, *da, *db]), LOAD="\n".join(la + lb),
