@@ -60,9 +60,9 @@ class Capabilities:
         """The capabilities a device with these wgpu feature names (this much workgroup
         memory, default 32 KiB, and this many threads a workgroup, default 256) gives, for
         kernels compiled by ``dialect``'s compiler; ``precision`` "f16" takes the
-        cooperative-matrix matmul where offered
-        and ``fragments``: the device has the fragments the kernels are written for
-        (f16 x f16 -> f32, 16 x 16 x 16, on subgroups of 32: ``COOP_FRAGMENT``)."""
+        cooperative-matrix matmul where offered and ``fragments``: the device has the
+        fragments the kernels are written for (f16 x f16 -> f32, 16 x 16 x 16, on
+        subgroups of 32: ``COOP_FRAGMENT``)."""
         names = {str(f) for f in features}
         dialect = dialect or default_dialect()
         coop = (SUBGROUP_MATRIX_FEATURE in names and "shader-f16" in names and dialect == "tint"

@@ -727,7 +727,7 @@ def _store_coop(name: str, fetch: str, regs, scale: str = "") -> list[str]:
 
 
 SCALE_BUCKET = 4.0   # exponents a scale covers: a range's exponent picks 2^(11 - 4 floor(e / 4))
-SCALE_TOP = 11.0     # so the largest |value| lands in [2^11, 2^15), inside f16's 65504
+SCALE_TOP = 15.0 - SCALE_BUCKET   # so the largest |value| lands in [2^11, 2^15), inside f16's 65504
 
 
 def _coop_scales(names, accumulators, warps: int) -> dict[str, str]:

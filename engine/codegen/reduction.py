@@ -70,7 +70,7 @@ _ROW_OPERANDS = {"layer_norm": ["x", "w", "bias"], "rms_norm": ["x", "w"]}
 # norms ([12000, 384]) took 24 us each on the H100 that way, 1.5 TB/s.
 NORM_HELD_VEC4 = 4
 _HELD_NORMS = {
-    "layer_norm": ("""    var s = 0.0;
+    "layer_norm": """    var s = 0.0;
     for (var j = 0u; j < HELD; j = j + 1u) {
         let i = t + j * WG_THREADS;
         if (i < N4) { v[j] = x[base4 + i]; s = s + v[j].x + v[j].y + v[j].z + v[j].w; }
@@ -84,8 +84,8 @@ _HELD_NORMS = {
     for (var j = 0u; j < HELD; j = j + 1u) {
         let i = t + j * WG_THREADS;
         if (i < N4) { out[base4 + i] = (v[j] - vec4<f32>(mu)) * r * w[i] + bias[i]; }
-    }"""),
-    "rms_norm": ("""    var q = 0.0;
+    }""",
+    "rms_norm": """    var q = 0.0;
     for (var j = 0u; j < HELD; j = j + 1u) {
         let i = t + j * WG_THREADS;
         if (i < N4) { v[j] = x[base4 + i]; q = q + dot(v[j], v[j]); }
@@ -94,7 +94,7 @@ _HELD_NORMS = {
     for (var j = 0u; j < HELD; j = j + 1u) {
         let i = t + j * WG_THREADS;
         if (i < N4) { out[base4 + i] = v[j] * r * w[i]; }
-    }"""),
+    }""",
 }
 
 
