@@ -68,6 +68,26 @@ def test_debiased_ema_matches_tensorboard(weight):
     assert np.isnan(smoothed[7]) and smoothed[20] == math.inf
 
 
+@pytest.mark.parametrize("weight", [1e-12, 0.003, 0.5, 0.99, 0.9999])
+def test_debiased_ema_over_many_blocks_matches_tensorboard(weight):
+    """Series longer than the blocks the EMA is computed in, for weights whose powers
+    shrink fast (short blocks) or slowly: TensorBoard's loop, to the scale of the values."""
+    values = np.random.default_rng(5).standard_normal(3000) * 2 + np.linspace(8, 1, 3000)
+    want = np.asarray(tensorboard_smoothing(list(values), weight))
+    assert np.max(np.abs(debiased_ema(values, weight) - want)) < 1e-12 * np.max(np.abs(want))
+
+
+def test_smoothing_does_not_import_scipy_signal():
+    """The Studio smooths its loss plot on the UI thread: importing scipy.signal there
+    stalled it for 0.7 s at the first plotted step."""
+    import subprocess
+    import sys
+    code = ("import sys; from engine.train.runs import debiased_ema; debiased_ema([3.0, 1.0, 2.0], 0.6); "
+            "print('scipy.signal' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "False"
+
+
 def test_debiased_ema_properties():
     constant = debiased_ema([0.7] * 30, 0.95)
     assert np.all(constant == 0.7)
