@@ -253,6 +253,24 @@ def test_one_update_per_parameter_group_in_aligned_arenas():
     check_bindings(plan)
 
 
+def test_norm_parameter_gradients_are_computed_in_their_slots():
+    """A layer norm's weight and bias gradients are the two rows of one norm_param_grad
+    (parts of it, placed side by side in the arena), an RMS norm's the one row (a view);
+    where the rows are a multiple of PART_ALIGN wide, no gradient is copied."""
+    g = Graph("norms")
+    x = g.input("x", [4, 5, 64])
+    ln = g.layer_norm(x, g.parameter("ln.weight", [64]), g.parameter("ln.bias", [64]))
+    y = g.rms_norm(g.tanh(ln), g.parameter("rms.weight", [64]))
+    g.output("loss", g.mean(g.mul(y, y)))
+    train_graph, pairs, plan = training_plan(g, TrainConfig(optimizer="sgd"))
+    assert sum(n.op == "norm_param_grad" for n in train_graph.nodes) == 2
+    assert not [d for d in plan.dispatches if d.kernel == "copy:gradient"]
+    (grp,) = plan.groups
+    for name, off in zip(grp.parameters, grp.offsets):
+        assert plan.place(train_graph.outputs["grad:" + name]) == (grp.gradient_buffer, off)
+    check_bindings(plan)
+
+
 def test_every_gradient_gets_its_own_slot_whatever_its_node_is():
     """Gradient outputs that are an input, a parameter, a constant, another output's
     node, a view, or one node for two parameters: copies fill the slots they cannot

@@ -850,26 +850,40 @@ def max_grad_cases(rng):
     return out
 
 
+def torch_norm_param_grads(norm, center: bool):
+    """norm_param_grad by torch.autograd: the gradients of the norm's weight and (center)
+    bias, contracted with dout, as rows padded with zeros to a multiple of PART_ALIGN."""
+    def fn(dout, x):
+        n = x.shape[-1]
+        params = [torch.ones(n, dtype=x.dtype, requires_grad=True)]
+        if center:
+            params.append(torch.zeros(n, dtype=x.dtype, requires_grad=True))
+        with torch.enable_grad():
+            grads = torch.autograd.grad(norm(x, *params), params, dout)
+        out = torch.zeros(len(grads), -(-n // PART_ALIGN) * PART_ALIGN, dtype=x.dtype)
+        out[:, :n] = torch.stack(grads)
+        return out
+    return fn
+
+
 @case
 def norm_grad_cases(rng):
     """The norms' backward kernels against torch.autograd through F.layer_norm and
-    F.rms_norm: dx, and dout * standardized x, which is the gradient of a weight W of
-    x's full shape at W = 1 (its row sums are the norm's dw)."""
+    F.rms_norm: dx, and the weight's and bias's gradients."""
     out = []
     for center, eps in ((True, 1e-5), (False, 1e-6), (True, 1e-2)):
         shape = (2,) + dims(rng, 2, 2, 9)
         n = shape[-1]
-        norm = ((lambda e: lambda x, w: F.layer_norm(x, x.shape[-1:], w, None, e)) if center
+        norm = ((lambda e: lambda x, w, b=None: F.layer_norm(x, x.shape[-1:], w, b, e)) if center
                 else (lambda e: lambda x, w: F.rms_norm(x, x.shape[-1:], w, e)))(eps)
         attrs = dict(eps=eps, center=center)
         x, dout = normal(rng, *shape, scale=2.0) + 1.0, normal(rng, *shape)
         out.append(Case(f"dx center={center} eps={eps}", {"dout": dout, "x": x, "w": normal(rng, n)},
                         (lambda a: lambda g, dout, x, w: g.apply("norm_grad", dout, x, w, **a))(attrs),
                         torch_vjp(norm, "x")))
-        out.append(Case(f"dw terms center={center} eps={eps}", {"dout": dout, "x": x},
-                        (lambda a: lambda g, dout, x: g.apply("norm_grad_w", dout, x, **a))(attrs),
-                        (lambda f: lambda dout, x: torch_vjp(lambda x, W: f(x, None) * W, "W")(
-                            dout, x=x, W=torch.ones_like(x)))(norm)))
+        out.append(Case(f"dw db center={center} eps={eps}", {"dout": dout, "x": x},
+                        (lambda a: lambda g, dout, x: g.apply("norm_param_grad", dout, x, **a))(attrs),
+                        torch_norm_param_grads(norm, center)))
     return out
 
 

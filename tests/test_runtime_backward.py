@@ -1,10 +1,14 @@
 """GPU kernels of the ops that gradients and the remaining forward ops use, against
 the reference executor, on shapes that are not multiples of any tile size."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from engine import Graph
+from engine.codegen.tuning import Tuning
+from engine.runtime.device import device_capabilities, get_device
 
 from test_runtime import check
 
@@ -77,17 +81,30 @@ def test_conv_gradients(dims, stride, padding, wide):
     assert all(d.variant.startswith("implicit GEMM") for d in s.plan.dispatches)
 
 
+@pytest.mark.parametrize("fill", [1, None])
 @pytest.mark.parametrize("center", [True, False])
-def test_norm_gradient_kernels(center):
-    """dx and dout * standardized x of layer (center) and RMS norms, rows longer than a
-    workgroup (300) and shorter (7)."""
+def test_norm_gradient_kernels(center, fill):
+    """dx and the parameter gradients of layer (center) and RMS norms: rows longer than a
+    workgroup and shorter, as vec4s (300, 36, 600 wide) and as floats (7, 301), with lanes
+    sharing a column (padded rows under 128 vectors) and without (600, 301); 3 rows make
+    one chunk (no second dispatch), 15 and 74 several, with a partial last one, in chunks
+    of 8 and 32 where the adapter fills with one workgroup, else of 4."""
     g = Graph("norm-grad")
-    for n in (300, 7):
-        x, d = g.input(f"x{n}", [3, 5, n]), g.input(f"d{n}", [3, 5, n])
-        w = g.parameter(f"w{n}", [n])
-        g.output(f"dx{n}", g.apply("norm_grad", d, x, w, eps=1e-5, center=center))
-        g.output(f"dw{n}", g.apply("norm_grad_w", d, x, eps=1e-5, center=center))
-    check(g)
+    shapes = (([3, 5], 300), ([3, 5], 7), ([2, 37], 7), ([2, 37], 36), ([2, 37], 600), ([2, 37], 301), ([1, 3], 36))
+    for lead, n in shapes:
+        name = f"{'x'.join(map(str, lead))}_{n}"
+        x, d = g.input(f"x{name}", lead + [n]), g.input(f"d{name}", lead + [n])
+        w = g.parameter(f"w{name}", [n])
+        g.output(f"dx{name}", g.apply("norm_grad", d, x, w, eps=1e-5, center=center))
+        g.output(f"dp{name}", g.apply("norm_param_grad", d, x, eps=1e-5, center=center))
+    caps = device_capabilities(get_device())
+    if fill is not None:
+        caps = dataclasses.replace(caps, tuning=Tuning(sum_workgroups=fill))
+    s = check(g, capabilities=caps)
+    variants = [d.variant for d in s.plan.dispatches if d.kernel == "norm_param_grad"]
+    assert len(variants) == len(shapes) and sum("chunks" in v for v in variants) == len(shapes) - 1
+    assert {v.split(" rows")[0] for v in variants} == ({"32", "8", "4"} if fill == 1 else {"4"})
+    assert any("vec4s" in v for v in variants) and any("floats" in v for v in variants)
 
 
 @pytest.mark.parametrize("activation", ["none", "silu"])

@@ -228,18 +228,25 @@ def _loss(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
 
 
 def _sum_to(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
-    x = graph[node.inputs[0]]
-    r = len(x.shape)
-    out_p = (1,) * (r - len(node.shape)) + tuple(node.shape)
-    if r > 1 and out_p == tuple(x.shape[:-1]) + (1,) and x.shape[-1] > 1:
+    return sum_to_kernel(graph[node.inputs[0]].shape, node.shape, caps)
+
+
+def sum_to_kernel(in_shape, out_shape, caps: Capabilities = PLAIN) -> Kernel:
+    """A kernel adding a tensor of ``in_shape`` up to ``out_shape`` (its shape with axes
+    summed to 1 or dropped in front): ``sum_to``, and the finish of a kernel whose
+    workgroups leave partial sums."""
+    r = len(in_shape)
+    out_p = (1,) * (r - len(out_shape)) + tuple(out_shape)
+    size, whole = math.prod(out_shape), math.prod(in_shape)
+    if r > 1 and out_p == tuple(in_shape[:-1]) + (1,) and in_shape[-1] > 1:
         # only the last axis summed (layer-norm gradients): a row reduction reads it coalesced
-        n = x.shape[-1]
-        return _finish("sum_to", "reduction", "reduce_row.wgsl", ["x"], ["f32"], "f32", [x.size // n, n, 0],
-                       grid_1d(x.size // n), caps, MODE=_ROW_MODES["sum"], THREADS=row_threads(n))
-    xs = contiguous_strides(x.shape)
-    kept = [xs[d] if out_p[d] == x.shape[d] else 0 for d in range(r)]
-    red = [x.shape[d] if out_p[d] != x.shape[d] else 1 for d in range(r)]
-    meta = [node.size, math.prod(red)] + list(out_p) + kept
+        n = in_shape[-1]
+        return _finish("sum_to", "reduction", "reduce_row.wgsl", ["x"], ["f32"], "f32", [whole // n, n, 0],
+                       grid_1d(whole // n), caps, MODE=_ROW_MODES["sum"], THREADS=row_threads(n))
+    xs = contiguous_strides(in_shape)
+    kept = [xs[d] if out_p[d] == in_shape[d] else 0 for d in range(r)]
+    red = [in_shape[d] if out_p[d] != in_shape[d] else 1 for d in range(r)]
+    meta = [size, math.prod(red)] + list(out_p) + kept
     # Long reductions get more lanes per output, 64 when 16 would leave the GPU mostly
     # idle (a bias gradient: 384 outputs made 24 workgroups; ``tuning.sum_workgroups``
     # fill it); a short one keeps one lane per output. (Splitting a bias gradient's rows
@@ -247,9 +254,9 @@ def _sum_to(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     # and the step slower on the H100: benchmarks.md run 29.)
     count = math.prod(red)
     fill = caps.tuning.sum_workgroups
-    outs = 256 if count <= 4 else 64 if count <= 64 else 16 if node.size >= 16 * fill else 4
+    outs = 256 if count <= 4 else 64 if count <= 64 else 16 if size >= 16 * fill else 4
     return _finish("sum_to", "reduction", "sum_to.wgsl", ["x"], ["f32"], "f32", meta,
-                   grid_1d(-(-node.size // outs)), RANK=r, OUTS=outs, REDUCED_OFFSET=_reduced_offset(red, xs),
+                   grid_1d(-(-size // outs)), RANK=r, OUTS=outs, REDUCED_OFFSET=_reduced_offset(red, xs),
                    UNROLL=SUM_TO_UNROLL, LAST=SUM_TO_UNROLL - 1, SUM=_pairwise([f"v{u}" for u in range(SUM_TO_UNROLL)]),
                    LOADS="\n".join(f"            let v{u} = x[base + reduced_offset(k + {u}u * LANES)];"
                                    for u in range(SUM_TO_UNROLL)))
@@ -323,8 +330,6 @@ _ROW_KERNELS = {
     for (var i = t; i < N; i = i + WG_THREADS) {
         out[base + i] = {{RESIDUAL}}r * (dout[base + i] * w[i] - mean_g - (x[base + i] - mu) * r * mean_gx);
     }"""),
-    "norm_grad_w": (["dout", "x"], _NORM_STATS + """
-    for (var i = t; i < N; i = i + WG_THREADS) { out[base + i] = dout[base + i] * (x[base + i] - mu) * r; }"""),
     "max_grad": (["dout", "x"], """    var mx = -3.4028234e38;
     for (var i = t; i < N; i = i + WG_THREADS) { mx = max(mx, x[base + i]); }
     mx = wg_max(mx, t);
@@ -377,3 +382,78 @@ def _row_kernel(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
                    grid_1d(rows), caps, THREADS=row_threads(n),
                    MODE=mode.replace("{{GN_ACT}}", act).replace("{{CENTER}}", str(a.get("center", True)).lower())
                    .replace("{{RESIDUAL}}", "res[base + i] + " if residual else ""))
+
+
+# ---------------------------------------------------------------- a norm's parameter gradients
+
+NORM_PARAM_THREADS = 256
+# Rows a workgroup of norm_param_grad.wgsl sums at most: its statistics take THREADS /
+# CHUNK threads a row, and a chunk's sums are one block of partials that sum_to.wgsl adds
+# up. On the H100, whisper's [12000, 384] took 25 us in chunks of 32, 27 in 16, 30 in 64.
+NORM_PARAM_CHUNK = 32
+
+
+def norm_param_chunk(rows: int, fill: int) -> int:
+    """Rows a workgroup of norm_param_grad.wgsl sums: NORM_PARAM_CHUNK, halved (to 4 at
+    least) while the chunks would make fewer than twice ``fill`` workgroups (the adapter's
+    ``tuning.sum_workgroups``): gpt-tiny's [2048, 384] in chunks of 32 made 64 workgroups,
+    and the step 0.1 ms slower than the kernels it replaced."""
+    chunk = NORM_PARAM_CHUNK
+    while chunk > 4 and -(-rows // chunk) < 2 * fill:
+        chunk //= 2
+    return chunk
+
+
+def _norm_param_grad(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    """``norm_param_grad`` in two dispatches: norm_param_grad.wgsl sums a chunk of rows a
+    workgroup (each row's statistics, then each column's sums), as vec4s where the rows
+    are a multiple of 4 wide; ``sum_to_kernel`` adds the chunks' sums (a single chunk
+    writes the result itself)."""
+    x = graph[node.inputs[1]]
+    n, (k, padded) = x.shape[-1], node.shape
+    rows = x.size // n
+    vec = n % 4 == 0
+    width = 4 if vec else 1
+    vt = "vec4<f32>" if vec else "f32"
+    lanes = max(1, NORM_PARAM_THREADS // (padded // width))
+    chunk = norm_param_chunk(rows, caps.tuning.sum_workgroups)
+    chunks = -(-rows // chunk)
+    kernel = _finish("reduce:norm_param_grad", "reduction", "norm_param_grad.wgsl", ["dout", "x"], [vt, vt], vt,
+                     [rows, n // width, f32_bits(node.attrs["eps"]), n, padded // width], grid_1d(chunks), caps,
+                     THREADS=NORM_PARAM_THREADS, CHUNK=chunk, LANES=lanes, K=k, VT=vt,
+                     HSUM="dot(v, vec4<f32>(1.0))" if vec else "v", CENTER=str(node.attrs["center"]).lower(),
+                     COLUMNS=_NORM_PARAM_COLUMNS[lanes > 1])
+    kernel.guarded = True
+    kernel.notes["variant"] = f"{chunk} rows a workgroup, {'vec4s' if vec else 'floats'}"
+    if chunks > 1:
+        kernel.partials = chunks * k * padded
+        kernel.finish = sum_to_kernel((chunks, k * padded), (k * padded,), caps)
+        kernel.finish.name = "reduce:norm_param_grad:chunks"
+        kernel.notes["variant"] += f", {chunks} chunks added by a second dispatch"
+    return kernel
+
+
+# The column sums of norm_param_grad.wgsl: rows at least THREADS / 2 vectors wide take a
+# thread a column at a time; narrower ones LANES threads a column (a share of the rows
+# each), added in workgroup memory.
+_NORM_PARAM_COLUMNS = {
+    False: """    for (var c = t; c < NP; c = c + THREADS) {
+        var sums = column_sums(c, 0u, 1u, held, first, NV);
+        out[chunk * K * NP + c] = sums[0];
+        if (K == 2u) { out[(chunk * K + 1u) * NP + c] = sums[1]; }
+    }""",
+    True: """    let c = t % NP;
+    let lane = t / NP;
+    var sums = array<VT, 2>(VT(0.0), VT(0.0));
+    if (lane < LANES) { sums = column_sums(c, lane, LANES, held, first, NV); }
+    lane_sums[t] = sums;
+    workgroupBarrier();
+    if (lane == 0u) {
+        for (var j = 1u; j < LANES; j = j + 1u) {
+            sums[0] = sums[0] + lane_sums[t + j * NP][0];
+            sums[1] = sums[1] + lane_sums[t + j * NP][1];
+        }
+        out[chunk * K * NP + c] = sums[0];
+        if (K == 2u) { out[(chunk * K + 1u) * NP + c] = sums[1]; }
+    }""",
+}

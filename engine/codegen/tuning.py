@@ -25,7 +25,7 @@ class Tuning:
 
     matmul_resident: int = 512   # 64 x 64 matmul workgroups in one wave: split-K, the 128 and coop tiles
     attention_fill: int = 768    # attention workgroups below which the streamed side splits
-    sum_workgroups: int = 128    # sum_to outputs widen their lanes only when they make this many workgroups
+    sum_workgroups: int = 128    # sum_to outputs widen their lanes, norm_param_grad chunks shrink, below this many workgroups
     source: str = "default"
 
     def __post_init__(self):

@@ -29,7 +29,7 @@ from .forward import (  # noqa: F401
     split_heads, sum_to_ref, tiled_attention_head_dim)
 from .backward import (  # noqa: F401
     BACKWARD_OPS, conv_input_grad_ref, conv_weight_grad_ref, cross_entropy_grad_ref,
-    embedding_grad_ref, gelu_grad_ref, max_grad_ref, norm_grad_ref, norm_grad_w_ref)
+    embedding_grad_ref, gelu_grad_ref, max_grad_ref, norm_grad_ref, norm_param_grad_ref)
 from .onnx import (  # noqa: F401
     ONNX_UNARY, cast_ref, conv_general_input_grad_ref, conv_general_ref,
     conv_general_weight_grad_ref, max_pool_grad_ref, pool_divisor, pool_geometry, pool_ref)

@@ -9,7 +9,7 @@ import math
 import numpy as np
 from scipy import special
 
-from .forward import _SQRT_2_OVER_PI, _ce_check, _reduce_shape, softmax_ref
+from .forward import PART_ALIGN, _SQRT_2_OVER_PI, _ce_check, _reduce_shape, softmax_ref
 from .table import CONV, GATHER, POINTWISE, REDUCTION, TensorType, _fail, _require_float, defop
 
 
@@ -75,16 +75,38 @@ def norm_grad_ref(dout, x, w, residual=None, eps=1e-5, center=True):
     return dx if residual is None else dx + residual
 
 
-def norm_grad_w_ref(dout, x, eps=1e-5, center=True):
-    return dout * _standardized(x, eps, center)[0]
+def norm_param_grad_ref(dout, x, eps=1e-5, center=True):
+    """The weight's gradient (dout * standardized x summed over the leading axes) and, for
+    a layer norm (``center``), the bias's (dout summed): the rows of a [2 or 1, N rounded
+    up to PART_ALIGN] result, zeros past N, so that each row is a ``part`` of it."""
+    n = x.shape[-1]
+    sums = [(dout * _standardized(x, eps, center)[0]).reshape(-1, n).sum(axis=0)]
+    if center:
+        sums.append(dout.reshape(-1, n).sum(axis=0))
+    out = np.zeros((len(sums), _padded(n)), dtype=np.result_type(dout, x))
+    out[:, :n] = sums
+    return out
+
+
+def _padded(n: int) -> int:
+    return -(-n // PART_ALIGN) * PART_ALIGN
+
+
+def _norm_param_grad_shape(ts, a):
+    _require_float(ts)
+    dout, x = ts
+    if dout.shape != x.shape or not x.shape:
+        _fail(f"dout {list(dout.shape)} and x {list(x.shape)} must share one shape of at least one axis")
+    return TensorType((2 if a["center"] else 1, _padded(x.shape[-1])))
 
 
 defop("norm_grad", REDUCTION, _norm_grad_shape, norm_grad_ref,
       doc="d layer_norm / d x (center) or d rms_norm / d x, over the last axis: one pass per row; a fourth "
           "operand (the gradient along a residual) is added to it", eps=1e-5, center=True)
-defop("norm_grad_w", REDUCTION, _norm_grad_shape, norm_grad_w_ref,
-      doc="dout * standardized x: summed over the leading axes, the norm weight's gradient", eps=1e-5,
-      center=True)
+defop("norm_param_grad", REDUCTION, _norm_param_grad_shape, norm_param_grad_ref,
+      doc="a layer norm's (center) or RMS norm's parameter gradients from dout and x: the sums over "
+          "the leading axes of dout * standardized x (the weight's) and of dout (the bias's, center "
+          "only), one row each, padded to a multiple of PART_ALIGN", eps=1e-5, center=True)
 
 
 def _max_grad_shape(ts, a):
@@ -192,7 +214,7 @@ defop("conv_weight_grad", CONV, _conv_weight_grad_shape, conv_weight_grad_ref,
       doc="d conv / d w: correlation of the padded input with dout", stride=(1,), padding=(0,), kernel=())
 
 # Ops above that exist only for gradients; autodiff does not differentiate them again.
-BACKWARD_OPS = ("relu_grad", "abs_grad", "gelu_grad", "max_grad", "norm_grad", "norm_grad_w", "cross_entropy_grad",
+BACKWARD_OPS = ("relu_grad", "abs_grad", "gelu_grad", "max_grad", "norm_grad", "norm_param_grad", "cross_entropy_grad",
                 "embedding_grad", "conv_input_grad", "conv_weight_grad",
                 "conv_general_input_grad", "conv_general_weight_grad", "max_pool_grad",
                 "attention_lse", "attention_grad_q", "attention_grad_kv", "part")
