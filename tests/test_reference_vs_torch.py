@@ -888,6 +888,15 @@ def norm_grad_cases(rng):
 
 
 @case
+def row_dot_cases(rng):
+    out = []
+    for shape in ((2, 5, 3, 8), (4, 7), (6,)):
+        out.append(Case(f"rows of {shape[-1]}", {"a": normal(rng, *shape), "b": normal(rng, *shape)},
+                        lambda g, a, b: g.apply("row_dot", a, b), lambda a, b: (a * b).sum(dim=-1)))
+    return out
+
+
+@case
 def cross_entropy_grad_cases(rng):
     out = []
     for label, batch, ignored in (("some ignored", (2, 5), 0.3), ("none ignored", (6,), 0.0), ("all but one", (4,), 1.0)):

@@ -107,6 +107,20 @@ def test_norm_gradient_kernels(center, fill):
     assert any("vec4s" in v for v in variants) and any("floats" in v for v in variants)
 
 
+def test_row_dot():
+    """Dot products of rows: a head dimension of 64 (vec4s, 16 threads a row), rows of 300
+    (vec4s, 64 threads looping), of 7 and of 1 (floats), row counts that leave the last
+    workgroup partly empty."""
+    g = Graph("row-dot")
+    for shape in ([2, 37, 3, 64], [3, 300], [5, 7], [9, 1]):
+        name = "x".join(map(str, shape))
+        a, b = g.input(f"a{name}", shape), g.input(f"b{name}", shape)
+        g.output(f"dot{name}", g.apply("row_dot", a, b))
+    s = check(g)
+    assert sorted(d.variant for d in s.plan.dispatches) == [
+        "1 thread a row, floats", "16 threads a row, vec4s", "64 threads a row, vec4s", "8 threads a row, floats"]
+
+
 @pytest.mark.parametrize("activation", ["none", "silu"])
 def test_group_norm(activation):
     g = Graph("gn")

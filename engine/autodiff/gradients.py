@@ -353,7 +353,7 @@ def attention_grad(g, n, d):
         return decomposed_attention_grad(g, n, d)
     per_head = (b, t, h, width // h)
     lse = g.apply("attention_lse", q, k, **n.attrs)
-    delta = g.sum(g.mul(g.reshape(d, per_head), g.reshape(n.id, per_head)), axis=-1)
+    delta = g.apply("row_dot", g.reshape(d, per_head), g.reshape(n.id, per_head))
     kv = g.apply("attention_grad_kv", q, k, v, d, lse, delta, **n.attrs)
     dk, dv = (g.apply("part", kv, offset=at, shape=g.shape(k)) for at in attention_grad_kv_layout(g.shape(k))[0])
     return g.apply("attention_grad_q", q, k, v, d, lse, delta, **n.attrs), dk, dv

@@ -15,7 +15,7 @@ from .matmul import _matmul, _norm_matmuls, _swiglu_matmul
 from .pointwise import POINTWISE_OPS, _pointwise
 from .pooling import _conv_direct, _conv_direct_grad, _max_pool_grad, _pool
 from .reduction import (_LOSS_ROWS, _LOSS_TERMS, _ROW_KERNELS, _ROW_MODES, _argmax, _loss, _row_kernel, _row_reduce,
-                        _norm_param_grad, _sum_to)
+                        _norm_param_grad, _row_dot, _sum_to)
 
 
 # ---------------------------------------------------------------- dispatch table
@@ -32,6 +32,7 @@ for _op in (*_LOSS_ROWS, *_LOSS_TERMS):
     _BUILDERS[_op] = _loss
 _BUILDERS["sum_to"] = _sum_to
 _BUILDERS["norm_param_grad"] = _norm_param_grad
+_BUILDERS["row_dot"] = _row_dot
 _BUILDERS["argmax"] = _argmax
 for _op in ("transpose", "broadcast_to", "slice", "pad", "concat"):
     _BUILDERS[_op] = _copy

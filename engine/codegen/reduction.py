@@ -457,3 +457,29 @@ _NORM_PARAM_COLUMNS = {
         if (K == 2u) { out[(chunk * K + 1u) * NP + c] = sums[1]; }
     }""",
 }
+
+
+# ---------------------------------------------------------------- dot products of rows
+
+ROW_DOT_THREADS = 256
+
+
+def _row_dot(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    """``row_dot`` (row_dot.wgsl): a group of threads a row, each a vec4 at a time where
+    the rows are a multiple of 4 wide, so that a warp reads whole rows. Attention's Delta
+    (rows of the head dimension, 64) was a product written in full (23 us a layer at
+    whisper-tiny's batch 8 on the H100) and a sum of a thread a row (35 us, a warp's loads
+    on 32 rows)."""
+    a = graph[node.inputs[0]]
+    n = a.shape[-1]
+    rows = a.size // n
+    vec = n % 4 == 0
+    vectors = n // 4 if vec else n
+    vt = "vec4<f32>" if vec else "f32"
+    group = min(64, 1 << (vectors - 1).bit_length())
+    kernel = _finish("reduce:row_dot", "reduction", "row_dot.wgsl", ["a", "b"], [vt, vt], "f32",
+                     [rows, vectors], grid_1d(-(-rows * group // ROW_DOT_THREADS)), caps,
+                     THREADS=ROW_DOT_THREADS, GROUP=group, VT=vt, HSUM="dot(v, vec4<f32>(1.0))" if vec else "v")
+    kernel.guarded = True
+    kernel.notes["variant"] = f"{group} thread{'s' if group > 1 else ''} a row, {'vec4s' if vec else 'floats'}"
+    return kernel

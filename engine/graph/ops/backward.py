@@ -109,6 +109,18 @@ defop("norm_param_grad", REDUCTION, _norm_param_grad_shape, norm_param_grad_ref,
           "only), one row each, padded to a multiple of PART_ALIGN", eps=1e-5, center=True)
 
 
+def _row_dot_shape(ts, a):
+    _require_float(ts)
+    if ts[0].shape != ts[1].shape or not ts[0].shape:
+        _fail(f"a {list(ts[0].shape)} and b {list(ts[1].shape)} must share one shape of at least one axis")
+    return TensorType(ts[0].shape[:-1])
+
+
+defop("row_dot", REDUCTION, _row_dot_shape, lambda a, b: (a * b).sum(axis=-1),
+      doc="the dot products of a's and b's rows (over the last axis): attention's Delta = rowsum(dO * O) "
+          "in one pass, not a product written in full and summed")
+
+
 def _max_grad_shape(ts, a):
     _require_float(ts)
     if _reduce_shape(ts[1:], a).shape != ts[0].shape:
@@ -214,7 +226,7 @@ defop("conv_weight_grad", CONV, _conv_weight_grad_shape, conv_weight_grad_ref,
       doc="d conv / d w: correlation of the padded input with dout", stride=(1,), padding=(0,), kernel=())
 
 # Ops above that exist only for gradients; autodiff does not differentiate them again.
-BACKWARD_OPS = ("relu_grad", "abs_grad", "gelu_grad", "max_grad", "norm_grad", "norm_param_grad", "cross_entropy_grad",
+BACKWARD_OPS = ("relu_grad", "abs_grad", "gelu_grad", "max_grad", "norm_grad", "norm_param_grad", "row_dot", "cross_entropy_grad",
                 "embedding_grad", "conv_input_grad", "conv_weight_grad",
                 "conv_general_input_grad", "conv_general_weight_grad", "max_pool_grad",
                 "attention_lse", "attention_grad_q", "attention_grad_kv", "part")
