@@ -24,7 +24,7 @@ def test_the_report_describes_the_graph_after_the_passes():
     train, base, report = whisper_training_graph()
     out, counts = run_passes(base, TRAINING, report)
     assert report.passes == counts == {"attention_stats": 4, "preactivation": 4, "norm_residual": 8,
-                                       "stacked_products": 36, "outputs_early": 101}
+                                       "stacked_products": 36, "activation_grad": 4, "outputs_early": 101}
     assert report.nodes_after == len(out)
     assert (report.bytes_after, report.dispatches_after) == cost.graph_cost(out)
     assert report.dispatches_after < cost.graph_cost(base)[1]

@@ -424,6 +424,16 @@ def fused_matmul_cases(rng):
                 return y + res if res is not None else y
 
             out.append(Case(f"{activation} add={has_add} residual={has_residual}", arrays, build, torch_fn))
+    for gradient, act in TORCH_ACTIVATIONS.items():   # times the activation's derivative at h
+        if gradient in ("none", "silu"):   # silu's gradient is no op of its own
+            continue
+        a, b = matmul_operands(rng, (2,), (), 3, 5, 4, False, False)
+
+        def build(g, a, b, h, _gradient=gradient):
+            return g.apply("fused_matmul", a, b, h, gradient_of=_gradient)
+
+        out.append(Case(f"gradient of {gradient}", {"a": a, "b": b, "h": normal(rng, 2, 3, 4)}, build,
+                        (lambda f: lambda a, b, h: torch_vjp(lambda h: f(h), "h")(torch.matmul(a, b), h=h))(act)))
     return out
 
 

@@ -165,7 +165,7 @@ def test_cli_optimize_reports_the_graph_passes(capsys):
     assert main(["optimize", "whisper-tiny", "--set", "mel_len=64", "--set", "batch=8", "--train", "--json"]) == 0
     passes = json.loads(capsys.readouterr().out)["passes"]
     assert passes["applied"] == {"attention_stats": 4, "preactivation": 4, "norm_residual": 8,
-                                 "stacked_products": 36, "outputs_early": 101}
+                                 "stacked_products": 36, "activation_grad": 4, "outputs_early": 101}
     assert passes["dispatches_after"] > 0
     assert main(["optimize", "whisper-tiny", "--set", "mel_len=64", "--set", "batch=8"]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("stacked_products (pass)"))

@@ -30,7 +30,8 @@ import numpy as np
 
 from ..errors import GraphError
 from ..graph.ir import Graph, Node
-from ..graph.ops import ACTIVATION_OPS, OPS, SOURCE, attention_grad_kv_layout, pool_divisor, tiled_attention_head_dim
+from ..graph.ops import (ACTIVATION_OPS, GRADIENT_OF, OPS, SOURCE, attention_grad_kv_layout, pool_divisor,
+                         tiled_attention_head_dim)
 
 GradientRule = Callable[[Graph, Node, int], tuple]
 
@@ -207,7 +208,12 @@ def fused_matmul_parts(g, node, a, b, *extra):
     if at["has_add"]:
         y = g.add(y, extra.pop(0))
     y = activate(g, y, at["activation"])
-    return g.add(y, extra.pop(0)) if at["has_residual"] else y
+    if at["has_residual"]:
+        y = g.add(y, extra.pop(0))
+    if at["gradient_of"] != "none":
+        op, attrs = GRADIENT_OF[at["gradient_of"]]
+        y = g.apply(op, y, extra.pop(0), **attrs)
+    return y
 
 
 def group_norm_parts(g, node, x, w, b):

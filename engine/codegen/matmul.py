@@ -11,10 +11,10 @@ from typing import NamedTuple
 from ..config import Knobs
 from ..errors import DeviceError
 from ..graph.ir import Graph, Node
-from ..graph.ops import norm_matmuls_layout
+from ..graph.ops import GRADIENT_OF, norm_matmuls_layout
 from .common import (MAX_WORKGROUPS, PLAIN, TILE, WG, Capabilities, Kernel, UnsupportedOpError, _finish, _render,
                      _thread_xy, contiguous_strides, f32_bits, forward_nodes, grid_1d)
-from .pointwise import ACTIVATION_EXPR
+from .pointwise import ACTIVATION_EXPR, _expr
 from .tuning import Tuning
 
 
@@ -123,6 +123,12 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
             j += 1
         if not epi:
             epi.append("    v = act(v);")
+        if attrs.get("gradient_of", "none") != "none":   # engine.optimize.activation_grad
+            op, op_attrs = GRADIENT_OF[attrs["gradient_of"]]
+            names.append("grad_in")
+            types.append("f32")
+            at = f"grad_in[boff(b, {j}u) + row * srow({j}u) + col * scol({j}u)]"
+            epi.append(f"    v = {_expr(op, ['v', at], op_attrs, [])};")
     common = dict(BR=br, OPERANDS=_render("matmul_operands.wgsl", ACTIVATION=act), EPILOGUE="\n".join(epi))
     if vector_rows(m_, ta, caps):
         vector = dict(common, EPILOGUE="") if norm else common   # the vector kernel sums the norm's squares itself
@@ -150,8 +156,12 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
         line, words, operand = residual
         if variant in COOP and act == "x" and br == 0 and words == [n_, 1] and not any(scaled):
             subs["RESIDUAL_INIT"] = _residual_init(variant, line, operand)
+    # A cooperative tile's epilogue runs in turns over its subgroups' results (SCRATCH_SUBGROUPS):
+    # an activation's gradient there (erfc and a load an element) made whisper-tiny's f16
+    # step 0.8 ms slower than the same in a second dispatch, which runs at the bandwidth.
+    apart = variant in COOP and attrs.get("gradient_of", "none") != "none"
     return _tiled_kernel(f"matmul:{node.op}", "matmul", names, types, meta, (gx, gy, max(nbatch, 1)), k_, note,
-                         common, subs, caps, extras=len(extras))
+                         common, subs, caps, extras=len(extras), epilogue_apart=apart)
 
 
 def _residual_init(variant: str, line: str, operand: int) -> dict:
@@ -351,22 +361,23 @@ OUT_AT = "    let at = (z * M + row) * N + col;"   # matmul_tiled.wgsl: where re
 
 
 def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, subs, caps: Capabilities,
-                  extras=0) -> Kernel:
+                  extras=0, epilogue_apart=False) -> Kernel:
     """A matmul_tiled.wgsl kernel over ``grid`` (column tiles, row tiles, batch); where
     its tiles are too few to fill the GPU (``matmul_splits``), the first stage of a split-K
     node: its K slices write raw sums to partials (the epilogue left out) and a second
     dispatch (matmul_splits.wgsl; bindings: the partials, the last ``extras`` operands,
-    the output) adds them and applies the epilogue."""
+    the output) adds them and applies the epilogue. ``epilogue_apart``: that second
+    dispatch applies the epilogue even where K is not split."""
     subs = dict(subs)
     enables = subs.pop("ENABLES", ())
     state = subs.pop("STATE", False)
     splits = matmul_splits(grid[0] * grid[1] * grid[2], k_, subs["BK"], caps.knobs, caps.tuning)
     if grid[2] * splits > MAX_WORKGROUPS or "OUT_AT" in common:   # results mapped elsewhere: never split
         splits = 1
-    first = common if splits == 1 else dict(common, EPILOGUE="",
-                                            OPERANDS=_render("matmul_operands.wgsl", ACTIVATION="x"))
+    apart = splits > 1 or (epilogue_apart and "OUT_AT" not in common)
+    first = dict(common, EPILOGUE="", OPERANDS=_render("matmul_operands.wgsl", ACTIVATION="x")) if apart else common
     residual = subs.pop("RESIDUAL_INIT", None)
-    if residual is not None and splits == 1:   # split-K's slices write raw sums: the finish adds the residual
+    if residual is not None and not apart:   # split-K's slices write raw sums: the finish adds the residual
         first = dict(first, EPILOGUE=first["EPILOGUE"].replace(residual["line"], residual["guarded"]))
         subs.update(ACC_DECL=subs["ACC_DECL"] + "\n" + residual["init"], SMEM=subs["SMEM"] + "\n" + residual["decl"])
     if state:   # _coop_scales' guesses, a binding after the output
@@ -378,7 +389,7 @@ def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, s
     k.notes["variant"] = note
     k.guarded = True
     k.state_words = 2 * grid[0] * grid[1] * grid[2] * splits if state else 0
-    if splits > 1:
+    if apart:
         total = meta[0] * meta[1] * grid[2]
         k.partials = splits * total
         operands = len(names) - extras
@@ -387,7 +398,7 @@ def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, s
                            SPLITS_WORD=len(meta), **common)
         k.finish.guarded = True
         k.finish_operands = tuple(range(operands, len(names)))
-        k.notes["variant"] += f", K split {splits} ways"
+        k.notes["variant"] += f", K split {splits} ways" if splits > 1 else ", epilogue in a second dispatch"
     return k
 
 

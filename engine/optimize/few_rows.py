@@ -86,7 +86,8 @@ def _swiglu(graph: Graph, mul: Node, users, outputs) -> tuple[str, tuple[int, ..
     for gate_id, up_id in (mul.inputs, mul.inputs[::-1]):
         gate, up = graph[gate_id], graph[up_id]
         if not (gate.op == "fused_matmul" and gate.attrs["activation"] == "silu" and not gate.attrs["has_add"]
-                and not gate.attrs["has_residual"] and not gate.attrs["transpose_a"] and _plain_matmul(up)):
+                and not gate.attrs["has_residual"] and gate.attrs["gradient_of"] == "none"
+                and not gate.attrs["transpose_a"] and _plain_matmul(up)):
             continue
         x, tb = gate.inputs[0], gate.attrs["transpose_b"]
         if up.inputs[0] != x or up.attrs["transpose_b"] != tb or not _few(graph[x]):

@@ -11,6 +11,7 @@ from collections import Counter
 from ..graph.ir import Graph
 from ..graph.ops import OPS, SOURCE
 from . import cost
+from .activation_grad import fold_activation_gradients
 from .attention_stats import share_attention_statistics
 from .norm_residual import fold_residual_gradients
 from .preactivation import reuse_preactivations
@@ -20,7 +21,7 @@ from .stacked_products import stack_products
 
 TRAINING = (("attention_stats", share_attention_statistics), ("preactivation", reuse_preactivations),
             ("norm_residual", fold_residual_gradients), ("stacked_products", stack_products),
-            ("outputs_early", outputs_early))
+            ("activation_grad", fold_activation_gradients), ("outputs_early", outputs_early))
 INFERENCE = (("stacked_products", stack_products),)
 WHY = {   # what each pass buys, where the cost model's bytes and dispatches do not show it
     "attention_stats": "the attention forward also writes the log-sum-exp its backward needs, "
@@ -32,6 +33,8 @@ WHY = {   # what each pass buys, where the cost model's bytes and dispatches do 
                         "gradients in one product and makes their weights' gradients in one",
     "norm_residual": "a norm's input gradient and the gradient along the residual are added as the "
                      "norm's backward kernel writes its result, not by a pass of their own",
+    "activation_grad": "an activation's gradient is applied by the product computing the gradient that "
+                       "arrives at it, as it writes its result, not by a pass of its own",
     "outputs_early": "nodes that only lead to outputs (weight and bias gradients) run as soon as "
                      "their operands are ready, so the tensors they read are freed sooner",
 }

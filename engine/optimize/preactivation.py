@@ -26,11 +26,12 @@ def _product_key(n: Node) -> tuple:
 
 def _plain(n: Node) -> bool:
     return n.op == "matmul" or (n.op == "fused_matmul" and n.attrs["activation"] == "none"
-                                and not n.attrs["has_residual"])
+                                and not n.attrs["has_residual"] and n.attrs["gradient_of"] == "none")
 
 
 def _activated(n: Node) -> bool:
-    return n.op == "fused_matmul" and n.attrs["activation"] != "none" and not n.attrs["has_residual"]
+    return (n.op == "fused_matmul" and n.attrs["activation"] != "none" and not n.attrs["has_residual"]
+            and n.attrs["gradient_of"] == "none")
 
 
 def reuse_preactivations(graph: Graph) -> tuple[Graph, int, dict[int, int]]:

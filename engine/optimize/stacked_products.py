@@ -37,12 +37,18 @@ from ..graph.ops import PART_ALIGN, TensorType
 MIN_ROWS = 64   # fewer rows: the vector kernels' (engine.optimize.few_rows), not the tiles'
 
 
+def _epilogue_adds_only(n: Node) -> bool:
+    """A ``fused_matmul`` whose epilogue at most adds a tensor: no activation, residual or
+    activation gradient, so that its product can be stacked with others."""
+    return n.attrs["activation"] == "none" and not n.attrs["has_residual"] and n.attrs["gradient_of"] == "none"
+
+
 def _weights(graph: Graph, n: Node) -> tuple[int, int | None] | None:
     """(weight, bias or None) of a product this pass stacks: a plain product of a parameter,
     or one adding a parameter bias [N]; None for anything else."""
     if n.op == "matmul":
         bias = None
-    elif n.op == "fused_matmul" and n.attrs["activation"] == "none" and not n.attrs["has_residual"]:
+    elif n.op == "fused_matmul" and _epilogue_adds_only(n):
         bias = n.inputs[2] if n.attrs["has_add"] else None
     else:
         return None
@@ -77,8 +83,8 @@ def _input_gradient_sums(graph: Graph, groups: list[list[int]]) -> dict[int, lis
                   for ids in groups}
     found = {}
     for n in graph.nodes:
-        if not (n.op == "fused_matmul" and n.attrs["activation"] == "none" and n.attrs["has_add"]
-                and not n.attrs["transpose_a"]):
+        if not (n.op == "fused_matmul" and n.attrs["activation"] == n.attrs["gradient_of"] == "none"
+                and n.attrs["has_add"] and not n.attrs["transpose_a"]):
             continue
         tb = n.attrs["transpose_b"]
         terms = [(n.inputs[0], n.inputs[1])]

@@ -59,7 +59,7 @@ def estimate_flops(graph, node) -> int:
             return 2 * products * k + 4 * x.size
         k = x.shape[-2] if a.get("transpose_a") else x.shape[-1]
         extra = size * (int(a.get("has_add", False)) + int(a.get("has_residual", False))
-                        + int(a.get("activation", "none") != "none"))
+                        + int(a.get("activation", "none") != "none") + int(a.get("gradient_of", "none") != "none"))
         return 2 * size * k + extra
     if arch == "attention":
         q, kk = ins[0], ins[1]

@@ -19,7 +19,7 @@ from .table import (  # noqa: F401
     ARCHETYPES, ATTENTION, CONV, COPY, GATHER, MATMUL, OPS, OpDef, OpShapeError, POINTWISE,
     REDUCTION, SOURCE, Shape, TensorType, VIEW, broadcast_shapes, defop)
 from .forward import (  # noqa: F401
-    ACTIVATION_OPS, ACTIVATIONS, BINARY, PART_ALIGN, UNARY, attention_grad_kv_layout, attention_grad_kv_ref,
+    ACTIVATION_OPS, ACTIVATIONS, BINARY, GRADIENT_OF, PART_ALIGN, UNARY, attention_grad_kv_layout, attention_grad_kv_ref,
     attention_grad_q_ref,
     attention_lse_ref, attention_ref, attention_scores, attention_stats_layout, attention_stats_ref, bce_ref,
     check_index_range, conv_ref,

@@ -340,24 +340,32 @@ ACTIVATIONS = {"none": lambda x: x, "relu": UNARY["relu"], "silu": UNARY["silu"]
                "gelu": gelu_ref, "gelu_tanh": lambda x: gelu_ref(x, "tanh")}
 ACTIVATION_OPS = {"relu": ("relu", {}), "silu": ("silu", {}), "gelu": ("gelu", {}),   # each as an op of its own
                   "gelu_tanh": ("gelu", {"approximate": "tanh"})}
+# A fused_matmul's ``gradient_of``: the activation whose gradient op (dout, its input)
+# multiplies the result, the activation's input the last operand (engine.optimize.activation_grad).
+GRADIENT_OF = {"relu": ("relu_grad", {}), "gelu": ("gelu_grad", {}), "gelu_tanh": ("gelu_grad", {"approximate": "tanh"})}
 
 
 def _fused_matmul_shape(ts, a):
     out = _mm_dims(ts[0], ts[1], a.get("transpose_a", False), a.get("transpose_b", False))
     if a.get("activation", "none") not in ACTIVATIONS:
         _fail(f"unknown activation {a.get('activation')!r}")
-    n_extra = int(a.get("has_add", False)) + int(a.get("has_residual", False))
+    gradient = a.get("gradient_of", "none")
+    if gradient != "none" and gradient not in GRADIENT_OF:
+        _fail(f"unknown gradient_of {gradient!r}: one of none, {', '.join(GRADIENT_OF)}")
+    n_extra = int(a.get("has_add", False)) + int(a.get("has_residual", False)) + int(gradient != "none")
     if len(ts) != 2 + n_extra:
         _fail(f"expected {2 + n_extra} operands, found {len(ts)}")
     for t in ts[2:]:
         _require_float([t])
         if broadcast_shapes(out, t.shape) != out:
             _fail(f"epilogue operand {list(t.shape)} does not broadcast to {list(out)}")
+    if gradient != "none" and ts[-1].shape != out:
+        _fail(f"the activation's input {list(ts[-1].shape)} must have the result's shape {list(out)}")
     return TensorType(out)
 
 
 def fused_matmul_ref(a, b, *extra, transpose_a=False, transpose_b=False, activation="none",
-                     has_add=False, has_residual=False):
+                     has_add=False, has_residual=False, gradient_of="none"):
     y = matmul_ref(a, b, transpose_a, transpose_b)
     extra = list(extra)
     if has_add:
@@ -365,12 +373,17 @@ def fused_matmul_ref(a, b, *extra, transpose_a=False, transpose_b=False, activat
     y = ACTIVATIONS[activation](y)
     if has_residual:
         y = y + extra.pop(0)
+    if gradient_of != "none":
+        op, attrs = GRADIENT_OF[gradient_of]
+        y = OPS[op].ref(y, extra.pop(0), **attrs)
     return y
 
 
 defop("fused_matmul", MATMUL, _fused_matmul_shape, fused_matmul_ref,
-      doc="act(a @ b + add) + residual: a matmul with its epilogue",
-      transpose_a=False, transpose_b=False, activation="none", has_add=False, has_residual=False)
+      doc="act(a @ b + add) + residual: a matmul with its epilogue; with ``gradient_of``, that times the "
+          "activation's derivative at the last operand (its gradient op applied to the result)",
+      transpose_a=False, transpose_b=False, activation="none", has_add=False, has_residual=False,
+      gradient_of="none")
 
 
 def _norm_matmul_shape(ts, a):
