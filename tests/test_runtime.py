@@ -43,6 +43,20 @@ def feeds(g, seed=0, positive=False):
     return inputs, params
 
 
+def check_rewrite(before, after, params, tol=1e-4):
+    """A graph pass's result computes what its input did: every output equal on the float64
+    reference (to rounding), and on the GPU within ``tol``."""
+    want, got = reference.run(before, {}, params, np.float64), reference.run(after, {}, params, np.float64)
+    assert set(got) == set(want)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-12, atol=1e-14, err_msg=name)
+    session = build_inference_session(after, optimize=False)
+    session.set_parameters(params)
+    session.run()
+    for name in want:
+        assert rel_err(session.read_output(name), want[name]) < tol, name
+
+
 def check(g, inputs=None, params=None, positive=False, tol=TOL, capabilities=None):
     if inputs is None:
         inputs, params = feeds(g, positive=positive)
