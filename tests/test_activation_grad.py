@@ -11,9 +11,10 @@ from engine.autodiff.gradients import differentiate
 from engine.compile.cache import cached_training_graph
 from engine.optimize import optimize
 from engine.optimize.activation_grad import fold_activation_gradients
+from engine.runtime.device import device_capabilities, get_device
 
 from test_coop_matmul import COOP_CAPS
-from test_runtime import check, check_rewrite
+from test_runtime import TOL, check, check_rewrite
 from tint_check import tint_check
 
 GRADIENT_OPS = {"relu": "relu_grad", "gelu": "gelu_grad", "gelu_tanh": "gelu_grad"}
@@ -60,7 +61,8 @@ def test_a_product_read_twice_or_an_output_is_left_alone():
 def test_the_epilogue_on_the_gpu(gradient):
     """The fused kernels against the reference: a tiled product, a transposed one with a
     bias, an activation and a residual before the gradient, one of few rows (the vector
-    kernel) and one split along K."""
+    kernel) and one split along K. Where products take f16 operands (Dawn with subgroup
+    matrices), their rounding (3-4e-4 of the largest value on the H100) sets the tolerance."""
     g = Graph("gradient-epilogue")
     a, w = g.input("a", [2, 33, 20]), g.parameter("w", [20, 37])
     h = g.input("h", [2, 33, 37])
@@ -72,7 +74,8 @@ def test_the_epilogue_on_the_gpu(gradient):
     g.output("few_rows", g.apply("fused_matmul", row, w, h_row, gradient_of=gradient))
     long, w_long, h_long = g.input("long", [64, 2048]), g.parameter("w_long", [2048, 40]), g.input("h_long", [64, 40])
     g.output("split", g.apply("fused_matmul", long, w_long, h_long, gradient_of=gradient))
-    s = check(g)
+    f16 = device_capabilities(get_device()).matmul_f16   # cooperative products round their operands
+    s = check(g, tol=2e-3 if f16 else TOL)
     assert any("K split" in d.variant for d in s.plan.dispatches)   # the second dispatch applies the epilogue
 
 
