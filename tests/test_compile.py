@@ -255,8 +255,9 @@ def test_one_update_per_parameter_group_in_aligned_arenas():
 
 def test_norm_parameter_gradients_are_computed_in_their_slots():
     """A layer norm's weight and bias gradients are the two rows of one norm_param_grad
-    (parts of it, placed side by side in the arena), an RMS norm's the one row (a view);
-    where the rows are a multiple of PART_ALIGN wide, no gradient is copied."""
+    (parts of it, placed side by side in the arena), an RMS norm's its one row (a part
+    that is the whole result, computed in the slot); where the rows are a multiple of
+    PART_ALIGN wide, no gradient is copied."""
     g = Graph("norms")
     x = g.input("x", [4, 5, 64])
     ln = g.layer_norm(x, g.parameter("ln.weight", [64]), g.parameter("ln.bias", [64]))

@@ -153,7 +153,8 @@ def test_fusion_keeps_the_modules_of_what_it_merges(gpt_tiny):
 
 def test_backward_nodes_carry_their_forward_nodes_modules(gpt_tiny):
     _, forward, train, _ = gpt_tiny
-    grads = [n for n in train.nodes if n.op in ("attention_grad_q", "attention_grad_kv", "part")]
+    grads = [n for n in train.nodes if n.op in ("attention_grad_q", "attention_grad_kv")
+             or (n.op == "part" and train[n.inputs[0]].op == "attention_grad_kv")]   # dk and dv
     assert len(grads) == 24 and {n.modules for n in grads} == {(f"layers.{i}.attn",) for i in range(6)}
     backward = train.nodes[len(forward.nodes):]
     scoped = [n for n in backward if n.modules]

@@ -187,8 +187,6 @@ def norm_grad(center: bool) -> GradientRule:
         dx = g.apply("norm_grad", d, x, w, **attrs)
         sums = g.apply("norm_param_grad", d, x, **attrs)
         rows, width = g.shape(sums)
-        if rows == 1 and (width,) == g.shape(w):   # a part would be copied to the weight's gradient slot
-            return dx, g.reshape(sums, (width,))
         return (dx, *(g.apply("part", sums, offset=i * width, shape=g.shape(w)) for i in range(rows)))
     return rule
 

@@ -386,6 +386,13 @@ def _row_kernel(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
 
 # ---------------------------------------------------------------- a norm's parameter gradients
 
+def _row_vectors(n: int) -> tuple[int, str, str]:
+    """How a kernel reads rows of ``n`` (norm_param_grad.wgsl, row_dot.wgsl): (elements a
+    load, the WGSL type ``VT`` loaded, ``HSUM``: the sum of a loaded ``v``'s elements);
+    vec4s where ``n`` is a multiple of 4."""
+    return (4, "vec4<f32>", "dot(v, vec4<f32>(1.0))") if n % 4 == 0 else (1, "f32", "v")
+
+
 NORM_PARAM_THREADS = 256
 # Rows a workgroup of norm_param_grad.wgsl sums at most: its statistics take THREADS /
 # CHUNK threads a row, and a chunk's sums are one block of partials that sum_to.wgsl adds
@@ -412,19 +419,16 @@ def _norm_param_grad(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Ke
     x = graph[node.inputs[1]]
     n, (k, padded) = x.shape[-1], node.shape
     rows = x.size // n
-    vec = n % 4 == 0
-    width = 4 if vec else 1
-    vt = "vec4<f32>" if vec else "f32"
+    width, vt, hsum = _row_vectors(n)
     lanes = max(1, NORM_PARAM_THREADS // (padded // width))
     chunk = norm_param_chunk(rows, caps.tuning.sum_workgroups)
     chunks = -(-rows // chunk)
     kernel = _finish("reduce:norm_param_grad", "reduction", "norm_param_grad.wgsl", ["dout", "x"], [vt, vt], vt,
                      [rows, n // width, f32_bits(node.attrs["eps"]), n, padded // width], grid_1d(chunks), caps,
-                     THREADS=NORM_PARAM_THREADS, CHUNK=chunk, LANES=lanes, K=k, VT=vt,
-                     HSUM="dot(v, vec4<f32>(1.0))" if vec else "v", CENTER=str(node.attrs["center"]).lower(),
-                     COLUMNS=_NORM_PARAM_COLUMNS[lanes > 1])
+                     THREADS=NORM_PARAM_THREADS, CHUNK=chunk, LANES=lanes, K=k, VT=vt, HSUM=hsum,
+                     CENTER=str(node.attrs["center"]).lower(), COLUMNS=_NORM_PARAM_COLUMNS[lanes > 1])
     kernel.guarded = True
-    kernel.notes["variant"] = f"{chunk} rows a workgroup, {'vec4s' if vec else 'floats'}"
+    kernel.notes["variant"] = f"{chunk} rows a workgroup, {'vec4s' if width == 4 else 'floats'}"
     if chunks > 1:
         kernel.partials = chunks * k * padded
         kernel.finish = sum_to_kernel((chunks, k * padded), (k * padded,), caps)
@@ -473,13 +477,12 @@ def _row_dot(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     a = graph[node.inputs[0]]
     n = a.shape[-1]
     rows = a.size // n
-    vec = n % 4 == 0
-    vectors = n // 4 if vec else n
-    vt = "vec4<f32>" if vec else "f32"
+    width, vt, hsum = _row_vectors(n)
+    vectors = n // width
     group = min(64, 1 << (vectors - 1).bit_length())
     kernel = _finish("reduce:row_dot", "reduction", "row_dot.wgsl", ["a", "b"], [vt, vt], "f32",
                      [rows, vectors], grid_1d(-(-rows * group // ROW_DOT_THREADS)), caps,
-                     THREADS=ROW_DOT_THREADS, GROUP=group, VT=vt, HSUM="dot(v, vec4<f32>(1.0))" if vec else "v")
+                     THREADS=ROW_DOT_THREADS, GROUP=group, VT=vt, HSUM=hsum)
     kernel.guarded = True
-    kernel.notes["variant"] = f"{group} thread{'s' if group > 1 else ''} a row, {'vec4s' if vec else 'floats'}"
+    kernel.notes["variant"] = f"{group} thread{'s' if group > 1 else ''} a row, {'vec4s' if width == 4 else 'floats'}"
     return kernel

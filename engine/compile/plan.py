@@ -404,7 +404,8 @@ def _direct_gradients(b: _PlanBuilder, gradients: dict[str, str], arena_of: dict
         node = g[r]
         if OPS[node.op].archetype == SOURCE or owners[r] > 1 or r in other_outputs:
             continue
-        if g.outputs[gradients[p]] in b.within:   # a part of a packed result: its root holds more
+        grad = g[g.outputs[gradients[p]]]
+        if b.within.get(grad.id, 0) or grad.size != node.size:   # a part of a packed result that holds more
             continue
         if any(placed.get(root[i]) == arena_of[p] for i in node.inputs):
             continue

@@ -15,8 +15,13 @@ Run after autodiff, the training graph's ``optimize`` and the passes that stack 
 from __future__ import annotations
 
 from ..graph.ir import Graph, Node
+from ..graph.ops import GRADIENT_OF, OPS
 
-_GRADIENTS = {("relu_grad", None): "relu", ("gelu_grad", "none"): "gelu", ("gelu_grad", "tanh"): "gelu_tanh"}
+
+def _gradient_of(n: Node) -> str | None:
+    """The activation (a ``gradient_of`` value) whose gradient op ``n`` is, or None."""
+    return next((name for name, (op, attrs) in GRADIENT_OF.items()
+                 if n.op == op and n.attrs == {**OPS[op].attrs, **attrs}), None)
 
 
 def _fold(graph: Graph, n: Node, users: list[list[int]], outputs: set[int]) -> tuple[int, int, str] | None:
@@ -24,7 +29,7 @@ def _fold(graph: Graph, n: Node, users: list[list[int]], outputs: set[int]) -> t
     folds, or None: its first operand a product read by it alone and not an output (a
     ``matmul``, or a ``fused_matmul`` without a gradient of its own), the activation input
     of the product's shape."""
-    gradient = _GRADIENTS.get((n.op, n.attrs.get("approximate")))
+    gradient = _gradient_of(n)
     if gradient is None:
         return None
     d, h = graph[n.inputs[0]], graph[n.inputs[1]]

@@ -9,7 +9,7 @@ import math
 import numpy as np
 from scipy import special
 
-from .forward import PART_ALIGN, _SQRT_2_OVER_PI, _ce_check, _reduce_shape, softmax_ref
+from .forward import _SQRT_2_OVER_PI, _ce_check, _reduce_shape, packed_layout, softmax_ref
 from .table import CONV, GATHER, POINTWISE, REDUCTION, TensorType, _fail, _require_float, defop
 
 
@@ -83,13 +83,9 @@ def norm_param_grad_ref(dout, x, eps=1e-5, center=True):
     sums = [(dout * _standardized(x, eps, center)[0]).reshape(-1, n).sum(axis=0)]
     if center:
         sums.append(dout.reshape(-1, n).sum(axis=0))
-    out = np.zeros((len(sums), _padded(n)), dtype=np.result_type(dout, x))
+    out = np.zeros((len(sums), packed_layout([n])[1]), dtype=np.result_type(dout, x))
     out[:, :n] = sums
     return out
-
-
-def _padded(n: int) -> int:
-    return -(-n // PART_ALIGN) * PART_ALIGN
 
 
 def _norm_param_grad_shape(ts, a):
@@ -97,7 +93,7 @@ def _norm_param_grad_shape(ts, a):
     dout, x = ts
     if dout.shape != x.shape or not x.shape:
         _fail(f"dout {list(dout.shape)} and x {list(x.shape)} must share one shape of at least one axis")
-    return TensorType((2 if a["center"] else 1, _padded(x.shape[-1])))
+    return TensorType((2 if a["center"] else 1, packed_layout([x.shape[-1]])[1]))
 
 
 defop("norm_grad", REDUCTION, _norm_grad_shape, norm_grad_ref,
