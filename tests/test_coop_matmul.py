@@ -137,6 +137,27 @@ def test_cooperative_kernels_are_chosen_by_output_size_and_workgroup_memory():
                                                   precision="f16").matmul_f16
 
 
+def test_long_convolution_weight_gradients_take_the_wide_tile():
+    """A convolution's weight gradient gathers both operands, so where its K splits into
+    long slices it takes the 128 x 128 tile (whisper's conv1 at batch 8: [384, 240] over
+    K = 24000) where a product of that size takes 64 x 64; at batch 1 (slices of 272) it
+    keeps 64 x 64, input gradients keep the matmul's rule, and f32 kernels are unchanged."""
+    def variant(batch, op="conv_weight_grad", caps=COOP_CAPS):
+        g = Graph("conv1")
+        x, d = g.input("x", [batch, 80, 3000]), g.input("d", [batch, 384, 3000])
+        if op == "conv_weight_grad":
+            node = g.apply(op, x, d, stride=(1,), padding=(1,), kernel=(3,))
+        else:
+            node = g.apply(op, d, g.parameter("w", [384, 80, 3]), stride=(1,), padding=(1,),
+                           input_shape=(batch, 80, 3000))
+        return codegen.kernel_for(g, g[node], caps).notes["variant"]
+    assert codegen.matmul_variant(384, 240, 1, 24000, caps=COOP_CAPS) == "c64"
+    assert variant(8).startswith("implicit GEMM 384x240x24000, 128x128 tile, cooperative"), variant(8)
+    assert "64x64 tile, cooperative" in variant(1), variant(1)
+    assert "64x64 tile, cooperative" in variant(1, "conv_input_grad")             # loaded weights: the rule's
+    assert "cooperative" not in variant(8, caps=codegen.Capabilities())
+
+
 def test_training_plans_scale_the_gradient_operands():
     """Gradients leave f16's range where activations stay inside it (audio-align's first
     gradient norm is 7.8e21), so in a training plan every weight and input gradient's

@@ -6,7 +6,8 @@ from __future__ import annotations
 from ..errors import DeviceError
 from ..graph.ir import Graph, Node
 from .common import Capabilities, Kernel, MAX_WORKGROUPS, PLAIN, _render
-from .matmul import _scaled_operands, _tile_note, _tile_of, _tile_subs, _tiled_kernel, matmul_variant, operand_fetch
+from .matmul import (COOP, LONG_SLICE, _scaled_operands, _tile_note, _tile_of, _tile_subs, _tiled_kernel,
+                     coop_workgroup_bytes, matmul_variant, operand_fetch, split_rule)
 
 
 # ---------------------------------------------------------------- convolution as implicit GEMM
@@ -146,6 +147,25 @@ def _im2col_batch(go, gk):
             f"(({gk} / (cv_OH * cv_OW) * cv_C + {go} / (cv_KH * cv_KW)) * cv_H + u32(iy)) * cv_W + u32(ix)")
 
 
+def _conv_variant(op: str, m_: int, n_: int, nbatch: int, k_: int, caps: Capabilities) -> str:
+    """The matmul kernel of a convolution's implicit GEMM: ``matmul_variant``'s, except
+    that a weight gradient whose K splits into long slices (``LONG_SLICE``) takes the
+    128 x 128 cooperative tile where that rule gives 64 x 64. Both of its operands are gathered
+    (index arithmetic an element), and a tile twice as wide gathers half as much a FLOP:
+    whisper's conv1 weight gradient ([384, 240] over K = 24000 at batch 8, 6 tiles in 16
+    slices) took 150 us a step on the H100 where 64 x 64 tiles took 225 (c64 in 8 or 4
+    slices: 261 and 374; run 35). Products of loaded operands keep the rule: there the
+    smaller tile's occupancy wins (``coop_variant``)."""
+    preset = matmul_variant(m_, n_, nbatch, k_, caps=caps)
+    wide = "c128"
+    splits = split_rule(-(-m_ // 128) * -(-n_ // 128) * nbatch, k_, caps.tuning)
+    if (op == "conv_weight_grad" and preset == "c64" and caps.knobs.matmul == "auto"
+            and coop_workgroup_bytes(wide) <= caps.workgroup_storage and COOP[wide].threads <= caps.invocations
+            and splits > 1 and k_ // splits >= LONG_SLICE):
+        return wide
+    return "64" if preset == "simple" else preset
+
+
 def _conv(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     """Any convolution op as an implicit GEMM on the tiled matmul kernel."""
     g = _conv_geometry(graph, node)
@@ -182,8 +202,7 @@ def _conv(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     # bindings follow the node's inputs: B (x or dout) comes first in all three ops
     names = ["b_in", "a_in"] + (["add_in"] if has_bias else [])
     types = ["f32", "vec4<f32>" if fetch_a.endswith("vec4") else "f32"] + (["f32"] if has_bias else [])
-    preset = matmul_variant(m_, n_, nbatch, k_, caps=caps)
-    preset = "64" if preset == "simple" else preset
+    preset = _conv_variant(node.op, m_, n_, nbatch, k_, caps)
     tile_m, tile_n = _tile_of(preset)
     grid = (-(-n_ // tile_n), -(-m_ // tile_m), nbatch)
     if max(grid) > MAX_WORKGROUPS:
