@@ -167,7 +167,14 @@ def _conv_variant(op: str, m_: int, n_: int, nbatch: int, k_: int, caps: Capabil
 
 
 def _conv(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
-    """Any convolution op as an implicit GEMM on the tiled matmul kernel."""
+    """Any convolution op as an implicit GEMM on the tiled matmul kernel. Each gathered
+    operand is fetched with a warp's threads along the axis that is contiguous in memory
+    (or nearly): the input gradient's weights along channels (w[o, c, tap]: a stride of
+    KH * KW), the weight gradient's im2col along k (output positions of one channel and
+    tap). Along the other axis a warp's 32 loads touched 11 to 16 lines: whisper's conv2
+    input gradient took 404 us a step where it now takes 238, its weight gradient 210
+    where 180, conv1's 151 where 130 (f16 on the H100; f32 600 -> 576 and 464 -> 437 us;
+    run 35)."""
     g = _conv_geometry(graph, node)
     taps, spatial_in, spatial_out = g["KH"] * g["KW"], g["H"] * g["W"], g["OH"] * g["OW"]
     words = lambda batch_stride, s_row, s_col: [batch_stride, s_row, s_col]   # BR = 1: one batch stride
@@ -178,18 +185,18 @@ def _conv(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
                           -(-g["H"] // g["SH"]), -(-g["W"] // g["SW"]))
         m_, n_, k_, nbatch = g["C"], ny * nx, g["O"] * jy * jx, g["N"] * classes
         ops = words(0, 0, 0) + words(0, 0, 0)
-        fetch_a, gather_a, fetch_b, gather_b = "k-scalar", _class_weights, "outer-scalar", _class_dout
+        fetch_a, gather_a, fetch_b, gather_b = "outer-scalar", _class_weights, "outer-scalar", _class_dout
         extra_lets = [f"    const cv_{w} = {v}u;" for w, v in (("CLS", classes), ("JY", jy), ("JX", jx), ("NX", nx))]
         extra_lets += [f"    {line}" for line in _CLASS_LETS]
         out_at = _class_out_at(g, classes, nx)
     elif node.op == "conv_input_grad":
         m_, n_, k_, nbatch = g["C"], spatial_in, g["O"] * taps, g["N"]
         ops = words(0, 0, 0) + words(g["O"] * spatial_out, 0, 0)
-        fetch_a, gather_a, fetch_b, gather_b = "k-scalar", _weights_by_channel, "outer-scalar", _dout_windows
+        fetch_a, gather_a, fetch_b, gather_b = "outer-scalar", _weights_by_channel, "outer-scalar", _dout_windows
     elif node.op == "conv_weight_grad":
         m_, n_, k_, nbatch = g["O"], g["C"] * taps, g["N"] * spatial_out, 1
         ops = words(0, 0, 0) + words(0, 0, 0)
-        fetch_a, gather_a, fetch_b, gather_b = "k-scalar", _dout_rows, "outer-scalar", _im2col_batch
+        fetch_a, gather_a, fetch_b, gather_b = "k-scalar", _dout_rows, "k-scalar", _im2col_batch
     else:
         m_, n_, k_, nbatch = g["O"], spatial_out, g["C"] * taps, g["N"]
         ops = words(0, k_, 1) + words(g["C"] * spatial_in, 0, 0)
