@@ -461,15 +461,19 @@ def test_optimize_frees_the_egraph_without_a_full_collection(monkeypatch):
     assert calls == []
 
 
-@pytest.mark.parametrize("columns,fused", [(257, True), (8192, False)])
-def test_norm_matmul_only_where_the_simple_kernel_keeps_up(columns, fused):
-    """rms_norm feeding a matmul fuses into norm_matmul (the simple kernel, the norm in its
-    prologue) for narrow outputs; a wide one (an LM head over a large vocabulary) keeps the
-    register-blocked matmul after the norm."""
-    from engine.optimize.rules import NORM_MATMUL_MAX_COLUMNS
-    assert 257 <= NORM_MATMUL_MAX_COLUMNS < 8192
+@pytest.mark.parametrize("rows,columns,fused", [(8, 257, True), (8, 8192, True), (2, 49152, True), (9, 257, False),
+                                                 (2048, 257, False)])
+def test_norm_matmul_only_where_the_few_row_kernel_takes_it(rows, columns, fused):
+    """rms_norm feeding a matmul fuses into norm_matmul where the product has at most
+    codegen's few-row count of rows (the vector kernel sums each row's squares once a
+    workgroup, however wide the output: a decode step's LM head); on more rows (a
+    training step's or a prefill's LM head) the norm stays apart and the product takes the
+    tiled or cooperative kernel instead of the simple one."""
+    from engine.codegen.matmul import VECTOR_ROWS
+    from engine.optimize.rules import NORM_MATMUL_MAX_ROWS
+    assert NORM_MATMUL_MAX_ROWS == VECTOR_ROWS
     g = Graph("head")
-    x, w = g.input("x", [8, 24]), g.parameter("w", [24])
+    x, w = g.input("x", [rows, 24]), g.parameter("w", [24])
     g.output("y", g.matmul(g.apply("rms_norm", x, w), g.parameter("b", [24, columns])))
     opt, report = optimize(g)
     assert ({n.op for n in opt.nodes} >= {"norm_matmul"}) == fused

@@ -94,7 +94,7 @@ class Translation:
     def _facts(self, n):
         g, row = self.graph, self.rows
         ins = [self.rep[i] for i in n.inputs]
-        row["NShape"].append((n.id, self.shapes(n.shape), n.shape[-1] if n.shape else -1))
+        row["NShape"].append((n.id, self.shapes(n.shape), n.shape[-1] if n.shape else -1, math.prod(n.shape[:-1])))
         row["NUses"].append((n.id, self.uses.get(n.id, 0)))
         if len(n.shape) == 1:
             row["NVec"].append((n.id, n.shape[0]))

@@ -7,7 +7,7 @@ shallow term: no expression is ever deeper than one op, whatever the graph's dep
 
 Facts egglog cannot know by itself come from the graph's shapes, computed in Python:
 ``uses`` (how many distinct nodes read a tensor, outputs counting as readers),
-``shape_of``, ``last_dim``, ``vec_len``, ``HeadSplit``/``HeadMerge`` (reshapes that
+``shape_of``, ``last_dim``, ``rows``, ``vec_len``, ``HeadSplit``/``HeadMerge`` (reshapes that
 split or merge attention heads), ``PermCompose``/``IdentityPerm`` and ``CausalMask``.
 A fusion rule only fires when each intermediate it swallows has exactly the readers
 inside the pattern (``uses(x) == i64(1)``): fusing a tensor that is read elsewhere would
@@ -124,6 +124,11 @@ def last_dim(t: T) -> i64: ...
 
 
 @function(merge=lambda old, new: old)
+def rows(t: T) -> i64:
+    """Rows of a tensor: the product of its dims but the last (1 for a vector)."""
+
+
+@function(merge=lambda old, new: old)
 def vec_len(t: T) -> i64:
     """Length of a rank-1 tensor (a norm's weight or bias)."""
 
@@ -163,7 +168,8 @@ FACTS = {
     "NOp4": ((i64, i64, i64, i64, i64, i64),
              lambda n, k, a, b, c, d: [union(R(n)).with_(T.op4(k, R(a), R(b), R(c), R(d)))]),
     "NUses": ((i64, i64), lambda n, k: [set_(uses(R(n))).to(k)]),
-    "NShape": ((i64, i64, i64), lambda n, k, a: [set_(shape_of(R(n))).to(k), set_(last_dim(R(n))).to(a)]),
+    "NShape": ((i64, i64, i64, i64), lambda n, k, a, r: [set_(shape_of(R(n))).to(k), set_(last_dim(R(n))).to(a),
+                                                         set_(rows(R(n))).to(r)]),
     "NVec": ((i64, i64), lambda n, k: [set_(vec_len(R(n))).to(k)]),
     "NHeadSplit": ((i64, i64), lambda n, k: [HeadSplit(R(n), k)]),
     "NHeadMerge": ((i64,), lambda n: [HeadMerge(R(n))]),
@@ -308,15 +314,18 @@ def _log_softmax():
             .then(union(s).with_(T.log_softmax(x)))]
 
 
-# norm_matmul runs on the simple 16 x 16 kernel (the norm in its prologue): past this many
-# output columns the register-blocked matmul after a separate norm wins by far (a
-# 49,152-word LM head: 17.4 ms fused against about 3.5 ms apart on the H100).
-NORM_MATMUL_MAX_COLUMNS = 4096
+# norm_matmul (the norm in the product's prologue) pays where the product has few rows:
+# codegen's few-row kernel takes it (up to codegen.matmul.VECTOR_ROWS rows) and sums each
+# row's squares once a workgroup, saving a dispatch. On more rows it would run on the
+# simple 16 x 16 kernel, each output summing its row's squares again: a 49,152-word LM head
+# took 17.4 ms fused against about 3.5 ms apart, gpt-tiny's 257-word head at batch 8 x 256
+# 125 us against 13 + 31 (run 35, H100); the norm and the tiled or cooperative product win.
+NORM_MATMUL_MAX_ROWS = 8
 
 
 def _norm_matmul():
     return [rule(eq(s).to(T.matmul(e1, b, 0, tb)), eq(e1).to(T.rms_norm(x, w, eps)), *_one(e1),
-                 last_dim(s) <= i64(NORM_MATMUL_MAX_COLUMNS))
+                 rows(s) <= i64(NORM_MATMUL_MAX_ROWS))
             .then(union(s).with_(T.norm_matmul(x, w, b, eps, tb)))]
 
 
