@@ -9,6 +9,7 @@ from ..errors import DeviceError
 from ..graph.ir import Graph, Node
 from .common import (MAX_WORKGROUPS, PLAIN, WG, Capabilities, Kernel, _finish, _template, _wgsl_type,
                      broadcast_strides, contiguous_strides, f32_bits, grid_1d)
+from .reduction import sum_to_kernel
 
 
 # ---------------------------------------------------------------- copies
@@ -155,19 +156,41 @@ def _cache_write(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel
 
 
 EMBEDDING_GRAD_ROWS = 16   # table rows a workgroup of the embedding gradient owns
+EMBEDDING_GRAD_IDS = 256   # ids a part of the embedding gradient streams at least
+EMBEDDING_GRAD_COPIES = 32 * 2**20   # bytes the parts' copies of the table may take
+
+
+def embedding_grad_parts(vocab: int, dim: int, rows: int) -> int:
+    """How many parts the ids of an embedding gradient are cut into: as many as give each
+    at least EMBEDDING_GRAD_IDS ids while their copies of the table fit
+    EMBEDDING_GRAD_COPIES. A small table's grid is small (gpt-tiny's 257 x 384: 102
+    workgroups), and each workgroup streamed all 2,048 ids of a batch: 220 us on the H100.
+    A large vocabulary's table (49,152 x 576) fills the GPU and keeps one part."""
+    return max(1, min(rows // EMBEDDING_GRAD_IDS, EMBEDDING_GRAD_COPIES // (4 * vocab * dim)))
 
 
 def _embedding_grad(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     """d table = scatter-add of dout's rows by id, on a (table rows / 16) x (columns / 64)
-    grid (scatter.wgsl): each workgroup streams the ids once instead of each table element
-    walking them alone (a 49,152 x 576 table from 1,024 ids: 9.7 ms before on the H100)."""
+    x parts grid (scatter.wgsl): each workgroup streams its part's ids once instead of each
+    table element walking them alone (a 49,152 x 576 table from 1,024 ids: 9.7 ms before on
+    the H100). With several parts (``embedding_grad_parts``) each writes a copy of the table
+    and ``sum_to_kernel`` adds them."""
     dout = graph[node.inputs[0]]
     vocab, dim = node.shape
-    grid = (-(-vocab // EMBEDDING_GRAD_ROWS), -(-dim // 64), 1)
+    rows = dout.size // dim
+    parts = embedding_grad_parts(vocab, dim, rows)
+    per = -(-rows // parts)
+    grid = (-(-vocab // EMBEDDING_GRAD_ROWS), -(-dim // 64), parts)
     if max(grid) > MAX_WORKGROUPS:
         raise DeviceError(f"{graph.format_node(node)}: embedding gradient grid {grid} exceeds {MAX_WORKGROUPS} "
                           f"workgroups per dimension (a table of at most "
                           f"{MAX_WORKGROUPS * EMBEDDING_GRAD_ROWS} rows)")
-    meta = [vocab, dim, dout.size // dim]
-    return _finish("gather:embedding_grad", "gather", "scatter.wgsl", ["dout", "ids"], ["f32", "i32"],
-                   "f32", meta, grid, ROWS=EMBEDDING_GRAD_ROWS)
+    kernel = _finish("gather:embedding_grad", "gather", "scatter.wgsl", ["dout", "ids"], ["f32", "i32"],
+                     "f32", [vocab, dim, rows, per], grid, ROWS=EMBEDDING_GRAD_ROWS)
+    kernel.notes["variant"] = f"{EMBEDDING_GRAD_ROWS} table rows x 64 columns a workgroup"
+    if parts > 1:
+        kernel.partials = parts * vocab * dim
+        kernel.finish = sum_to_kernel((parts, vocab * dim), (vocab * dim,), caps)
+        kernel.finish.name = "gather:embedding_grad:parts"
+        kernel.notes["variant"] += f", ids in {parts} parts added by a second dispatch"
+    return kernel
