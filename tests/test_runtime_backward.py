@@ -49,13 +49,15 @@ def test_cross_entropy_grad_with_ignored_rows():
                      "d": np.float32(1.7)})
 
 
-@pytest.mark.parametrize("batch,seq,dim,vocab", [(2, 9, 13, 7), (3, 50, 150, 70), (5, 211, 40, 70)],
-                         ids=["small", "blocks", "parts"])
+@pytest.mark.parametrize("batch,seq,dim,vocab", [(2, 9, 13, 7), (3, 50, 150, 70), (5, 211, 40, 70), (3, 100, 40, 5000)],
+                         ids=["small", "blocks", "parts", "sparse"])
 def test_embedding_grad_sums_repeated_ids(batch, seq, dim, vocab):
     """"blocks": ragged in every direction the kernel tiles (16 table rows and 64 columns a
     workgroup, ids streamed 64 at a time), ids repeated, some table rows never picked.
     "parts": 1,055 ids of a small table cut into 4 parts of 264 (the last 263), each
-    adding into its own copy of the table, the copies added by a second dispatch."""
+    adding into its own copy of the table, the copies added by a second dispatch.
+    "sparse": 300 ids over 5,000 rows, streamed 256 at a time: most workgroups' rows get
+    none of a chunk's ids and skip it, some get ids in one chunk and not the other."""
     g = Graph("emb-grad")
     d = g.input("d", [batch, seq, dim])
     ids = g.input("ids", [batch, seq], "i32")
@@ -65,6 +67,8 @@ def test_embedding_grad_sums_repeated_ids(batch, seq, dim, vocab):
     s = check(g, inputs={"d": rng.standard_normal((batch, seq, dim)).astype(np.float32), "ids": picked})
     variants = [d.variant for d in s.plan.dispatches if d.nodes == [g.outputs["dt"]] and d.variant]
     assert len(variants) == 1 and ("4 parts" in variants[0]) == (batch * seq > 1000), variants
+    sources = [s.plan.kernels[d.key].source for d in s.plan.dispatches if d.nodes == [g.outputs["dt"]] and d.variant]
+    assert ("const SKIP: bool = true" in sources[0]) == (vocab > 4096)
 
 
 @pytest.mark.parametrize("dims,stride,padding,wide", [(1, (2,), (1,), False), (1, (1,), (0,), False),
