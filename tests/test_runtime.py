@@ -495,6 +495,10 @@ def test_losses(caps):
     g.output("mse_big", g.mse_loss(big, big_target))
     g.output("bce_big", g.bce_loss(big, g.sigmoid(big_target)))
     g.output("soft_ce", g.apply("soft_cross_entropy", wide, g.softmax(g.input("soft", [3, 70, 300]))))
+    # logits rising along each row by 1,000 in all: every thread's running maximum grows
+    # at each of its elements, so the one-pass softmax rescales its sum every time
+    rising = g.input("rising", [4, 700])
+    g.output("ce_rising", g.cross_entropy_loss(rising, g.input("labels_rising", [4], dtype="i32")))
     rng = np.random.default_rng(4)
     lab = rng.integers(0, 11, (3, 7)).astype(np.int32)
     lab[0, :4] = -100
@@ -506,7 +510,9 @@ def test_losses(caps):
               "pred": rng.standard_normal((5, 13)), "target": rng.standard_normal((5, 13)),
               "logits_wide": rng.standard_normal((3, 70, 300)) * 3, "labels_wide": labels_wide,
               "big": rng.standard_normal((37, 61)) * 3, "big_target": rng.standard_normal((37, 61)),
-              "soft": rng.standard_normal((3, 70, 300))}
+              "soft": rng.standard_normal((3, 70, 300)),
+              "rising": np.linspace(-500.0, 500.0, 700)[None, :] * np.array([[1.0], [0.5], [0.1], [0.01]])
+              + rng.standard_normal((4, 700)), "labels_rising": np.array([699, 0, 350, 600], np.int32)}
     s = check(g, inputs, {}, capabilities=caps)
     paths = {d.variant for d in s.plan.dispatches if d.kernel == "cross_entropy"}
     assert paths == {"subgroup reduction" if caps.subgroups else "workgroup-memory reduction"}

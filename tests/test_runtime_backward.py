@@ -49,6 +49,19 @@ def test_cross_entropy_grad_with_ignored_rows():
                      "d": np.float32(1.7)})
 
 
+def test_cross_entropy_grad_over_rising_rows():
+    """Rows of 700 logits rising by up to 1,000: the one-pass softmax's running maxima grow
+    at every element and its sums are rescaled each time (reduce_row.wgsl's online softmax)."""
+    g = Graph("ce-grad-rising")
+    logits = g.input("logits", [4, 700])
+    labels = g.input("labels", [4], "i32")
+    g.output("dl", g.apply("cross_entropy_grad", logits, labels, g.input("d", []), ignore_index=-100))
+    rng = np.random.default_rng(6)
+    rising = np.linspace(-500.0, 500.0, 700)[None, :] * np.array([[1.0], [0.5], [0.1], [0.01]])
+    check(g, inputs={"logits": (rising + rng.standard_normal((4, 700))).astype(np.float32),
+                     "labels": np.array([699, 0, 350, 600], np.int32), "d": np.float32(0.9)})
+
+
 @pytest.mark.parametrize("batch,seq,dim,vocab", [(2, 9, 13, 7), (3, 50, 150, 70), (5, 211, 40, 70), (3, 100, 40, 5000)],
                          ids=["small", "blocks", "parts", "sparse"])
 def test_embedding_grad_sums_repeated_ids(batch, seq, dim, vocab):
