@@ -122,7 +122,7 @@ def test_hf_text_goes_through_the_checkpoint_tokenizer(tmp_path, gpt2_with_token
         (texts / f"{i}.txt").write_text(d)
     model = load_model(str(folder), ["seq=6", "batch=1"])
     vocab = tokenizer.get_vocab_size()
-    assert id_ranges(model.build(train=True)) == {"input_ids": (vocab, None), "labels": (vocab, -100)}  # via a slice
+    assert id_ranges(model.build(train=True)) == {"input_ids": (vocab, None), "labels": (vocab, -100)}  # via a slice, a concat
     data = model.training_data(texts)
     stream = [i for d in DOCS for i in tokenizer.encode(d).ids]
     ids, labels = data.arrays["input_ids"], data.arrays["labels"]

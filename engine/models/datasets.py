@@ -40,7 +40,7 @@ def input_spec(graph: Graph) -> InputSpec:
     return {name: (tuple(graph.shape(nid))[1:], graph[nid].dtype) for name, nid in graph.inputs.items()}
 
 
-VIEWS = ("slice", "reshape")   # ops that pass integer ids on unchanged
+VIEWS = ("slice", "reshape", "concat")   # ops that pass integer ids on unchanged (concat: beside others)
 
 
 def id_ranges(graph: Graph) -> dict[str, tuple[int, int | None]]:
