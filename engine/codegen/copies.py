@@ -9,7 +9,7 @@ from ..errors import DeviceError
 from ..graph.ir import Graph, Node
 from .common import (MAX_WORKGROUPS, PLAIN, WG, Capabilities, Kernel, _finish, _template, _wgsl_type,
                      broadcast_strides, contiguous_strides, f32_bits, grid_1d)
-from .reduction import sum_to_kernel
+from .reduction import add_copies
 
 
 # ---------------------------------------------------------------- copies
@@ -194,8 +194,5 @@ def _embedding_grad(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Ker
                      CHUNK=EMBEDDING_GRAD_CHUNK if skip else 64)
     kernel.notes["variant"] = f"{EMBEDDING_GRAD_ROWS} table rows x 64 columns a workgroup"
     if parts > 1:
-        kernel.partials = parts * vocab * dim
-        kernel.finish = sum_to_kernel((parts, vocab * dim), (vocab * dim,), caps)
-        kernel.finish.name = "gather:embedding_grad:parts"
-        kernel.notes["variant"] += f", ids in {parts} parts added by a second dispatch"
+        add_copies(kernel, parts, vocab * dim, caps, "gather:embedding_grad:parts", f"ids in {parts} parts")
     return kernel

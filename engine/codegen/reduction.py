@@ -274,6 +274,17 @@ def sum_to_kernel(in_shape, out_shape, caps: Capabilities = PLAIN) -> Kernel:
                                    for u in range(SUM_TO_UNROLL)))
 
 
+def add_copies(kernel: Kernel, copies: int, size: int, caps: Capabilities, name: str, what: str) -> Kernel:
+    """Make ``kernel``, whose output binding now receives ``copies`` partial results of
+    ``size`` floats one after another, the first stage of a node whose second dispatch
+    (``sum_to_kernel``, named ``name``) adds them; ``what`` names the copies in its variant."""
+    kernel.partials = copies * size
+    kernel.finish = sum_to_kernel((copies, size), (size,), caps)
+    kernel.finish.name = name
+    kernel.notes["variant"] += f", {what} added by a second dispatch"
+    return kernel
+
+
 SUM_TO_UNROLL = 8    # elements a thread loads before it adds them
 
 
@@ -438,10 +449,7 @@ def _norm_param_grad(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Ke
     kernel.guarded = True
     kernel.notes["variant"] = f"{chunk} rows a workgroup, {'vec4s' if width == 4 else 'floats'}"
     if chunks > 1:
-        kernel.partials = chunks * k * padded
-        kernel.finish = sum_to_kernel((chunks, k * padded), (k * padded,), caps)
-        kernel.finish.name = "reduce:norm_param_grad:chunks"
-        kernel.notes["variant"] += f", {chunks} chunks added by a second dispatch"
+        add_copies(kernel, chunks, k * padded, caps, "reduce:norm_param_grad:chunks", f"{chunks} chunks")
     return kernel
 
 
