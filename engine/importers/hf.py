@@ -322,7 +322,7 @@ class CausalLM(HFModel):
                 raise MeganeuraError(f"model {self.name!r}: training needs seq >= 2 (the loss predicts the next token)")
             # position t predicts label t + 1, the last predicts nothing (IGNORE): the labels
             # shift, not the logits, whose slice and its gradient's pad each copied the
-            # [batch, seq - 1, vocab] logits (0.27 and 0.24 ms a step for SmolLM2-135M)
+            # [batch, seq - 1, vocab] logits (0.26 and 0.24 ms a step for SmolLM2-135M)
             last = g.constant(np.full((batch, 1), IGNORE, np.int32))
             targets = g.concat([g.slice(labels, 1, 1, seq), last], axis=1)
             g.output("loss", g.cross_entropy_loss(logits, targets, ignore_index=IGNORE))
