@@ -22,7 +22,8 @@ import numpy as np
 from .. import codegen
 from ..compile.plan import ALIGN, ExecutionPlan, KernelSource, Transfer, compile_plan
 from ..compile.cache import cached_optimize, cached_plan
-from .device import _limit, device_capabilities, device_guard, get_device, native_api, shader_checks, shader_module, wgpu_module
+from .device import (_limit, backend, device_capabilities, device_guard, get_device, native_api, shader_checks,
+                     shader_module, wgpu_module)
 from ..errors import DeviceError, MeganeuraError, ShapeError
 from ..graph.ir import Graph
 from ..graph.reference import check_array
@@ -43,6 +44,26 @@ def _fmt_bytes(n: int) -> str:
 def _as_view(view) -> tuple[object, int, int]:
     """(GPU buffer, byte offset, byte size) of a shared parameter: a view, or a whole buffer."""
     return tuple(view) if isinstance(view, tuple) else (view, 0, int(view.size))
+
+
+
+# Dawn turns a command buffer into Vulkan commands when it is submitted (about 7 us a
+# dispatch on the H100's host), and until that submit returns the GPU has nothing to run.
+# Cut after 5% and 20% of its dispatches, a step starts on the GPU once its small first part
+# is submitted, and each later part is submitted while the one before runs. Dawn f16 on the
+# H100 (docs/benchmarks.md, run 36), a training step: gpt-tiny 5.49-5.56 -> 4.88-4.98 ms,
+# audio-align 5.93-6.43 -> 5.28, whisper-tiny at batch 1 5.30 -> 4.87-4.89, at batch 8
+# 17.55-17.76 -> 17.22-17.28. Cuts at 10%, or at 5/15/40% or 10/30/60%, gained as much or
+# less. wgpu-native translates commands as they are encoded: there the parts gained nothing
+# and cost up to 0.1 ms a step, so it submits a step whole.
+SUBMIT_PARTS = (0.05, 0.2)
+
+
+def part_bounds(dispatches: int, cuts: tuple[float, ...] = SUBMIT_PARTS) -> list[tuple[int, int]]:
+    """(begin, end) of each part ``record_parts`` cuts a step of ``dispatches`` into: cut at
+    ``cuts`` of them, no part empty."""
+    at = sorted({0, dispatches, *(min(dispatches, max(1, round(dispatches * c))) for c in cuts)})
+    return [(a, b) for a, b in zip(at, at[1:]) if a < b]
 
 
 class Session:
@@ -353,12 +374,29 @@ class Session:
                 timestamps.write(cp, i, 1)
         cp.end()
 
+    def record_parts(self, cuts: tuple[float, ...] | None = None) -> list:
+        """A step's command buffers, to be submitted in order (``submit``): its dispatches,
+        with the plan's copies after them, cut at ``cuts`` of them into consecutive parts
+        (``part_bounds``; by default ``SUBMIT_PARTS`` on Dawn, one part on wgpu-native)."""
+        if cuts is None:
+            cuts = SUBMIT_PARTS if backend() == "dawn" else ()
+        parts = []
+        for begin, end in part_bounds(len(self._steps), cuts):
+            enc = self.device.create_command_encoder(label=f"step {begin}-{end}")
+            self.record(enc, dispatches=range(begin, end))
+            parts.append(enc.finish())
+        return parts
+
+    def submit(self, parts) -> None:
+        """Submit ``record_parts``' command buffers one by one: the GPU runs a part while the
+        next is submitted."""
+        for part in parts:
+            self.device.queue.submit([part])
+
     def run(self) -> None:
-        """Record every dispatch and submit once (no wait)."""
+        """Record every dispatch and submit (no wait)."""
         with device_guard("running a step", self.device):
-            enc = self.device.create_command_encoder(label="step")
-            self.record(enc)
-            self.device.queue.submit([enc.finish()])
+            self.submit(self.record_parts())
 
     def profile(self, steps: int = 10, train: bool = False, **options):
         """Run ``steps`` steps with GPU timestamps around every dispatch; returns an

@@ -1,11 +1,11 @@
-"""Training on the GPU: forward, backward and the optimizer update in one submission.
+"""Training on the GPU: forward, backward and the optimizer update in one step's commands.
 
 ``TrainingSession`` is a ``Session`` of the training graph (``differentiate`` of the
 model's graph) compiled with its optimizer: the plan holds the whole step, from the
 forward pass to one update dispatch per parameter group (see ``engine.compile``). A
-step uploads the step's learning rate and bias corrections and submits one command
-buffer holding everything (recorded while the previous step ran); reading the loss and
-the gradient norm (one buffer) is its only wait.
+step uploads the step's learning rate and bias corrections and submits the command
+buffers holding everything (``Session.record_parts``, recorded while the previous step
+ran); reading the loss and the gradient norm (one buffer) is its only wait.
 """
 
 from __future__ import annotations
@@ -81,23 +81,18 @@ class TrainingSession(Session):
         optimizer state untouched.
 
         Every step records the same commands (inputs, learning rate and the rest are
-        data, uploaded before the submit), so the next step's command buffer is recorded
+        data, uploaded before the submit), so the next step's command buffers are recorded
         while the GPU runs this one: recording ~250 dispatches costs the host a few ms
         that would otherwise come before every step's GPU work."""
         with device_guard(f"running training step {self.step_count}", self.device):
             self.prepare_step()
-            commands = self._recorded or self._record_step()
+            parts = self._recorded or self.record_parts()
             self._recorded = None
-            self.device.queue.submit([commands])
-            self._recorded = self._record_step()
+            self.submit(parts)
+            self._recorded = self.record_parts()
             return self.finish_step()
 
-    _recorded = None  # the next step's command buffer, recorded ahead
-
-    def _record_step(self):
-        encoder = self.device.create_command_encoder(label="train step")
-        self.record(encoder)
-        return encoder.finish()
+    _recorded = None  # the next step's command buffers, recorded ahead
 
     def get_parameters(self) -> dict[str, np.ndarray]:
         return {name: self.get_parameter(name) for name in self.graph.parameters}
