@@ -22,7 +22,8 @@ from engine.graph.ir import Graph
 from engine.graph.ops import norm_matmuls_layout
 from engine.importers import load_model
 from engine.runtime.session import Session
-from engine.train.generation import Sampling, cache_capacity, largest_first, submission_chunks
+from engine.runtime.session import submission_chunks
+from engine.train.generation import Sampling, cache_capacity, largest_first
 
 
 # ---------------------------------------------------------------- checkpoints

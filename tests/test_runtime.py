@@ -77,27 +77,22 @@ UNARY_ANY = ["neg", "exp", "abs", "relu", "sigmoid", "tanh", "silu", "stop_gradi
 UNARY_POS = ["log", "sqrt", "rsqrt", "reciprocal"]
 
 
-def test_a_step_is_submitted_in_parts_that_run_its_dispatches_once_in_order():
-    """On Dawn a session submits a step as consecutive command buffers (part_bounds: cut
-    after 5% and 20% of its dispatches, none empty, together every dispatch once), on
-    wgpu-native whole; a chain of 40 dependent dispatches submitted in those parts computes
-    what the reference does."""
-    for n in (0, 1, 2, 3, 19, 20, 187, 1648):
-        bounds = runtime.part_bounds(n)
-        assert all(a < b for a, b in bounds) and [b for _, b in bounds[:-1]] == [a for a, _ in bounds[1:]], bounds
-        assert (bounds[0][0], bounds[-1][1]) == (0, n) if n else bounds == []
-    assert runtime.part_bounds(187) == [(0, 9), (9, 37), (37, 187)]
+def test_a_step_is_submitted_in_parts_that_run_its_dispatches_once_in_order(monkeypatch):
+    """On Dawn a session submits a step in command buffers of ``submission_chunks`` (16
+    dispatches, then 32, 64, 128 at most), on wgpu-native whole; a chain of 80 dependent
+    dispatches submitted in those parts computes what the reference does."""
     g = Graph("chain")
     x = g.input("x", [5, 33])
     for i in range(40):
         x = g.add(g.scale(x, 0.9), g.constant(np.full([33], i / 7, np.float32)))
     g.output("y", x)
     s = build_inference_session(g, optimize=False)
-    assert [len(range(*b)) for b in runtime.part_bounds(s.dispatch_count)] == [4, 12, 64]
     assert len(s.record_parts()) == (3 if runtime.backend() == "dawn" else 1)
+    monkeypatch.setattr(runtime, "backend", lambda: "dawn")
+    assert [len(c) for c in runtime.submission_chunks(s.dispatch_count)] == [16, 32, 32]
     xs = np.random.default_rng(0).standard_normal((5, 33)).astype(np.float32)
     s.set_inputs({"x": xs})
-    s.submit(s.record_parts(runtime.SUBMIT_PARTS))
+    s.submit(s.record_parts())
     want = reference.run(g, {"x": xs}, {}, np.float64)["y"]
     assert rel_err(s.read_output("y"), want) < TOL
 

@@ -46,24 +46,24 @@ def _as_view(view) -> tuple[object, int, int]:
     return tuple(view) if isinstance(view, tuple) else (view, 0, int(view.size))
 
 
-
-# Dawn turns a command buffer into Vulkan commands when it is submitted (about 7 us a
-# dispatch on the H100's host), and until that submit returns the GPU has nothing to run.
-# Cut after 5% and 20% of its dispatches, a step starts on the GPU once its small first part
-# is submitted, and each later part is submitted while the one before runs. Dawn f16 on the
-# H100 (docs/benchmarks.md, run 36), a training step: gpt-tiny 5.49-5.56 -> 4.88-4.98 ms,
-# audio-align 5.93-6.43 -> 5.28, whisper-tiny at batch 1 5.30 -> 4.87-4.89, at batch 8
-# 17.55-17.76 -> 17.22-17.28. Cuts at 10%, or at 5/15/40% or 10/30/60%, gained as much or
-# less. wgpu-native translates commands as they are encoded: there the parts gained nothing
-# and cost up to 0.1 ms a step, so it submits a step whole.
-SUBMIT_PARTS = (0.05, 0.2)
-
-
-def part_bounds(dispatches: int, cuts: tuple[float, ...] = SUBMIT_PARTS) -> list[tuple[int, int]]:
-    """(begin, end) of each part ``record_parts`` cuts a step of ``dispatches`` into: cut at
-    ``cuts`` of them, no part empty."""
-    at = sorted({0, dispatches, *(min(dispatches, max(1, round(dispatches * c))) for c in cuts)})
-    return [(a, b) for a, b in zip(at, at[1:]) if a < b]
+# A step goes to the GPU in submissions that double from 16 dispatches up to 128, so that
+# the GPU starts on the first while the host prepares the rest. The host works on a command
+# buffer when its commands are encoded (generation encodes a step as it submits it: a
+# 30-layer model's few hundred dispatches take milliseconds, as long as running them) and,
+# on Dawn, again when it is submitted: Dawn translates it into Vulkan commands then, about
+# 7 us a dispatch on the H100's host. A training step, encoded while the step before ran,
+# waited for the whole of that translation. In these chunks, Dawn f16 on the H100
+# (docs/benchmarks.md, run 36): gpt-tiny's step 5.49-5.56 -> 4.98-5.01 ms, audio-align's
+# 5.93-6.43 -> 5.38-5.41, whisper-tiny's at batch 1 5.25-5.30 -> 4.97-5.01, at batch 8
+# 17.54-17.76 -> 17.28-17.31, the SmolLM2-shaped Llama's (1,648 dispatches) 33.5-36.0 ->
+# 30.1-30.4; three parts cut after 5% and 20% of the dispatches did as well (within 0.1 ms).
+def submission_chunks(count: int, first: int = 16, largest: int = 128) -> list[range]:
+    """Dispatch positions 0..count-1 in submissions that double from ``first`` up to ``largest``."""
+    chunks, start, size = [], 0, first
+    while start < count:
+        chunks.append(range(start, min(count, start + size)))
+        start, size = start + size, min(2 * size, largest)
+    return chunks
 
 
 class Session:
@@ -374,16 +374,17 @@ class Session:
                 timestamps.write(cp, i, 1)
         cp.end()
 
-    def record_parts(self, cuts: tuple[float, ...] | None = None) -> list:
+    def record_parts(self) -> list:
         """A step's command buffers, to be submitted in order (``submit``): its dispatches,
-        with the plan's copies after them, cut at ``cuts`` of them into consecutive parts
-        (``part_bounds``; by default ``SUBMIT_PARTS`` on Dawn, one part on wgpu-native)."""
-        if cuts is None:
-            cuts = SUBMIT_PARTS if backend() == "dawn" else ()
+        with the plan's copies after them, on Dawn in ``submission_chunks``; whole on
+        wgpu-native, which does its share when the commands are encoded (a training step
+        records the next step's while this one runs: there parts gained nothing and cost
+        up to 0.1 ms a step)."""
+        n = len(self._steps)
         parts = []
-        for begin, end in part_bounds(len(self._steps), cuts):
-            enc = self.device.create_command_encoder(label=f"step {begin}-{end}")
-            self.record(enc, dispatches=range(begin, end))
+        for chunk in submission_chunks(n) if backend() == "dawn" else [range(n)] if n else []:
+            enc = self.device.create_command_encoder(label=f"step {chunk.start}-{chunk.stop}")
+            self.record(enc, dispatches=chunk)
             parts.append(enc.finish())
         return parts
 

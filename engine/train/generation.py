@@ -253,21 +253,11 @@ def optimize_generation(graph):
     return graph, report, few
 
 
-def submission_chunks(count: int, first: int = 16, largest: int = 128) -> list[range]:
-    """Dispatch positions 0..count-1 in submissions that double from ``first`` up to
-    ``largest``: the GPU starts on the first while the host records the rest (recording
-    a 30-layer model's few hundred dispatches takes milliseconds, as long as running them)."""
-    chunks, start, size = [], 0, first
-    while start < count:
-        chunks.append(range(start, min(count, start + size)))
-        start, size = start + size, min(2 * size, largest)
-    return chunks
-
-
 def run_step(session, inputs: Mapping[str, np.ndarray], readback) -> np.ndarray:
     """Upload ``inputs``, run the session's plan and read its ``logits`` through ``readback``
     (a MAP_READ buffer): a few submissions, one wait, nothing allocated."""
     from ..runtime.device import device_guard, wgpu_module
+    from ..runtime.session import submission_chunks
     session.set_inputs(inputs)
     device = session.device
     buffer, offset, nbytes = session.output_location("logits")
