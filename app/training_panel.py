@@ -2,7 +2,7 @@
 Start / Pause / Stop, a live loss plot, save weights, export CSV.
 
 A run is an ``engine.train.run.TrainingRun`` on a superqt ``thread_worker``, on the GPU
-(a ``TrainingSession``: forward, backward and update in one submission) or on the numpy
+(a ``TrainingSession``: forward, backward and update in one step's commands) or on the numpy
 reference backend. It writes a run directory like ``meganeura train`` (under the Runs
 panel's folder, ``runs/`` by default), and ``resume_run(path)`` continues one. Pause and
 Stop take effect after the current step: its step callback waits while paused, and the
