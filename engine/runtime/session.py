@@ -4,9 +4,9 @@ The plan holds everything a step needs (kernel sources, parameter words, binding
 workgroup counts, copies between passes): ``Session`` allocates one GPU buffer per plan
 buffer (or uses a shared one, for parameters another session owns), writes every
 dispatch's parameter words into one uniform buffer, builds each distinct pipeline and
-every bind group once, and ``run()`` records all dispatches into one compute pass (two
-for a training step: the loss is copied next to the gradient norm between them) and
-submits once. Reading an output (``queue.read_buffer``) is the only wait.
+every bind group once, and ``run()`` records all dispatches into compute passes (a new
+one after each of the plan's copies) and submits them, on Dawn in chunks
+(``submission_chunks``). Reading an output (``queue.read_buffer``) is the only wait.
 """
 
 from __future__ import annotations
