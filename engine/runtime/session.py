@@ -381,8 +381,9 @@ class Session:
         records the next step's while this one runs: there parts gained nothing and cost
         up to 0.1 ms a step)."""
         n = len(self._steps)
+        chunks = submission_chunks(n) if backend() == "dawn" else [range(n)]
         parts = []
-        for chunk in submission_chunks(n) if backend() == "dawn" else [range(n)] if n else []:
+        for chunk in chunks:
             enc = self.device.create_command_encoder(label=f"step {chunk.start}-{chunk.stop}")
             self.record(enc, dispatches=chunk)
             parts.append(enc.finish())
