@@ -11,7 +11,7 @@
 //   its lanes run the online softmax on S * scale * log2(e) in f32 (the scores are f32
 //   products of the f16-rounded q and k, rounded no further; a lane takes row lane % 16
 //   and the keys of parity lane / 16, in a rotated order so that the 32 lanes' scratch
-//   reads hit 32 banks): P = exp2(S - m) rounded to f16 into its Ph and the row sum of the
+//   reads hit 32 banks; rows SS = 72 floats apart, 8 banks, for that and for the stores): P = exp2(S - m) rounded to f16 into its Ph and the row sum of the
 //   rounded P (what P V multiplies), against a reference m per row that only moves when a
 //   block's max exceeds it by more than LAZY (P <= 2^LAZY: f16 holds it, f32 sums it);
 //   O += P V on D / 16 result fragments.

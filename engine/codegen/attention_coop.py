@@ -17,7 +17,11 @@ COOP_QUERIES = 64      # queries a workgroup owns: 16 for each of its 4 subgroup
 COOP_KEYS = 64         # keys a block
 COOP_SUBGROUPS = 4
 _HALF_PAD = 8          # halves a row of the f16 tiles is padded by (rows stay 16-byte aligned)
-COOP_SCRATCH_ROW = 64  # floats a row of a subgroup's scratch (72, against bank conflicts, ran 20% slower)
+# Floats a row of a subgroup's f32 scratch. 72 (rows 8 banks apart) stores a 16 x 16 result
+# fragment in the fewest passes (each bank takes 8 of its 256 floats) and keeps the lanes'
+# rotated reads of a row on 32 banks; at 64 every row began on bank 0 and a fragment's
+# rows took twice the passes: the attention kernels ran 7-10% slower (run 37).
+COOP_SCRATCH_ROW = 72
 
 
 def coop_attention_bytes(head_dim: int) -> int:
