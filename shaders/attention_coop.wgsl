@@ -99,6 +99,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 {{STAGE_Q}}
     workgroupBarrier();
 {{LOAD_Q}}
+    workgroupBarrier();             // Q's fragments are read before the first K block takes Kh
     var mx = NEG;                   // the row's reference m (log2 units)
     var l = 0.0;                    // this lane's keys' share of its row's sum
 {{RESULTS}}
@@ -108,9 +109,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 {{FETCH_FIRST}}
     for (var kb = part * per_part; kb < last; kb = kb + 1u) {
         let k0 = kb * BKV;
-        workgroupBarrier();         // Q's fragments, the previous block's Vh and Ph are read
 {{STAGE}}
-        workgroupBarrier();
+        workgroupBarrier();         // K is staged (the previous block read Kh before its third barrier, Vh and Ph before this one)
 {{SCORES}}
 {{FETCH_NEXT}}
         workgroupBarrier();
