@@ -1,24 +1,28 @@
 // Attention archetype, cooperative-matrix path (flash attention forward, f16 operands on
 // the tensor cores, f32 accumulation and softmax). One workgroup of 4 subgroups (128
 // threads, subgroups of 32) per (block of BQ = 64 queries, head, batch); subgroup sg owns
-// queries q0 + 16 sg .. + 15. Its Q rows (rounded to f16) are staged once through Kh and
-// kept as D / 16 left fragments. For each block of BKV = 64 keys, K and V are staged as
-// f16 (key-major, rows padded by 8 halves): K's registers were fetched during the previous
-// block's products, V's are fetched as the block starts and stored after its softmax, so
-// that no load's latency stands between two barriers (staged as fetched, the forward ran
-// 14% slower: run 32). Then each subgroup:
-//   S [16 x 64] = Q K^T in 4 result fragments, stored to its f32 scratch Sc;
+// queries q0 + 16 sg .. + 15. Its Q rows (rounded to f16) are staged once, the first 32
+// through Kh and the last through Vh, and kept as D / 16 left fragments. For each block of
+// BKV = 32 keys, K and V are staged as f16 (key-major, rows padded by 8 halves): K's
+// registers were fetched during the previous block's products, V's are fetched as the
+// block starts and stored after its softmax, so that no load's latency stands between two
+// barriers (staged as fetched, the forward ran 14% slower: run 32). Then each subgroup:
+//   S [16 x 32] = Q K^T in 2 result fragments, stored to its f32 scratch Sc;
 //   its lanes run the online softmax on S * scale * log2(e) in f32 (the scores are f32
 //   products of the f16-rounded q and k, rounded no further; a lane takes row lane % 16
 //   and the keys of parity lane / 16, in a rotated order so that the 32 lanes' scratch
-//   reads hit 32 banks; rows SS = 72 floats apart, 8 banks, for that and for the stores): P = exp2(S - m) rounded to f16 into its Ph and the row sum of the
-//   rounded P (what P V multiplies), against a reference m per row that only moves when a
-//   block's max exceeds it by more than LAZY (P <= 2^LAZY: f16 holds it, f32 sums it);
+//   reads hit 32 banks; rows SS = 36 floats apart, 4 banks, for that and for the stores):
+//   P = exp2(S - m) rounded to f16 into its Ph and the row sum of the rounded P (what P V
+//   multiplies), against a reference m per row that only moves when a block's max exceeds
+//   it by more than LAZY (P <= 2^LAZY: f16 holds it, f32 sums it);
 //   O += P V on D / 16 result fragments.
+// Blocks of 32 keys keep the workgroup's memory under 24 KiB, so that two workgroups share
+// an SM: on the H100 a workgroup of 28 KiB or more has one to itself (run 37).
 // A result fragment cannot be scaled per row, so when a row's m moves while its O holds
-// anything, every subgroup takes O through Sc once to multiply each row by its factor:
-// a workgroup-uniform branch, rare after the first block (whose O is still 0).
-// At the end O / l goes through Sc so that the lanes write whole rows of the output.
+// anything, every subgroup takes O through Sc (two fragments at a time) to multiply each
+// row by its factor: a workgroup-uniform branch, rare after the first block (whose O is
+// still 0). At the end O / l goes through Sc the same way, so that the lanes write whole
+// rows of the output.
 // q, k, v are activations: rounded to f16 without a range scan (like the matmul's forward
 // operands).
 // Causal: key blocks above the workgroup's last query are skipped; keys past a query (or
@@ -39,11 +43,11 @@
 const D: u32 = {{D}}u;
 const D4: u32 = D / 4u;
 const BQ: u32 = 64u;
-const BKV: u32 = 64u;
+const BKV: u32 = {{BKV}}u;
 const THREADS: u32 = 128u;
-const KS: u32 = D + {{PAD}}u;       // halves a row of Kh and Vh (and of Q, staged in Kh)
+const KS: u32 = D + {{PAD}}u;       // halves a row of Kh and Vh (and of Q, staged in both)
 const PS: u32 = BKV + {{PAD}}u;     // halves a row of a subgroup's Ph
-const SS: u32 = {{SS}}u;          // floats a row of a subgroup's Sc (S: 64 keys; PV and O: D columns)
+const SS: u32 = {{SS}}u;          // floats a row of a subgroup's Sc (S: BKV keys; O: 2 fragments at a time)
 const NEG: f32 = -1.0e30;     // finite "no score yet"
 const LAZY: f32 = 8.0;        // how far (log2 units) a row's max may pass its reference m
 const SPLIT: bool = {{SPLIT}};
@@ -69,7 +73,7 @@ fn fetch_rows(e: u32, b: u32, hx: u32, r0: u32, n: u32, heads: u32, which: u32) 
 
 {{PUT_TILES}}
 
-@compute @workgroup_size(128)
+@compute @workgroup_size(128) @diagnostic(off, chromium.subgroup_matrix_uniformity)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32,
         @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
     let T = m(0u);
@@ -114,7 +118,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 {{SCORES}}
 {{FETCH_NEXT}}
         workgroupBarrier();
-        var sv: array<f32, 32>;     // scores of keys k0 + 2 ((c + r) % 32) + half
+        var sv: array<f32, {{LANE_KEYS}}>;     // scores of keys k0 + 2 ((c + r) % {{LANE_KEYS}}) + half
 {{READ_SCORES}}
         var top = NEG;
 {{ROW_MAX}}
@@ -139,16 +143,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var inv = select(0.0, 1.0 / total, total > 0.0);
     if (SPLIT) { inv = 1.0; }
     workgroupBarrier();             // the last block's Ph is read
-{{STORE_O}}
     if (half == 0u) { Inv[16u * sg + r] = inv; }
-    workgroupBarrier();
     let base = part * B * T * H * D;
-    for (var e = lane; e < 16u * D; e = e + 32u) {
-        let row = q0 + 16u * sg + e / D;
-        if (row < T) {
-            out[base + ((b * T + row) * H + h) * D + e % D] = Sc[sb + e / D * SS + e % D] * Inv[16u * sg + e / D];
-        }
-    }
+{{WRITE_O}}
     if (!SPLIT && LSE_AT > 0u && half == 0u && t < T) {
         out[LSE_AT + (b * T + t) * H + h] = (mx + log2(total)) * 0.6931471805599453;
     }

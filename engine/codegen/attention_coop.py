@@ -14,22 +14,31 @@ from .common import Capabilities, Kernel, _finish, _render, f32_bits
 from .matmul import COOP_ENABLES, COOP_FRAGMENT
 
 COOP_QUERIES = 64      # queries a workgroup owns: 16 for each of its 4 subgroups
-COOP_KEYS = 64         # keys a block
+COOP_KEYS = 32         # keys a block: the workgroup's memory stays under 24 KiB (two a SM, run 37)
 COOP_SUBGROUPS = 4
 _HALF_PAD = 8          # halves a row of the f16 tiles is padded by (rows stay 16-byte aligned)
-# Floats a row of a subgroup's f32 scratch. 72 (rows 8 banks apart) stores a 16 x 16 result
-# fragment in the fewest passes (each bank takes 8 of its 256 floats) and keeps the lanes'
-# rotated reads of a row on 32 banks; at 64 every row began on bank 0 and a fragment's
-# rows took twice the passes: the attention kernels ran 7-10% slower (run 37).
-COOP_SCRATCH_ROW = 72
+
+
+def scratch_row(width: int) -> int:
+    """Floats a row of a subgroup's f32 scratch holding ``width`` columns (32 or 64), rows
+    ``width / 8`` banks apart: a 16 x 16 result fragment is stored in the fewest passes
+    (8 of its 256 floats a bank) and the lanes' rotated reads of a row (lane: row
+    lane % 16, column 2 ((c + row) % (width / 2)) + lane / 16) hit 32 banks. At 64 floats
+    for 64 columns every row began on bank 0 and a fragment took twice the passes: the
+    attention kernels ran 7-10% slower (run 37)."""
+    return width + width // 8
+
+
+COOP_SCRATCH_ROW = scratch_row(64)   # the backward kernels' blocks of 64
 
 
 def coop_attention_bytes(head_dim: int) -> int:
     """Workgroup memory of attention_coop.wgsl: the f16 K and V blocks (padded rows; Q is
-    staged through K's), each subgroup's f16 P rows and f32 scratch of 16 x 64."""
+    staged through both), each subgroup's f16 P rows and f32 scratch of 16 x 32, the
+    rows' flags and factors."""
     kv = 2 * 2 * COOP_KEYS * (head_dim + _HALF_PAD)
     p = 2 * COOP_SUBGROUPS * 16 * (COOP_KEYS + _HALF_PAD)
-    return kv + p + 4 * COOP_SUBGROUPS * 16 * COOP_SCRATCH_ROW
+    return kv + p + 4 * COOP_SUBGROUPS * 16 * scratch_row(COOP_KEYS) + 4 * (COOP_SUBGROUPS + COOP_QUERIES)
 
 
 def coop_attention_supported(head_dim: int, caps: Capabilities) -> bool:
@@ -57,23 +66,41 @@ def _result(name: str) -> str:
     return f"var {name} = subgroup_matrix_result<f32, {COOP_FRAGMENT}, {COOP_FRAGMENT}>();"
 
 
+def _fragment_rounds(d: int) -> list[list[int]]:
+    """O's result fragments as they go through a subgroup's scratch of 32 columns: two at a time."""
+    frags = list(range(d // COOP_FRAGMENT))
+    return [frags[i:i + 2] for i in range(0, len(frags), 2)]
+
+
 def _coop_subs(d: int) -> dict:
-    """attention_coop.wgsl's unrolled parts for head dim ``d``: Q's fragments (row-major in
-    Kh), S = Q K^T (K^T a column-major view of key-major Kh), the staging of Q and of the
-    key blocks (unrolled: as a loop, each thread's global loads went one after another and
-    the kernel took 2.1x as long on the H100; K fetched a block ahead and V at the top of
-    its block, each stored once the products that hide its loads are done), the lanes'
-    softmax over their 32 keys of a row, P V (P row-major in Ph, V row-major in Vh)
-    accumulated on O's result fragments, and their rare rescaling through the scratch."""
-    f, dk, oc = COOP_FRAGMENT, d // COOP_FRAGMENT, d // 2
+    """attention_coop.wgsl's unrolled parts for head dim ``d``: Q's fragments (row-major,
+    its first 32 rows staged in Kh and the others in Vh: subgroups 0 and 1 load theirs from
+    one, 2 and 3 from the other), S = Q K^T (K^T a column-major view of key-major Kh), the
+    staging of Q and of the key blocks (unrolled: as a loop, each thread's global loads went
+    one after another and the kernel took 2.1x as long on the H100; K fetched a block ahead
+    and V at the top of its block, each stored once the products that hide its loads are
+    done), the lanes' softmax over their 16 keys of a row, P V (P row-major in Ph, V
+    row-major in Vh) accumulated on O's result fragments, their rare rescaling and the
+    output, both through the scratch two fragments at a time."""
+    f, dk, keys = COOP_FRAGMENT, d // COOP_FRAGMENT, COOP_KEYS // 2
     ind = " " * 8
-    key = lambda c: f"({c}u + r) % 32u * 2u + half"  # noqa: E731
-    col = lambda c: f"({c}u + r) % {oc}u * 2u + half"  # noqa: E731
-    load_q = [f"    let qf{kk} = {_fragment('left', 'Kh', f'sg * 16u * KS + {f * kk}u', False, 'KS')};"
-              for kk in range(dk)]
+    key = lambda c: f"({c}u + r) % {keys}u * 2u + half"  # noqa: E731
+    col = lambda c: f"({c}u + r) % 16u * 2u + half"  # noqa: E731   a round's 32 columns
     threads = 32 * COOP_SUBGROUPS
-    elements = [f"tid + {n * threads}u" for n in range(COOP_KEYS * d // 4 // threads)]   # BQ = BKV rows
-    stage_q = [f"    put_k({e}, fetch_rows({e}, b, h, q0, T, H, 0u));" for e in elements]
+    elements = [f"tid + {n * threads}u" for n in range(COOP_KEYS * d // 4 // threads)]
+    in_k = COOP_KEYS * d // 4   # Q's vec4s staged in Kh; the rest go to Vh
+    stage_q = [f"    put_k(tid + {n * threads}u, fetch_rows(tid + {n * threads}u, b, h, q0, T, H, 0u));"
+               if n * threads < in_k else
+               f"    put_v(tid + {n * threads - in_k}u, fetch_rows(tid + {n * threads}u, b, h, q0, T, H, 0u));"
+               for n in range(COOP_QUERIES * d // 4 // threads)]
+    load_q = [f"    var qf{kk}: subgroup_matrix_left<f16, {f}, {f}>;" for kk in range(dk)]
+    load_q.append("    if (sg < 2u) {")
+    load_q += [f"        qf{kk} = {_fragment('left', 'Kh', f'sg * 16u * KS + {f * kk}u', False, 'KS')};"
+               for kk in range(dk)]
+    load_q.append("    } else {")
+    load_q += [f"        qf{kk} = {_fragment('left', 'Vh', f'(sg - 2u) * 16u * KS + {f * kk}u', False, 'KS')};"
+               for kk in range(dk)]
+    load_q.append("    }")
     fetch_first = [f"    var kr{n} = fetch_rows({e}, b, hk, part * per_part * BKV, S, HKV, 1u);"
                    for n, e in enumerate(elements)]
     stage = ([f"{ind}put_k({e}, kr{n});" for n, e in enumerate(elements)]
@@ -87,31 +114,44 @@ def _coop_subs(d: int) -> dict:
                    f"{_fragment('right', 'Kh', f'{f * n}u * KS + {f * kk}u', True, 'KS')}, s{n});" for kk in range(dk)]
         scores.append(f"{ind}subgroupMatrixStore(&Sc, sb + {f * n}u, s{n}, false, SS);")
     read = [f"{ind}sv[{c}] = select(NEG, Sc[sb + r * SS + {key(c)}] * scale, k0 + {key(c)} < key_end);"
-            for c in range(32)]
+            for c in range(keys)]
     probabilities = [f"{ind}{{ let p = f16(select(0.0, exp2(sv[{c}] - mx_new), sv[{c}] > NEG)); "
-                     f"Ph[pb + r * PS + {key(c)}] = p; sum = sum + f32(p); }}" for c in range(32)]
+                     f"Ph[pb + r * PS + {key(c)}] = p; sum = sum + f32(p); }}" for c in range(keys)]
     pv = [f"{ind}let pf{kk} = {_fragment('left', 'Ph', f'pb + {f * kk}u', False, 'PS')};"
           for kk in range(COOP_KEYS // f)]
     for n in range(dk):
         pv += [f"{ind}of{n} = subgroupMatrixMultiplyAccumulate(pf{kk}, "
                f"{_fragment('right', 'Vh', f'{f * kk}u * KS + {f * n}u', False, 'KS')}, of{n});"
                for kk in range(COOP_KEYS // f)]
-    store_o = [f"subgroupMatrixStore(&Sc, sb + {f * n}u, of{n}, false, SS);" for n in range(dk)]
-    rescale = ([ind + "    " + line for line in store_o] + [f"{ind}    workgroupBarrier();"]
-               + [f"{ind}    Sc[sb + r * SS + {col(c)}] = Sc[sb + r * SS + {col(c)}] * corr;" for c in range(oc)]
-               + [f"{ind}    workgroupBarrier();"]
-               + [f"{ind}    of{n} = subgroupMatrixLoad<subgroup_matrix_result<f32, {f}, {f}>>(&Sc, sb + {f * n}u, "
-                  f"false, SS);" for n in range(dk)])
-    return dict(D=d, PAD=_HALF_PAD, SS=COOP_SCRATCH_ROW, PUT_TILES=put_tiles(("k", "Kh"), ("v", "Vh")),
+    store = lambda frags, pre: [f"{pre}subgroupMatrixStore(&Sc, sb + {f * i}u, of{n}, false, SS);"  # noqa: E731
+                                for i, n in enumerate(frags)]
+    rescale, write_o = [], []
+    for frags in _fragment_rounds(d):
+        width = f * len(frags)
+        rescale += (store(frags, ind + "    ") + [f"{ind}    workgroupBarrier();"]
+                    + [f"{ind}    Sc[sb + r * SS + {col(c)}] = Sc[sb + r * SS + {col(c)}] * corr;"
+                       for c in range(width // 2)]
+                    + [f"{ind}    workgroupBarrier();"]
+                    + [f"{ind}    of{n} = subgroupMatrixLoad<subgroup_matrix_result<f32, {f}, {f}>>(&Sc, sb + {f * i}u, "
+                       f"false, SS);" for i, n in enumerate(frags)]
+                    + [f"{ind}    workgroupBarrier();"])
+        write_o += (store(frags, "    ") + ["    workgroupBarrier();",
+                    f"    for (var e = lane; e < {16 * width}u; e = e + 32u) {{",
+                    f"        let row = q0 + 16u * sg + e / {width}u;",
+                    "        if (row < T) {",
+                    f"            out[base + ((b * T + row) * H + h) * D + {f * frags[0]}u + e % {width}u] = "
+                    f"Sc[sb + e / {width}u * SS + e % {width}u] * Inv[16u * sg + e / {width}u];",
+                    "        }", "    }", "    workgroupBarrier();"])
+    return dict(D=d, BKV=COOP_KEYS, LANE_KEYS=keys, PAD=_HALF_PAD, SS=scratch_row(COOP_KEYS),
+                PUT_TILES=put_tiles(("k", "Kh"), ("v", "Vh")),
                 LOAD_Q="\n".join(load_q), STAGE_Q="\n".join(stage_q),
                 RESULTS="\n".join("    " + _result(f"of{n}") for n in range(dk)),
                 STAGE="\n".join(stage), FETCH_FIRST="\n".join(fetch_first), FETCH_NEXT="\n".join(fetch_next),
                 PUT_V="\n".join(put_v),
                 SCORES="\n".join(scores), READ_SCORES="\n".join(read),
-                ROW_MAX="\n".join(f"{ind}top = max(top, sv[{c}]);" for c in range(32)),
+                ROW_MAX="\n".join(f"{ind}top = max(top, sv[{c}]);" for c in range(keys)),
                 PROBABILITIES="\n".join(probabilities),
-                RESCALE="\n".join(rescale), PV="\n".join(pv),
-                STORE_O="\n".join("    " + line for line in store_o))
+                RESCALE="\n".join(rescale), PV="\n".join(pv), WRITE_O="\n".join(write_o))
 
 
 def attention_forward(graph: Graph, node: Node, caps: Capabilities) -> Kernel:
