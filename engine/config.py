@@ -35,6 +35,7 @@ class Knobs:
     attention: str = "auto"           # MEGANEURA_ATTENTION: auto | per-query
     attention_splits: int = 0         # MEGANEURA_ATTENTION_SPLITS
     attention_backward_rows: int = 0  # MEGANEURA_ATTENTION_BACKWARD_ROWS: 16 | 32 | 64
+    attention_backward_block: int = 0  # MEGANEURA_ATTENTION_BACKWARD_BLOCK: 32 | 64 (cooperative backward)
     attention_prefetch: int = 2       # MEGANEURA_ATTENTION_PREFETCH: 0 | 1 | 2
     attention_backward: str = "auto"  # MEGANEURA_ATTENTION_BACKWARD: auto | f32 (no cooperative backward)
     thread_layout: str = ""           # MEGANEURA_THREAD_LAYOUT: rows | warp
@@ -62,6 +63,7 @@ class Config:
             attention=_choice(get, "ATTENTION", ATTENTION_KERNELS, "auto"),
             attention_splits=_count(get, "ATTENTION_SPLITS"),
             attention_backward_rows=int(_choice(get, "ATTENTION_BACKWARD_ROWS", ("16", "32", "64"), "0")),
+            attention_backward_block=int(_choice(get, "ATTENTION_BACKWARD_BLOCK", ("32", "64"), "0")),
             attention_prefetch=int(_choice(get, "ATTENTION_PREFETCH", ("0", "1", "2"), "2")),
             attention_backward=_choice(get, "ATTENTION_BACKWARD", ("auto", "f32"), "auto"),
             thread_layout=get("THREAD_LAYOUT") or "",

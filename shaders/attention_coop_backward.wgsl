@@ -6,10 +6,11 @@
 //         (X = Q, Y = dO):                  dk_j = scale sum_i dS_ij q_i, dv_j = sum_i P_ij dO_i
 // with s = scale q.k, P = exp(s - L), dP = dO v^T, dS = P (dP - Delta) (L, Delta: inputs).
 // One workgroup of 4 subgroups (128 threads, subgroups of 32) owns BF = 64 fixed rows of one
-// head (subgroup sg rows f0 + 16 sg .. + 15), staged once through Xh, Yh as f16 and kept as
-// D / 16 left fragments each. Per streamed block of BS = 64 rows, X and Y are staged as f16
+// head (subgroup sg rows f0 + 16 sg .. + 15), staged once as f16 (A's 64 rows through Xh
+// and Yh, then B's) and kept as D / 16 left fragments each. Per streamed block of BS = 32
+// rows (64 where the grid is small: codegen's backward_streamed), X and Y are staged as f16
 // (row-major, rows padded by PAD halves); then each subgroup:
-//   S [16 x 64] = A X^T -> its f32 scratch Sc -> its lanes: p = exp2(S scale log2(e) - L)
+//   S [16 x BS] = A X^T -> its f32 scratch Sc -> its lanes: p = exp2(S scale log2(e) - L)
 //   (lane: row lane % 16, the streamed rows of parity lane / 16 in the forward's rotated order);
 //   dkdv: P (f16) -> its Ph, dV += P Y on its result fragments dvf;
 //   dP = B Y^T -> Sc -> lanes: ds = p (dP / sY - Delta) in f32, times a power of two s2 that
@@ -28,6 +29,9 @@
 // A block's X and Y (dkdv: and its queries' L and Delta) are fetched into registers before
 // the barrier that frees the tiles (L and Delta fetched after it cost dkdv 11%; the next
 // block's X fetched during this one's products, held through them, 10% too: run 32).
+// Blocks of 32 streamed rows keep the workgroup's memory under 24 KiB, so that two
+// workgroups share an SM (on the H100 one of 28 KiB or more has it alone: run 37).
+// In blocks of 64 the fixed rows of A, then of B, fit Xh whole.
 // No splits of the streamed side (the f32 kernels have them).
 // q, dout: [B, T, H*D]; k, v: [B, S, HKV*D] (D % 16 == 0, D <= 64); lse, delta: [B, T, H].
 // out: dq [B, T, H*D], or dk and dv [B, S, HKV*D] each, dv from element dv_at.
@@ -43,7 +47,7 @@ const MODE: u32 = {{MODE}}u;
 const D: u32 = {{D}}u;
 const D4: u32 = D / 4u;
 const BF: u32 = 64u;
-const BS: u32 = 64u;
+const BS: u32 = {{BS}}u;
 const KS: u32 = D + {{PAD}}u;       // halves a row of Xh, Yh
 const PS: u32 = BS + {{PAD}}u;      // halves a row of a subgroup's Ph
 const SS: u32 = {{SS}}u;          // floats a row of a subgroup's Sc
@@ -184,7 +188,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         workgroupBarrier();
 {{SCORES}}
         workgroupBarrier();
-        var p: array<f32, 32>;      // row r, streamed rows c0 + 2 ((c + r) % 32) + half
+        var p: array<f32, {{LANE_ROWS}}>;      // row r, streamed rows c0 + 2 ((c + r) % {{LANE_ROWS}}) + half
 {{PROBABILITIES}}
 {{PV}}
 {{DP}}

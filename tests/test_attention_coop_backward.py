@@ -9,11 +9,13 @@ that has them (the H100 through ``MEGANEURA_WGPU=dawn``) the same numerics test 
 cooperative kernels against a float64 reference.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from engine import Graph, codegen
-from engine.config import Knobs
+from engine.config import Config, ConfigError, Knobs
 from engine.graph import reference
 from engine.graph.ops import attention_grad_kv_layout
 from engine.runtime.device import device_capabilities
@@ -52,11 +54,11 @@ def _variants(caps, *shape, causal=False):
 
 def test_cooperative_backward_follows_the_forward():
     """f16 capabilities take the cooperative dq and dkdv for whole fragments up to D = 64
-    in 48 KiB; f32 ones, other head dims, the per-query and f32-backward knobs and small
+    in 24 KiB; f32 ones, other head dims, the per-query and f32-backward knobs and small
     workgroup memories keep the f32 kernels (attention_lse always does)."""
     for d in (16, 32, 48, 64):
         assert all(v.startswith("cooperative backward") for v in _variants(COOP_CAPS, 2, 70, 130, 6, 2, d)), d
-        assert codegen.attention_coop_backward.coop_backward_bytes(d) <= 49152
+        assert codegen.attention_coop_backward.coop_backward_bytes(d) <= 24576   # two a SM on the H100 (run 37)
     assert all(v.startswith("cooperative backward") for v in _variants(COOP_CAPS, 8, 1500, 1500, 6, 6, 64, causal=True))
     tiled = lambda variants: all(v.startswith("tiled backward") for v in variants)  # noqa: E731
     assert tiled(_variants(F32_CAPS, 2, 70, 130, 6, 2, 64))
@@ -65,30 +67,55 @@ def test_cooperative_backward_follows_the_forward():
         caps = codegen.Capabilities(subgroups=True, workgroup_storage=49152, dialect="tint", matmul_f16=True,
                                     knobs=knobs)
         assert tiled(_variants(caps, 1, 40, 40, 2, 2, 64)), knobs
-    forward = codegen.attention_coop.coop_attention_bytes(64)
-    small = codegen.Capabilities(subgroups=True, workgroup_storage=forward, dialect="tint", matmul_f16=True)
-    assert codegen.attention_coop.coop_attention_supported(64, small)                 # the forward's 43 KiB fit
-    assert tiled(_variants(small, 1, 40, 40, 2, 2, 64))                               # the backward's 43.5 KiB do not
+    need = codegen.attention_coop_backward.coop_backward_bytes(64)
+    small = codegen.Capabilities(subgroups=True, workgroup_storage=need - 4, dialect="tint", matmul_f16=True)
+    assert tiled(_variants(small, 1, 40, 40, 2, 2, 64))                               # 4 bytes short of its 23 KiB
+
+
+def test_the_backward_streams_blocks_of_32_rows_where_its_grid_fills_the_gpu():
+    """Blocks of 32 streamed rows (two workgroups an SM) where the grid has at least one
+    workgroup an SM (the tuning's full attention grid / 6) and dq streams at least 512
+    keys, else of 64 where they fit."""
+    rule = codegen.attention_coop_backward.backward_streamed
+    assert rule(24 * 6 * 8, 64, COOP_CAPS) == 32                  # whisper-tiny's dk/dv at batch 8
+    assert rule(24 * 6 * 8, 64, COOP_CAPS, dq_keys=1500) == 32    # and its dq
+    assert rule(24 * 6, 64, COOP_CAPS) == 32                      # at batch 1: 144 of 128
+    assert rule(4 * 6 * 8, 64, COOP_CAPS, dq_keys=256) == 64      # gpt-tiny's dq: a short stream
+    assert rule(4 * 3 * 4, 64, COOP_CAPS) == 64                   # the SmolLM2-shaped Llama's dk/dv at 4 x 256
+    assert rule(127, 64, COOP_CAPS) == 64 and rule(128, 64, COOP_CAPS) == 32
+    assert rule(128, 64, COOP_CAPS, dq_keys=511) == 64 and rule(128, 64, COOP_CAPS, dq_keys=512) == 32
+    wide = codegen.attention_coop_backward.coop_backward_bytes(64, 64)
+    assert rule(48, 64, dataclasses.replace(COOP_CAPS, workgroup_storage=wide - 4)) == 32   # 64 do not fit
+    block = lambda variants: [v.split("streamed ")[1].split(" ")[0] for v in variants]  # noqa: E731
+    assert block(_variants(COOP_CAPS, 4, 256, 256, 9, 3, 64, causal=True)) == ["64", "64"]   # dq 144, dk/dv 48
+    assert block(_variants(COOP_CAPS, 8, 1500, 1500, 6, 6, 64)) == ["32", "32"]
+    forced = dataclasses.replace(COOP_CAPS, knobs=Config.from_env({"MEGANEURA_ATTENTION_BACKWARD_BLOCK": "32"}).knobs)
+    assert block(_variants(forced, 4, 256, 256, 9, 3, 64, causal=True)) == ["32", "32"]
+    with pytest.raises(ConfigError, match="MEGANEURA_ATTENTION_BACKWARD_BLOCK='48' is not one of 32, 64"):
+        Config.from_env({"MEGANEURA_ATTENTION_BACKWARD_BLOCK": "48"})
     g, _ = grad_graph(1, 40, 40, 2, 2, 64)
     lse = g.apply("attention_lse", g.inputs["q"], g.inputs["k"], **attention_attrs(2, 2, False, None))
     assert codegen.kernel_for(g, g[lse], COOP_CAPS).notes["variant"].startswith("tiled backward")
 
 
 TINT_CHECK = """
-    from test_attention_coop_backward import GRAD_OPS, grad_graph
-    caps = codegen.Capabilities(subgroups=True, workgroup_storage=49152, dialect="tint", matmul_f16=True)
-    for d in (32, 64):
-        for causal in (False, True):
-            g, _ = grad_graph(1, 70, 130, 6, 2, d, causal=causal)
-            for node in [n for n in g.nodes if n.op in GRAD_OPS]:
-                check(f"D={d} causal={causal}", codegen.kernel_for(g, node, caps))
+    from engine.config import Knobs
+    from test_attention_coop_backward import BLOCKS, GRAD_OPS, grad_graph
+    for block in BLOCKS:
+        caps = codegen.Capabilities(subgroups=True, workgroup_storage=49152, dialect="tint", matmul_f16=True,
+                                    knobs=Knobs(attention_backward_block=block))
+        for d in (32, 64):
+            for causal in (False, True):
+                g, _ = grad_graph(1, 70, 130, 6, 2, d, causal=causal)
+                for node in [n for n in g.nodes if n.op in GRAD_OPS]:
+                    check(f"blocks of {block} D={d} causal={causal}", codegen.kernel_for(g, node, caps))
 """
 
 
 def test_every_cooperative_backward_kernel_passes_tint():
-    """dq and dkdv at D = 32 and 64, grouped-query, causal or not (causality is a meta
-    word: one source each) are valid WGSL for Tint."""
-    assert tint_check(TINT_CHECK) == (4, 4)
+    """dq and dkdv in blocks of 32 and 64 streamed rows at D = 32 and 64, grouped-query,
+    causal or not (causality is a meta word: one source each) are valid WGSL for Tint."""
+    assert tint_check(TINT_CHECK) == (8, 8)
 
 
 def _f16(x):
@@ -131,12 +158,18 @@ def grad_inputs(shape, magnitude, seed=0):
     return with_row_stats(x, attention_attrs(heads, kv_heads, bool(causal), scale))
 
 
-def measure(case):
-    """(errors of dq, dk, dv against the float64 reference, the grad kernels' variants)."""
+BLOCKS = (32, 64)   # streamed rows a block of the cooperative kernels (backward_streamed)
+
+
+def measure(case, block=32):
+    """(errors of dq, dk, dv against the float64 reference, the grad kernels' variants),
+    the cooperative kernels in blocks of ``block`` streamed rows."""
     shape, magnitude = CASES[case]
     g, _ = grad_graph(*shape[:6], causal=bool(shape[6]), scale=shape[7])
     inputs = grad_inputs(shape, magnitude)
-    s = build_inference_session(g, optimize=False, capabilities=device_capabilities())
+    caps = device_capabilities()
+    caps = dataclasses.replace(caps, knobs=dataclasses.replace(caps.knobs, attention_backward_block=block))
+    s = build_inference_session(g, optimize=False, capabilities=caps)
     s.set_inputs(inputs)
     s.run()
     want = reference.run(g, inputs, {}, np.float64)
@@ -145,9 +178,11 @@ def measure(case):
     return errors, variants, s.capabilities.matmul_f16
 
 
+@pytest.mark.parametrize("block", BLOCKS)
 @pytest.mark.parametrize("case", CASES)
-def test_f16_backward_matches_the_reference(case, configure):
-    """On a device with subgroup matrices the cooperative kernels match the float64
+def test_f16_backward_matches_the_reference(case, block, configure):
+    """On a device with subgroup matrices the cooperative kernels (in blocks of 32 and of
+    64 streamed rows) match the float64
     reference of f16-representable q, k, v, dO to 1e-3 of each result's largest value
     (3.7e-4 at most on the H100): scores and dP are f32 sums of exact products, and
     beyond the reference they round only P (for dV) and dS to f16 (at most 2^-11
@@ -155,10 +190,11 @@ def test_f16_backward_matches_the_reference(case, configure):
     range before it is rounded. Elsewhere (lavapipe) the f32 kernels run and match to
     f32's tolerance."""
     configure(precision="f16")
-    errors, variants, cooperative = measure(case)
+    errors, variants, cooperative = measure(case, block)
     assert len(variants) == 2, variants
     if cooperative:
-        assert all(v.startswith("cooperative backward") for v in variants), variants
+        assert all(v.startswith("cooperative backward") and f"streamed {block} at a time" in v
+                   for v in variants), variants
         assert all(e < 1e-3 for e in errors.values()), errors
     else:
         assert all(v.startswith("tiled backward") for v in variants), variants

@@ -11,30 +11,56 @@ import math
 from ..graph.ir import Graph, Node
 from ..graph.ops import attention_grad_kv_layout
 from .attention import _attention_backward, _attention_dims, _split_grid
-from .attention_coop import _HALF_PAD, COOP_SCRATCH_ROW, _fragment, _result, coop_attention_supported, put_tiles
+from .attention_coop import (_HALF_PAD, _fragment, _fragment_rounds, _result, coop_attention_supported, put_tiles,
+                             scratch_row)
 from .common import Capabilities, Kernel, _finish, f32_bits
 from .matmul import COOP_ENABLES, COOP_FRAGMENT
 
 COOP_BACKWARD_FIXED = 64      # fixed rows a workgroup owns: 16 for each of its 4 subgroups
-COOP_BACKWARD_STREAMED = 64   # streamed rows a block
+COOP_BACKWARD_STREAMED = (32, 64)   # streamed rows a block: see backward_streamed
 COOP_BACKWARD_SUBGROUPS = 4
 COOP_BACKWARD_MODES = {"attention_grad_q": 0, "attention_grad_kv": 1}
 
 
-def coop_backward_bytes(head_dim: int) -> int:
-    """Workgroup memory of attention_coop_backward.wgsl: the f16 X and Y blocks (padded
-    rows; the fixed rows are staged through them), each subgroup's f16 P / dS rows and
-    f32 scratch of 16 x 64, a block's L and Delta (dkdv) and the subgroups' largest |dO|."""
-    xy = 2 * 2 * COOP_BACKWARD_STREAMED * (head_dim + _HALF_PAD)
-    p = 2 * COOP_BACKWARD_SUBGROUPS * 16 * (COOP_BACKWARD_STREAMED + _HALF_PAD)
-    scratch = 4 * COOP_BACKWARD_SUBGROUPS * 16 * COOP_SCRATCH_ROW
-    return xy + p + scratch + 4 * (2 * COOP_BACKWARD_STREAMED + COOP_BACKWARD_SUBGROUPS)
+def coop_backward_bytes(head_dim: int, streamed: int = COOP_BACKWARD_STREAMED[0]) -> int:
+    """Workgroup memory of attention_coop_backward.wgsl in blocks of ``streamed`` rows: the
+    f16 X and Y blocks (padded rows; the fixed rows are staged through them), each
+    subgroup's f16 P / dS rows and f32 scratch of 16 x ``streamed``, a block's L and Delta
+    (dkdv) and the subgroups' largest |dO|."""
+    xy = 2 * 2 * streamed * (head_dim + _HALF_PAD)
+    p = 2 * COOP_BACKWARD_SUBGROUPS * 16 * (streamed + _HALF_PAD)
+    scratch = 4 * COOP_BACKWARD_SUBGROUPS * 16 * scratch_row(streamed)
+    return xy + p + scratch + 4 * (2 * streamed + COOP_BACKWARD_SUBGROUPS)
+
+
+DQ_LONG_STREAM = 512   # keys a dq workgroup streams at least for blocks of 32 to pay
+
+
+def backward_streamed(workgroups: int, head_dim: int, caps: Capabilities, dq_keys: int | None = None) -> int:
+    """Streamed rows a block: 32, so that the workgroup's memory stays under 24 KiB and two
+    share an SM (on the H100 one of 28 KiB or more has it alone), where the grid has at
+    least one workgroup an SM (``tuning.attention_fill`` / 6: the tuning's full grid is
+    six an SM) and, for dq (``dq_keys`` given), the keys are at least ``DQ_LONG_STREAM``;
+    else 64 (46 KiB) where they fit: twice the work a barrier. Run 37, fastest calls of
+    the kernels summed over layers, blocks of 64 -> 32: whisper-tiny at batch 8 (1,152
+    workgroups, 1,500 keys) dk/dv 2,965 -> 2,515 us, dq 2,282 -> 2,008; gpt-tiny (192
+    workgroups, 256 causal keys) dk/dv 305 -> 257, dq 226 -> 282; the SmolLM2-shaped
+    Llama's dq (144 workgroups, 256 causal keys) 1,067 -> 1,389, its dk/dv (48
+    workgroups) 10% slower. ``caps.knobs.attention_backward_block``
+    (``MEGANEURA_ATTENTION_BACKWARD_BLOCK``) forces 32 or 64 (tests, benchmarks)."""
+    if caps.knobs.attention_backward_block:
+        return caps.knobs.attention_backward_block
+    wide = COOP_BACKWARD_STREAMED[1]
+    if coop_backward_bytes(head_dim, wide) > caps.workgroup_storage:
+        return COOP_BACKWARD_STREAMED[0]
+    fills = workgroups >= caps.tuning.attention_fill // 6
+    return COOP_BACKWARD_STREAMED[0] if fills and (dq_keys is None or dq_keys >= DQ_LONG_STREAM) else wide
 
 
 def coop_backward_supported(head_dim: int, caps: Capabilities) -> bool:
     """Whether attention_grad_q and attention_grad_kv of this head dim run on cooperative
     matrices: where the forward does (``coop_attention_supported``) and their blocks fit
-    the device's workgroup memory (43.5 KiB at D = 64), unless
+    the device's workgroup memory (23.3 KiB at D = 64 in blocks of 32), unless
     ``MEGANEURA_ATTENTION_BACKWARD=f32`` keeps the f32 kernels (benchmarks)."""
     return (caps.knobs.attention_backward != "f32" and coop_attention_supported(head_dim, caps)
             and coop_backward_bytes(head_dim) <= caps.workgroup_storage)
@@ -51,28 +77,48 @@ def attention_backward(graph: Graph, node: Node, caps: Capabilities) -> Kernel:
     return _attention_backward(graph, node, caps)
 
 
-def _subs(d: int, mode: int) -> dict:
-    """attention_coop_backward.wgsl's unrolled parts for head dim ``d`` and ``mode`` (0: dq,
-    1: dkdv): the staging (unrolled, as the forward's: loops of global loads ran 2.1x
-    slower there), the fragment products, and the lanes' lines over their 32 streamed rows
-    (``key``) in the forward's rotated order. The results (dq or dk, and dv) accumulate in
-    result fragments across blocks, rescaled by ``subgroupMatrixScalarMultiply`` where a
-    block's scale changes: no round trip through the scratch per block."""
-    f, dk = COOP_FRAGMENT, d // COOP_FRAGMENT
+def _subs(d: int, mode: int, streamed: int) -> dict:
+    """attention_coop_backward.wgsl's unrolled parts for head dim ``d``, ``mode`` (0: dq,
+    1: dkdv) and blocks of ``streamed`` rows: the staging (unrolled, as the forward's: loops
+    of global loads ran 2.1x slower there; the 64 fixed rows of A, then of B, go through
+    the two tiles, so that with blocks of 32 subgroups 0 and 1 load their fragments from Xh
+    and 2 and 3 from Yh), the fragment products, and the lanes' lines over their
+    ``streamed / 2`` rows (``key``) in the forward's rotated order. The results (dq or dk, and dv) accumulate in result fragments across
+    blocks, rescaled by ``subgroupMatrixScalarMultiply`` where a block's scale changes: no
+    round trip through the scratch per block; at the end they leave through it two
+    fragments at a time."""
+    f, dk, rows = COOP_FRAGMENT, d // COOP_FRAGMENT, streamed // 2
     kv = mode == 1
     ind = " " * 8
-    key = lambda c: f"({c}u + r) % 32u * 2u + half"  # noqa: E731
+    key = lambda c: f"({c}u + r) % {rows}u * 2u + half"  # noqa: E731
     threads = 32 * COOP_BACKWARD_SUBGROUPS
-    steps = range(COOP_BACKWARD_STREAMED * d // 4 // threads)
+    fixed_steps = range(COOP_BACKWARD_FIXED * d // 4 // threads)
+    steps = range(streamed * d // 4 // threads)
+    in_x = streamed * d // 4   # a fixed operand's vec4s staged in Xh; the rest go to Yh
     e = lambda n: f"tid + {n * threads}u"  # noqa: E731
     a, bop, x, y = (1, 2, 0, 3) if kv else (0, 3, 1, 2)   # operands: 0 q, 1 k, 2 v, 3 dout
 
     fetch_fixed = [f"    let a{n} = fetch_rows({e(n)}, b, head, f0, NF, HF, {a}u); "
-                   f"let b{n} = fetch_rows({e(n)}, b, head, f0, NF, HF, {bop}u);" for n in steps]
-    fixed_max = [] if kv else [f"    top_y = max(top_y, amax4(b{n}));" for n in steps]
-    put_fixed = [f"    put_x({e(n)}, a{n}); put_y({e(n)}, b{n}{'' if kv else ' * s_fixed'});" for n in steps]
-    load_fixed = [f"    let {t}f{kk} = {_fragment('left', tile, f'sg * 16u * KS + {f * kk}u', False, 'KS')};"
-                  for t, tile in (("a", "Xh"), ("b", "Yh")) for kk in range(dk)]
+                   f"let b{n} = fetch_rows({e(n)}, b, head, f0, NF, HF, {bop}u);" for n in fixed_steps]
+    fixed_max = [] if kv else [f"    top_y = max(top_y, amax4(b{n}));" for n in fixed_steps]
+
+    def put_fixed(name: str, times: str) -> list[str]:
+        return [f"    put_x(tid + {n * threads}u, {name}{n}{times});" if n * threads < in_x else
+                f"    put_y(tid + {n * threads - in_x}u, {name}{n}{times});" for n in fixed_steps]
+
+    def load_fixed(name: str) -> list[str]:
+        if streamed >= COOP_BACKWARD_FIXED:   # the fixed rows fit Xh
+            return [f"    let {name}f{kk} = {_fragment('left', 'Xh', f'sg * 16u * KS + {f * kk}u', False, 'KS')};"
+                    for kk in range(dk)]
+        lines = [f"    var {name}f{kk}: subgroup_matrix_left<f16, {f}, {f}>;" for kk in range(dk)]
+        lines.append("    if (sg < 2u) {")
+        lines += [f"        {name}f{kk} = {_fragment('left', 'Xh', f'sg * 16u * KS + {f * kk}u', False, 'KS')};"
+                  for kk in range(dk)]
+        lines.append("    } else {")
+        lines += [f"        {name}f{kk} = {_fragment('left', 'Yh', f'(sg - 2u) * 16u * KS + {f * kk}u', False, 'KS')};"
+                  for kk in range(dk)]
+        return lines + ["    }"]
+
     fetch_stream = [f"{ind}let x{n} = fetch_rows({e(n)}, b, sh, c0, NS, HS, {x}u); "
                     f"let y{n} = fetch_rows({e(n)}, b, sh, c0, NS, HS, {y}u);" for n in steps]
     stream_max = ([f"{ind}top_y = max(top_y, amax4(y{n}));" for n in steps]
@@ -96,58 +142,66 @@ def _subs(d: int, mode: int) -> dict:
 
     def accumulate(name: str, left: str, tile: str, ratio: str) -> list[str]:
         """The D / 16 accumulated fragments name0.. times ``ratio``, plus the subgroup's
-        16 x 64 left fragments times ``tile``'s rows."""
+        16 x 32 left fragments times ``tile``'s rows."""
         lines = []
         for n in range(dk):
             lines.append(f"{ind}{name}{n} = subgroupMatrixScalarMultiply({name}{n}, {ratio});")
             lines += [f"{ind}{name}{n} = subgroupMatrixMultiplyAccumulate({left}{kk}, {right(tile, n, kk, False)}, "
-                      f"{name}{n});" for kk in range(COOP_BACKWARD_STREAMED // f)]
+                      f"{name}{n});" for kk in range(streamed // f)]
         return lines
 
     def p_frags(name: str) -> list[str]:
-        """The subgroup's P or dS rows (16 x 64 in Ph) as 4 left fragments name0.."""
+        """The subgroup's P or dS rows (16 x 32 in Ph) as 2 left fragments name0.."""
         return [f"{ind}let {name}{kk} = {_fragment('left', 'Ph', f'pb + {f * kk}u', False, 'PS')};"
-                for kk in range(COOP_BACKWARD_STREAMED // f)]
+                for kk in range(streamed // f)]
 
     def store(name: str, factor: str, base: str) -> list[str]:
-        """Fragments name0.. times ``factor`` through the subgroup's scratch to ``out``."""
-        lines = [f"    subgroupMatrixStore(&Sc, sb + {f * n}u, subgroupMatrixScalarMultiply({name}{n}, {factor}), "
-                 f"false, SS);" for n in range(dk)]
-        return lines + [
-            "    workgroupBarrier();",
-            "    for (var e = lane; e < 16u * D; e = e + 32u) {",
-            "        let row = f0 + 16u * sg + e / D;",
-            "        if (row < NF) {",
-            f"            out[{base}((b * NF + row) * HF + head) * D + e % D] = Sc[sb + e / D * SS + e % D];",
-            "        }",
-            "    }"]
+        """Fragments name0.. times ``factor`` through the subgroup's scratch to ``out``, two
+        at a time (each round ends with a barrier: the scratch is free again)."""
+        lines = []
+        for frags in _fragment_rounds(d):
+            width = f * len(frags)
+            lines += [f"    subgroupMatrixStore(&Sc, sb + {f * i}u, subgroupMatrixScalarMultiply({name}{n}, {factor}), "
+                      f"false, SS);" for i, n in enumerate(frags)]
+            lines += ["    workgroupBarrier();",
+                      f"    for (var e = lane; e < {16 * width}u; e = e + 32u) {{",
+                      f"        let row = f0 + 16u * sg + e / {width}u;",
+                      "        if (row < NF) {",
+                      f"            out[{base}((b * NF + row) * HF + head) * D + {f * frags[0]}u + e % {width}u] = "
+                      f"Sc[sb + e / {width}u * SS + e % {width}u];",
+                      "        }", "    }", "    workgroupBarrier();"]
+        return lines
 
     lse = (lambda c: f"Ls[{key(c)}]") if kv else (lambda c: "row_lse")  # noqa: E731
     delta = (lambda c: f"Ds[{key(c)}]") if kv else (lambda c: "row_delta")  # noqa: E731
     probabilities = [f"{ind}{{ let j = c0 + {key(c)}; p[{c}] = select(0.0, exp2(Sc[sb + r * SS + {key(c)}] * sl2 "
-                     f"- {lse(c)}), j >= lo && j < hi); }}" for c in range(32)]
+                     f"- {lse(c)}), j >= lo && j < hi); }}" for c in range(rows)]
     if kv:
-        pv = ([f"{ind}Ph[pb + r * PS + {key(c)}] = f16(p[{c}]);" for c in range(32)]
+        pv = ([f"{ind}Ph[pb + r * PS + {key(c)}] = f16(p[{c}]);" for c in range(rows)]
               + [f"{ind}workgroupBarrier();         // P is written and S read"] + p_frags("pf")
               + accumulate("dvf", "pf", "Yh", "ratio_y"))
     else:
         pv = [f"{ind}workgroupBarrier();         // S is read"]
     ds = [f"{ind}{{ let g = p[{c}] * (Sc[sb + r * SS + {key(c)}] * inv_y - {delta(c)}); p[{c}] = g; "
-          f"top = max(top, abs(g)); }}" for c in range(32)]
+          f"top = max(top, abs(g)); }}" for c in range(rows)]
     results = ["    " + _result(f"{name}{n}") for name in ("gf", "dvf")[:1 + kv] for n in range(dk)]
     out = store("gf", "scale / s_g", "")
     if kv:
-        out += ["    workgroupBarrier();", *store("dvf", "1.0 / s_v", "m(7u) + ")]
-    return dict(MODE=mode, D=d, PAD=_HALF_PAD, SS=COOP_SCRATCH_ROW,
-                PUT_TILES=put_tiles(("x", "Xh"), ("y", "Yh")),
-                FETCH_FIXED="\n".join(fetch_fixed), FIXED_MAX="\n".join(fixed_max), PUT_FIXED="\n".join(put_fixed),
-                LOAD_FIXED="\n".join(load_fixed), RESULTS="\n".join(results), FETCH_STREAM="\n".join(fetch_stream),
+        out += store("dvf", "1.0 / s_v", "m(7u) + ")
+    return dict(MODE=mode, D=d, BS=streamed, LANE_ROWS=rows, PAD=_HALF_PAD,
+                SS=scratch_row(streamed), PUT_TILES=put_tiles(("x", "Xh"), ("y", "Yh")),
+                FETCH_FIXED="\n".join(fetch_fixed), FIXED_MAX="\n".join(fixed_max),
+                PUT_FIXED="\n".join(put_fixed("a", "")),
+                LOAD_FIXED="\n".join(load_fixed("a") + ["    workgroupBarrier();"]
+                                     + put_fixed("b", "" if kv else " * s_fixed") + ["    workgroupBarrier();"]
+                                     + load_fixed("b")),
+                RESULTS="\n".join(results), FETCH_STREAM="\n".join(fetch_stream),
                 STREAM_MAX="\n".join(stream_max), PUT_STREAM="\n".join(put_stream),
-                SCORES="\n".join(products("sf", "af", "Xh", True, COOP_BACKWARD_STREAMED // f, dk)),
+                SCORES="\n".join(products("sf", "af", "Xh", True, streamed // f, dk)),
                 PROBABILITIES="\n".join(probabilities), PV="\n".join(pv),
-                DP="\n".join(products("dpf", "bf", "Yh", True, COOP_BACKWARD_STREAMED // f, dk)),
+                DP="\n".join(products("dpf", "bf", "Yh", True, streamed // f, dk)),
                 DS="\n".join(ds),
-                PUT_DS="\n".join(f"{ind}Ph[pb + r * PS + {key(c)}] = f16(p[{c}] * s2);" for c in range(32)),
+                PUT_DS="\n".join(f"{ind}Ph[pb + r * PS + {key(c)}] = f16(p[{c}] * s2);" for c in range(rows)),
                 GRAD="\n".join(p_frags("df") + accumulate("gf", "df", "Xh", "ratio_g")),
                 STORE="\n".join(out))
 
@@ -161,16 +215,17 @@ def coop_attention_backward(graph: Graph, node: Node, bsz, t, s, h, hkv, d, caus
     mode = COOP_BACKWARD_MODES[node.op]
     fixed, heads = (t, h) if mode == 0 else (s, hkv)
     grid = _split_grid(graph, node, -(-fixed // COOP_BACKWARD_FIXED), heads, bsz, 1)
+    block = backward_streamed(math.prod(grid), d, caps, dq_keys=s if mode == 0 else None)
     dv_at = attention_grad_kv_layout(graph[node.inputs[1]].shape)[0][1] if mode == 1 else 0
     meta = [t, s, h, hkv, causal, f32_bits(scale * math.log2(math.e)), f32_bits(scale), dv_at]
     names = ("q", "k", "v", "dout", "lse", "delta")
     types = ["f32" if n in ("lse", "delta") else "vec4<f32>" for n in names]
     kernel = _finish(node.op, "attention", "attention_coop_backward.wgsl", list(names), types, "f32", meta, grid,
-                     caps, enables=COOP_ENABLES + ("subgroups",), **_subs(d, mode))
+                     caps, enables=COOP_ENABLES + ("subgroups",), **_subs(d, mode, block))
     f = COOP_FRAGMENT
     fixed_rows, streamed = ("queries", "keys") if mode == 0 else ("keys", "queries")
     kernel.notes["variant"] = (f"cooperative backward: {COOP_BACKWARD_FIXED} {fixed_rows} a workgroup, {streamed} "
-                               f"streamed {COOP_BACKWARD_STREAMED} at a time, f16 {f}x{f}x{f} -> f32, "
+                               f"streamed {block} at a time, f16 {f}x{f}x{f} -> f32, "
                                f"{COOP_BACKWARD_SUBGROUPS} subgroups, dO and dS scaled")
     kernel.guarded = True
     return kernel
