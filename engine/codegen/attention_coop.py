@@ -62,6 +62,29 @@ def put_tiles(*names: tuple[str, str]) -> str:
     return "\n\n".join(_render("f16_tile_put.wgsl", NAME=name, TILE=tile) for name, tile in names)
 
 
+def staged_in_two_tiles(puts: tuple[str, str], value, count: int, in_first: int, threads: int) -> list[str]:
+    """The staging of a 64-row operand whose first rows go to one 32-row tile and the rest
+    to another: each thread's ``count`` vec4s (``value(n)``, the WGSL of the n-th, element
+    tid + n ``threads``) through ``puts`` (the two tiles' put functions), the first
+    ``in_first`` elements into the first."""
+    first, second = puts
+    return [f"    {first}(tid + {n * threads}u, {value(n)});" if n * threads < in_first else
+            f"    {second}(tid + {n * threads - in_first}u, {value(n)});" for n in range(count)]
+
+
+def fragments_of_two_tiles(name: str, tiles: tuple[str, str], dk: int) -> list[str]:
+    """WGSL declaring a subgroup's ``dk`` left fragments ``name``0.. of its 16 rows of a
+    64-row operand staged by ``staged_in_two_tiles``: subgroups 0 and 1 load theirs from
+    the first tile, 2 and 3 from the second (a branch uniform in each subgroup)."""
+    f = COOP_FRAGMENT
+    lines = [f"    var {name}{kk}: subgroup_matrix_left<f16, {f}, {f}>;" for kk in range(dk)]
+    for test, tile, row in (("if (sg < 2u) {", tiles[0], "sg"), ("} else {", tiles[1], "(sg - 2u)")):
+        lines.append("    " + test)
+        lines += [f"        {name}{kk} = {_fragment('left', tile, f'{row} * 16u * KS + {f * kk}u', False, 'KS')};"
+                  for kk in range(dk)]
+    return lines + ["    }"]
+
+
 def _result(name: str) -> str:
     return f"var {name} = subgroup_matrix_result<f32, {COOP_FRAGMENT}, {COOP_FRAGMENT}>();"
 
@@ -88,19 +111,9 @@ def _coop_subs(d: int) -> dict:
     col = lambda c: f"({c}u + r) % 16u * 2u + half"  # noqa: E731   a round's 32 columns
     threads = 32 * COOP_SUBGROUPS
     elements = [f"tid + {n * threads}u" for n in range(COOP_KEYS * d // 4 // threads)]
-    in_k = COOP_KEYS * d // 4   # Q's vec4s staged in Kh; the rest go to Vh
-    stage_q = [f"    put_k(tid + {n * threads}u, fetch_rows(tid + {n * threads}u, b, h, q0, T, H, 0u));"
-               if n * threads < in_k else
-               f"    put_v(tid + {n * threads - in_k}u, fetch_rows(tid + {n * threads}u, b, h, q0, T, H, 0u));"
-               for n in range(COOP_QUERIES * d // 4 // threads)]
-    load_q = [f"    var qf{kk}: subgroup_matrix_left<f16, {f}, {f}>;" for kk in range(dk)]
-    load_q.append("    if (sg < 2u) {")
-    load_q += [f"        qf{kk} = {_fragment('left', 'Kh', f'sg * 16u * KS + {f * kk}u', False, 'KS')};"
-               for kk in range(dk)]
-    load_q.append("    } else {")
-    load_q += [f"        qf{kk} = {_fragment('left', 'Vh', f'(sg - 2u) * 16u * KS + {f * kk}u', False, 'KS')};"
-               for kk in range(dk)]
-    load_q.append("    }")
+    stage_q = staged_in_two_tiles(("put_k", "put_v"), lambda n: f"fetch_rows(tid + {n * threads}u, b, h, q0, T, H, 0u)",
+                                  COOP_QUERIES * d // 4 // threads, COOP_KEYS * d // 4, threads)
+    load_q = fragments_of_two_tiles("qf", ("Kh", "Vh"), dk)
     fetch_first = [f"    var kr{n} = fetch_rows({e}, b, hk, part * per_part * BKV, S, HKV, 1u);"
                    for n, e in enumerate(elements)]
     stage = ([f"{ind}put_k({e}, kr{n});" for n, e in enumerate(elements)]

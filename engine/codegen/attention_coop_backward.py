@@ -11,8 +11,8 @@ import math
 from ..graph.ir import Graph, Node
 from ..graph.ops import attention_grad_kv_layout
 from .attention import _attention_backward, _attention_dims, _split_grid
-from .attention_coop import (_HALF_PAD, _fragment, _fragment_rounds, _result, coop_attention_supported, put_tiles,
-                             scratch_row)
+from .attention_coop import (_HALF_PAD, _fragment, _fragment_rounds, _result, coop_attention_supported,
+                             fragments_of_two_tiles, put_tiles, scratch_row, staged_in_two_tiles)
 from .common import Capabilities, Kernel, _finish, f32_bits
 from .matmul import COOP_ENABLES, COOP_FRAGMENT
 
@@ -94,7 +94,6 @@ def _subs(d: int, mode: int, streamed: int) -> dict:
     threads = 32 * COOP_BACKWARD_SUBGROUPS
     fixed_steps = range(COOP_BACKWARD_FIXED * d // 4 // threads)
     steps = range(streamed * d // 4 // threads)
-    in_x = streamed * d // 4   # a fixed operand's vec4s staged in Xh; the rest go to Yh
     e = lambda n: f"tid + {n * threads}u"  # noqa: E731
     a, bop, x, y = (1, 2, 0, 3) if kv else (0, 3, 1, 2)   # operands: 0 q, 1 k, 2 v, 3 dout
 
@@ -103,21 +102,14 @@ def _subs(d: int, mode: int, streamed: int) -> dict:
     fixed_max = [] if kv else [f"    top_y = max(top_y, amax4(b{n}));" for n in fixed_steps]
 
     def put_fixed(name: str, times: str) -> list[str]:
-        return [f"    put_x(tid + {n * threads}u, {name}{n}{times});" if n * threads < in_x else
-                f"    put_y(tid + {n * threads - in_x}u, {name}{n}{times});" for n in fixed_steps]
+        return staged_in_two_tiles(("put_x", "put_y"), lambda n: f"{name}{n}{times}", len(fixed_steps),
+                                   streamed * d // 4, threads)
 
     def load_fixed(name: str) -> list[str]:
         if streamed >= COOP_BACKWARD_FIXED:   # the fixed rows fit Xh
             return [f"    let {name}f{kk} = {_fragment('left', 'Xh', f'sg * 16u * KS + {f * kk}u', False, 'KS')};"
                     for kk in range(dk)]
-        lines = [f"    var {name}f{kk}: subgroup_matrix_left<f16, {f}, {f}>;" for kk in range(dk)]
-        lines.append("    if (sg < 2u) {")
-        lines += [f"        {name}f{kk} = {_fragment('left', 'Xh', f'sg * 16u * KS + {f * kk}u', False, 'KS')};"
-                  for kk in range(dk)]
-        lines.append("    } else {")
-        lines += [f"        {name}f{kk} = {_fragment('left', 'Yh', f'(sg - 2u) * 16u * KS + {f * kk}u', False, 'KS')};"
-                  for kk in range(dk)]
-        return lines + ["    }"]
+        return fragments_of_two_tiles(f"{name}f", ("Xh", "Yh"), dk)
 
     fetch_stream = [f"{ind}let x{n} = fetch_rows({e(n)}, b, sh, c0, NS, HS, {x}u); "
                     f"let y{n} = fetch_rows({e(n)}, b, sh, c0, NS, HS, {y}u);" for n in steps]
