@@ -29,9 +29,6 @@ def scratch_row(width: int) -> int:
     return width + width // 8
 
 
-COOP_SCRATCH_ROW = scratch_row(64)   # the backward kernels' blocks of 64
-
-
 def coop_attention_bytes(head_dim: int) -> int:
     """Workgroup memory of attention_coop.wgsl: the f16 K and V blocks (padded rows; Q is
     staged through both), each subgroup's f16 P rows and f32 scratch of 16 x 32, the

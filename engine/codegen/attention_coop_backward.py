@@ -83,10 +83,10 @@ def _subs(d: int, mode: int, streamed: int) -> dict:
     of global loads ran 2.1x slower there; the 64 fixed rows of A, then of B, go through
     the two tiles, so that with blocks of 32 subgroups 0 and 1 load their fragments from Xh
     and 2 and 3 from Yh), the fragment products, and the lanes' lines over their
-    ``streamed / 2`` rows (``key``) in the forward's rotated order. The results (dq or dk, and dv) accumulate in result fragments across
-    blocks, rescaled by ``subgroupMatrixScalarMultiply`` where a block's scale changes: no
-    round trip through the scratch per block; at the end they leave through it two
-    fragments at a time."""
+    ``streamed / 2`` rows (``key``) in the forward's rotated order. The results (dq or dk,
+    and dv) accumulate in result fragments across blocks, rescaled by
+    ``subgroupMatrixScalarMultiply`` where a block's scale changes: no round trip through
+    the scratch per block; at the end they leave through it two fragments at a time."""
     f, dk, rows = COOP_FRAGMENT, d // COOP_FRAGMENT, streamed // 2
     kv = mode == 1
     ind = " " * 8
@@ -134,7 +134,7 @@ def _subs(d: int, mode: int, streamed: int) -> dict:
 
     def accumulate(name: str, left: str, tile: str, ratio: str) -> list[str]:
         """The D / 16 accumulated fragments name0.. times ``ratio``, plus the subgroup's
-        16 x 32 left fragments times ``tile``'s rows."""
+        16 x ``streamed`` left fragments times ``tile``'s rows."""
         lines = []
         for n in range(dk):
             lines.append(f"{ind}{name}{n} = subgroupMatrixScalarMultiply({name}{n}, {ratio});")
@@ -143,7 +143,7 @@ def _subs(d: int, mode: int, streamed: int) -> dict:
         return lines
 
     def p_frags(name: str) -> list[str]:
-        """The subgroup's P or dS rows (16 x 32 in Ph) as 2 left fragments name0.."""
+        """The subgroup's P or dS rows (16 x ``streamed`` in Ph) as left fragments name0.."""
         return [f"{ind}let {name}{kk} = {_fragment('left', 'Ph', f'pb + {f * kk}u', False, 'PS')};"
                 for kk in range(streamed // f)]
 
