@@ -114,7 +114,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     for (var kb = part * per_part; kb < last; kb = kb + 1u) {
         let k0 = kb * BKV;
 {{STAGE}}
-        workgroupBarrier();         // K is staged; the last block read Kh before its second barrier, Vh and Ph before this one
+        workgroupBarrier();         // K staged (the last block read Kh, Vh and Ph before this)
 {{SCORES}}
 {{FETCH_NEXT}}
         workgroupBarrier();

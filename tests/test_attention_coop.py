@@ -53,7 +53,6 @@ def test_cooperative_attention_follows_the_matmul_precision_and_head_dim():
     assert "split" not in _variant(COOP_CAPS, 8, 1500, 1500, 6, 6, 64)
 
 
-
 BANKS = 32   # 4-byte banks of workgroup memory (every GPU this runs on)
 
 

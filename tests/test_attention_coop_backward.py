@@ -70,6 +70,9 @@ def test_cooperative_backward_follows_the_forward():
     need = codegen.attention_coop_backward.coop_backward_bytes(64)
     small = codegen.Capabilities(subgroups=True, workgroup_storage=need - 4, dialect="tint", matmul_f16=True)
     assert tiled(_variants(small, 1, 40, 40, 2, 2, 64))                               # 4 bytes short of its 23 KiB
+    g, _ = grad_graph(1, 40, 40, 2, 2, 64)
+    lse = g.apply("attention_lse", g.inputs["q"], g.inputs["k"], **attention_attrs(2, 2, False, None))
+    assert codegen.kernel_for(g, g[lse], COOP_CAPS).notes["variant"].startswith("tiled backward")
 
 
 def test_the_backward_streams_blocks_of_32_rows_where_its_grid_fills_the_gpu():
@@ -93,9 +96,6 @@ def test_the_backward_streams_blocks_of_32_rows_where_its_grid_fills_the_gpu():
     assert block(_variants(forced, 4, 256, 256, 9, 3, 64, causal=True)) == ["32", "32"]
     with pytest.raises(ConfigError, match="MEGANEURA_ATTENTION_BACKWARD_BLOCK='48' is not one of 32, 64"):
         Config.from_env({"MEGANEURA_ATTENTION_BACKWARD_BLOCK": "48"})
-    g, _ = grad_graph(1, 40, 40, 2, 2, 64)
-    lse = g.apply("attention_lse", g.inputs["q"], g.inputs["k"], **attention_attrs(2, 2, False, None))
-    assert codegen.kernel_for(g, g[lse], COOP_CAPS).notes["variant"].startswith("tiled backward")
 
 
 TINT_CHECK = """
