@@ -72,6 +72,26 @@ def test_the_scratch_rows_keep_fragment_stores_and_softmax_reads_on_every_bank()
             assert len(banks) == BANKS, (width, c)
 
 
+def test_the_rescale_scales_every_column_of_each_round_once():
+    """The rescaling branch takes O through the scratch in rounds of one or two fragments:
+    for every head dim each round's lanes (row r = lane % 16, parity lane / 16) multiply
+    each of the round's columns of their row exactly once (a round of one fragment, at
+    D = 16 and 48, once scaled columns past it and left half of its own)."""
+    import re
+    for d in (16, 32, 48, 64):
+        rescale = codegen.attention_coop._coop_subs(d)["RESCALE"]
+        rounds = rescale.split("subgroupMatrixLoad")[:-1]
+        widths = [16 * len(frags) for frags in codegen.attention_coop._fragment_rounds(d)]
+        steps = [re.findall(r"Sc\[sb \+ r \* SS \+ \((\d+)u \+ r\) % (\d+)u \* 2u \+ half\] =", text)
+                 for text in rescale.split("workgroupBarrier();")[1::3]]
+        assert len(steps) == len(widths) and rounds, d
+        for width, found in zip(widths, steps):
+            for r in range(16):
+                for half in (0, 1):
+                    cols = sorted((int(c) + r) % int(m) * 2 + half for c, m in found)
+                    assert cols == list(range(half, width, 2)), (d, width, r, half, cols)
+
+
 TINT_CHECK = """
     from engine.config import Knobs
     from test_attention_kernel import attention_graph
@@ -145,20 +165,22 @@ def test_f16_attention_matches_the_reference(case, configure):
         assert rel_err(got, exact) < TOL, rel_err(got, exact)
 
 
+@pytest.mark.parametrize("d", [64, 48, 16])
 @pytest.mark.parametrize("causal", [False, True])
-def test_f16_attention_rescales_when_a_later_block_has_the_max(causal, configure):
+def test_f16_attention_rescales_when_a_later_block_has_the_max(causal, d, configure):
     """Scores grow along the keys for even queries and shrink for odd ones, and span
     hundreds (a softmax without a running max would overflow): each key block moves the
     even rows' reference max past the lazy margin, so the workgroup takes O through the
     scratch and rescales those rows while the odd rows, in the same subgroups, keep
-    theirs (factor 1). Causal: the first blocks of a row hold few visible keys."""
+    theirs (factor 1). Causal: the first blocks of a row hold few visible keys. D = 48 and
+    16 end with a round of one fragment through the scratch."""
     configure(precision="f16")
-    g = attention_graph(1, 70, 200, 1, 1, 64, causal=causal, scale=1.0)
+    g = attention_graph(1, 70, 200, 1, 1, d, causal=causal, scale=64.0 / d)
     rng = np.random.default_rng(3)
     sign = np.where(np.arange(70) % 2 == 0, 1.0, -1.0)[None, :, None]
-    q = (np.abs(rng.standard_normal((1, 70, 64))) + 0.5) * sign
-    k = (np.abs(rng.standard_normal((1, 200, 64))) + 0.5) * np.linspace(0.0, 6.0, 200)[None, :, None]
-    inputs = {"q": q, "k": k, "v": rng.standard_normal((1, 200, 64))}
+    q = (np.abs(rng.standard_normal((1, 70, d))) + 0.5) * sign
+    k = (np.abs(rng.standard_normal((1, 200, d))) + 0.5) * np.linspace(0.0, 6.0, 200)[None, :, None]
+    inputs = {"q": q, "k": k, "v": rng.standard_normal((1, 200, d))}
     s = build_inference_session(g, optimize=False, capabilities=device_capabilities())
     s.set_inputs(inputs)
     s.run()

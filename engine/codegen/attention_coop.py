@@ -105,7 +105,7 @@ def _coop_subs(d: int) -> dict:
     f, dk, keys = COOP_FRAGMENT, d // COOP_FRAGMENT, COOP_KEYS // 2
     ind = " " * 8
     key = lambda c: f"({c}u + r) % {keys}u * 2u + half"  # noqa: E731
-    col = lambda c: f"({c}u + r) % 16u * 2u + half"  # noqa: E731   a round's 32 columns
+    col = lambda c, width: f"({c}u + r) % {width // 2}u * 2u + half"  # noqa: E731   of a round's columns
     threads = 32 * COOP_SUBGROUPS
     elements = [f"tid + {n * threads}u" for n in range(COOP_KEYS * d // 4 // threads)]
     stage_q = staged_in_two_tiles(("put_k", "put_v"), lambda n: f"fetch_rows(tid + {n * threads}u, b, h, q0, T, H, 0u)",
@@ -139,7 +139,7 @@ def _coop_subs(d: int) -> dict:
     for frags in _fragment_rounds(d):
         width = f * len(frags)
         rescale += (store(frags, ind + "    ") + [f"{ind}    workgroupBarrier();"]
-                    + [f"{ind}    Sc[sb + r * SS + {col(c)}] = Sc[sb + r * SS + {col(c)}] * corr;"
+                    + [f"{ind}    Sc[sb + r * SS + {col(c, width)}] = Sc[sb + r * SS + {col(c, width)}] * corr;"
                        for c in range(width // 2)]
                     + [f"{ind}    workgroupBarrier();"]
                     + [f"{ind}    of{n} = subgroupMatrixLoad<subgroup_matrix_result<f32, {f}, {f}>>(&Sc, sb + {f * i}u, "
