@@ -59,6 +59,15 @@ MATMULS_FULL = [
     ("whisper dW fc1", 384, 1536, 1500, True, False, ()),
     ("whisper b8 dW", 384, 384, 12000, True, False, ()),
     ("whisper b8 dW fc1", 384, 1536, 12000, True, False, ()),
+    ("llama qkv", 1024, 576, 576, False, True, ()),
+    ("llama up", 1024, 1536, 576, False, True, ()),
+    ("llama down", 1024, 576, 1536, False, True, ()),
+    ("llama dW", 576, 1536, 1024, True, False, ()),
+    ("whisper b8 fc1", 12000, 1536, 384, False, True, ()),
+    ("whisper b8 qkv", 12000, 1152, 384, False, True, ()),
+    ("whisper b8 fc2", 12000, 384, 1536, False, True, ()),
+    ("whisper b8 out", 12000, 384, 384, False, True, ()),
+    ("whisper b8 dX fc1", 12000, 384, 1536, False, False, ()),
     ("attn scores", 256, 256, 64, False, True, (48,)),
 ]
 MATMULS_QUICK = [

@@ -37,7 +37,7 @@ const BN: u32 = {{BN}}u;
 const BK: u32 = {{BK}}u;
 const AS: u32 = {{AS}}u;   // slots a row of the A tile (f32: vec4s a k row, BM / 4 + 1)
 const BS: u32 = {{BS}}u;
-const ABUF: u32 = {{ABUF}}u; // slots of one of the two buffers (f32: BK * AS)
+const ABUF: u32 = {{ABUF}}u; // slots of one of the two buffers (f32: BK * AS; 0: one buffer, RESTAGE waits)
 const BBUF: u32 = {{BBUF}}u;
 
 {{SMEM}}
@@ -95,6 +95,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         let ab = buf * ABUF;
         let bb = buf * BBUF;
 {{COMPUTE}}
+{{RESTAGE}}
         if (more) {
             buf = buf ^ 1u;
 {{STORE}}

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from engine import Graph, codegen
+from engine.config import Knobs
 from engine.graph import reference
 from engine.runtime.session import build_inference_session
 from engine.runtime.device import device_capabilities
@@ -96,6 +97,46 @@ def test_f16_precision_runs_cooperative_kernels_where_offered_and_f32_elsewhere(
             assert rel_err(s.read_output(name), exact[name]) < 1e-4, name
 
 
+@pytest.mark.parametrize("variant", list(codegen.COOP))
+def test_every_cooperative_tile_matches_the_rounded_reference(variant, monkeypatch, configure):
+    """Each cooperative preset, forced (MEGANEURA_MATMUL), on products that cross tile
+    edges on every layout, a batch, an epilogue, a split K and a convolution: the
+    presets differ in subgroups, K step, buffers and scratch, and each has its own
+    barriers and turns. Where the device lacks subgroup matrices (lavapipe) the force
+    falls back to the f32 kernels, with their tolerance."""
+    configure(matmul=variant)
+    g = _matmul_graph()
+    s, inputs, params, exact = _run_f16(g, monkeypatch, configure)
+    forced = [d.variant for d in s.plan.dispatches if not d.kernel.endswith(":total") and "matmul" in d.kernel]
+    if s.capabilities.matmul_f16:
+        tile = codegen.COOP[variant]
+        assert all(v.startswith(f"{tile.bm}x{tile.bn} tile, cooperative") and f"BK {tile.bk}" in v
+                   for v in forced), forced
+        rounded = _rounded_reference(g, inputs, params)
+        for name in g.outputs:
+            assert rel_err(s.read_output(name), rounded[name]) < 2e-5, (variant, name)
+    else:
+        assert not any("cooperative" in v for v in forced), forced
+        for name in g.outputs:
+            assert rel_err(s.read_output(name), exact[name]) < 1e-4, (variant, name)
+
+
+def test_one_buffer_tiles_wait_for_the_products_before_restaging():
+    """A preset of one buffer an operand has half the tile memory and a barrier between
+    a step's last product and the stores of the next step's operands (which overwrite
+    what the products read); a preset of two has no barrier there."""
+    g = _matmul_graph()
+    node = g[g.outputs["aligned"]]
+    for variant, tile in codegen.COOP.items():
+        source = codegen.kernel_for(g, node, dataclasses.replace(COOP_CAPS, knobs=Knobs(matmul=variant))).source
+        loop = source[source.index("for (var k0"):]
+        restage = loop.index("buf = buf ^ 1u")
+        between = loop[loop.rindex("subgroupMatrixMultiplyAccumulate", 0, restage):restage]
+        assert ("workgroupBarrier()" in between) == (tile.buffers == 1), variant
+        assert ("const ABUF: u32 = 0u;" in source) == (tile.buffers == 1), variant
+    assert {tile.buffers for tile in codegen.COOP.values()} == {1, 2}
+
+
 def test_whole_tiles_start_from_the_residual():
     """A cooperative product adding a row-major residual after no activation starts its
     whole tiles' accumulators from it and skips it in their epilogue; with an activation
@@ -118,13 +159,18 @@ def test_whole_tiles_start_from_the_residual():
 def test_cooperative_kernels_are_chosen_by_output_size_and_workgroup_memory():
     small = codegen.Capabilities(subgroups=True, workgroup_storage=16384, dialect="tint", matmul_f16=True)
     assert codegen.matmul_variant(4096, 4096, 1, 4096, caps=COOP_CAPS) == "c128"
-    assert codegen.matmul_variant(2048, 768, 1, 384, caps=COOP_CAPS) == "c64"         # 96 tiles of 128 x 128
-    assert codegen.matmul_variant(1500, 384, 1, 1536, caps=COOP_CAPS) == "c64"        # whisper's fc2
-    assert codegen.matmul_variant(384, 1536, 1, 12000, True, caps=COOP_CAPS) == "c128"  # its weight gradient at b8
+    assert codegen.matmul_variant(2048, 768, 1, 384, caps=COOP_CAPS) == "c64l"        # 96 tiles of 128 x 128
+    assert codegen.matmul_variant(1500, 384, 1, 1536, caps=COOP_CAPS) == "c64l"       # whisper's fc2: 3 slices of 512
+    assert codegen.matmul_variant(2048, 384, 1, 1536, caps=COOP_CAPS) == "c64"        # gpt-tiny's fc2: K not split
+    assert codegen.matmul_variant(384, 1536, 1, 12000, True, caps=COOP_CAPS) == "c128l"  # its weight gradient at b8
+    assert codegen.matmul_variant(12000, 1536, 1, 384, caps=COOP_CAPS) == "c128l"     # its fc1 at b8: K short
+    assert codegen.matmul_variant(12000, 384, 1, 1536, caps=COOP_CAPS) == "c128"      # its fc2 at b8: K long
     assert codegen.matmul_variant(8, 4096, 1, 4096, caps=COOP_CAPS) not in codegen.COOP   # thinner than a fragment
-    assert codegen.matmul_variant(4096, 4096, 1, 4096, caps=small) == "128k8u"        # tiles over 16 KiB
+    assert codegen.matmul_variant(4096, 4096, 1, 4096, caps=small) == "c64l"          # the others over 16 KiB
+    assert codegen.matmul_variant(4096, 4096, 1, 4096, caps=dataclasses.replace(small, workgroup_storage=8192)) \
+        == "128k8u"
     narrow = dataclasses.replace(COOP_CAPS, invocations=256)
-    assert codegen.matmul_variant(4096, 4096, 1, 4096, caps=narrow) == "c64"          # 512 threads over 256
+    assert codegen.matmul_variant(4096, 4096, 1, 4096, caps=narrow) == "c128l"        # 512 threads over 256
     assert codegen.matmul_variant(4096, 4096, 1, 4096) == "128k8u"                    # f32 precision
     assert all(codegen.coop_workgroup_bytes(v) <= 49152 for v in codegen.COOP)
     plain = codegen.Capabilities.from_features(["subgroup", "shader-f16", codegen.SUBGROUP_MATRIX_FEATURE],
@@ -372,3 +418,19 @@ def test_every_generated_kernel_passes_tint():
     AdamW with clipping) are among them."""
     kernels, coop = tint_check(TINT_CHECK)
     assert kernels > 80 and coop >= 5, (kernels, coop)
+
+
+def test_every_cooperative_preset_passes_tint():
+    """Every preset, forced, on every product and convolution of ``_matmul_graph``: the
+    rule picks only some of them for the models, and a forced one must still compile."""
+    kernels, coop = tint_check("""
+        import dataclasses
+        from engine.config import Knobs
+        from test_coop_matmul import COOP_CAPS, _matmul_graph
+        g = _matmul_graph()
+        for variant in codegen.COOP:
+            caps = dataclasses.replace(COOP_CAPS, knobs=Knobs(matmul=variant))
+            for name, node in g.outputs.items():
+                check(f"{variant} {name}", codegen.kernel_for(g, g[node], caps))
+    """)
+    assert coop >= 10 * len(codegen.COOP), (kernels, coop)

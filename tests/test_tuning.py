@@ -50,16 +50,18 @@ def test_kernel_rules_follow_the_tuning():
     big, small = codegen.PLAIN, replace(codegen.PLAIN, tuning=SMALL_GPU)
     assert codegen.matmul_variant(2048, 1536, 1, 384, caps=big) == "64"
     assert codegen.matmul_variant(2048, 1536, 1, 384, caps=small) == "128k8u"
-    assert coop_variant(512, 512, 1) == "c64" and coop_variant(512, 512, 1, SMALL_GPU) == "c128"
+    assert coop_variant(512, 512, 1, k_=512) == "c64l" and coop_variant(512, 512, 1, SMALL_GPU, k_=8192) == "c128"
+    assert coop_variant(512, 512, 1, SMALL_GPU, k_=2048) == "c128l"   # 4 slices of 512: short enough for the lean tile
     # weight gradients over K = 12000 rows: 36 tiles of 128 x 128 make 504 workgroups in 14
     # slices, enough for the larger tile; 9 of them (144 in 16 slices) are not
-    assert coop_variant(384, 1536, 1, k_=12000) == "c128" and coop_variant(384, 384, 1, k_=12000) == "c64"
-    assert coop_variant(384, 1536, 1, k_=1500) == "c64"            # 5 slices of 36: too few
-    assert coop_variant(384, 1536, 1, SMALL_GPU, k_=12000) == "c128"   # 36 tiles fill a quarter of 64 by themselves
+    assert coop_variant(384, 1536, 1, k_=12000) == "c128l" and coop_variant(384, 384, 1, k_=12000) == "c64l"
+    assert coop_variant(384, 1536, 1, k_=1500) == "c64l"           # 5 slices of 36: too few
+    assert coop_variant(384, 1536, 1, SMALL_GPU, k_=12000) == "c128"   # 36 tiles fill a quarter of 64 by themselves,
+    # so K is not split, and is too long for the lean tile
     assert codegen.matmul_variant(384, 1536, 1, 12000, True, caps=big) == "128k8u"    # the same in f32
     assert codegen.matmul_variant(384, 384, 1, 12000, True, caps=big) == "64t128"
     # gpt-tiny's (K = 2048) would take 8 slices of 256: too short for the larger tile
-    assert coop_variant(256, 1024, 1, k_=2048) == "c64" and coop_variant(384, 1536, 1, k_=2048) == "c64"
+    assert coop_variant(256, 1024, 1, k_=2048) == "c64l" and coop_variant(384, 1536, 1, k_=2048) == "c64l"
     assert codegen.matmul_variant(384, 1536, 1, 2048, True, caps=big) == "64t128"
     assert codegen.attention_splits(47 * 6, 47) == 3
     assert codegen.attention_splits(47 * 6, 47, tuning=SMALL_GPU) == 1

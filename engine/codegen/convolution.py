@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..errors import DeviceError
 from ..graph.ir import Graph, Node
 from .common import Capabilities, Kernel, MAX_WORKGROUPS, PLAIN, _render
-from .matmul import (COOP, LONG_SLICE, _scaled_operands, _tile_note, _tile_of, _tile_subs, _tiled_kernel,
+from .matmul import (COOP, LEAN_K, LONG_SLICE, _scaled_operands, _tile_note, _tile_of, _tile_subs, _tiled_kernel,
                      coop_workgroup_bytes, matmul_variant, operand_fetch, split_rule)
 
 
@@ -150,16 +150,17 @@ def _im2col_batch(go, gk):
 def _conv_variant(op: str, m_: int, n_: int, nbatch: int, k_: int, caps: Capabilities) -> str:
     """The matmul kernel of a convolution's implicit GEMM: ``matmul_variant``'s, except
     that a weight gradient whose K splits into long slices (``LONG_SLICE``) takes the
-    128 x 128 cooperative tile where that rule gives 64 x 64. Both of its operands are gathered
+    128 x 128 cooperative tile (lean where the slices allow, as ``coop_variant``'s) where
+    that rule gives 64 x 64. Both of its operands are gathered
     (index arithmetic an element), and a tile twice as wide gathers half as much a FLOP:
     whisper's conv1 weight gradient ([384, 240] over K = 24000 at batch 8, 6 tiles in 16
     slices) took 150 us a step on the H100 where 64 x 64 tiles took 225 (c64 in 8 or 4
     slices: 261 and 374; run 35). Products of loaded operands keep the rule: there the
     smaller tile's occupancy wins (``coop_variant``)."""
     preset = matmul_variant(m_, n_, nbatch, k_, caps=caps)
-    wide = "c128"
     splits = split_rule(-(-m_ // 128) * -(-n_ // 128) * nbatch, k_, caps.tuning)
-    if (op == "conv_weight_grad" and preset == "c64" and caps.knobs.matmul == "auto"
+    wide = "c128l" if k_ // splits <= LEAN_K else "c128"
+    if (op == "conv_weight_grad" and preset in ("c64", "c64l") and caps.knobs.matmul == "auto"
             and coop_workgroup_bytes(wide) <= caps.workgroup_storage and COOP[wide].threads <= caps.invocations
             and splits > 1 and k_ // splits >= LONG_SLICE):
         return wide

@@ -156,7 +156,7 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
         line, words, operand = residual
         if variant in COOP and act == "x" and br == 0 and words == [n_, 1] and not any(scaled):
             subs["RESIDUAL_INIT"] = _residual_init(variant, line, operand)
-    # A cooperative tile's epilogue runs in turns over its subgroups' results (SCRATCH_SUBGROUPS):
+    # A cooperative tile's epilogue runs in turns over its subgroups' results (CoopPreset.scratch):
     # an activation's gradient there (erfc and a load an element) made whisper-tiny's f16
     # step 0.8 ms slower than the same in a second dispatch, which runs at the bandwidth.
     apart = variant in COOP and attrs.get("gradient_of", "none") != "none"
@@ -474,7 +474,7 @@ def matmul_variant(m_: int, n_: int, nbatch: int, k_: int = 0, transpose_a: bool
     if forced in MATMUL_KERNELS and (forced not in COOP or caps.matmul_f16):
         return forced
     if caps.matmul_f16 and min(m_, n_, k_) >= COOP_FRAGMENT:
-        for variant in (coop_variant(m_, n_, nbatch, caps.tuning, k_), "c64"):
+        for variant in (coop_variant(m_, n_, nbatch, caps.tuning, k_), "c128l", "c64l"):
             if coop_workgroup_bytes(variant) <= caps.workgroup_storage and COOP[variant].threads <= caps.invocations:
                 return variant
     tiles = lambda t: -(-m_ // t) * -(-n_ // t) * nbatch
@@ -493,9 +493,20 @@ def coop_variant(m_: int, n_: int, nbatch: int, tuning: Tuning = Tuning(), k_: i
     H100 (run 31) whisper's weight gradients at batch 8 ([384, 1536] over K = 12000: 36
     tiles in 14 slices) ran 150 us on average where 64 x 64 tiles in 3 slices took 226,
     and conv2's 278 where they took 428; its [384, 384] ones (9 tiles, 144 workgroups in
-    16 slices) lost to 64 x 64 (90 against 79 us), so they keep it."""
+    16 slices) lost to 64 x 64 (90 against 79 us), so they keep it. Either tile takes
+    its lean kernel (one buffer an operand, so that more workgroups share an SM and one's
+    prologue and epilogue overlap another's products) where the K a workgroup runs
+    (a slice's) is at most ``LEAN_K``, else the double-buffered one, whose K loop has
+    half the barriers (run 38)."""
     tiles = -(-m_ // 128) * -(-n_ // 128) * nbatch
-    return "c128" if tiles >= tuning.matmul_resident // 4 or fills_in_slices(tiles, k_, tuning) else "c64"
+    wide = tiles >= tuning.matmul_resident // 4 or fills_in_slices(tiles, k_, tuning)
+    if not wide:
+        tiles = -(-m_ // 64) * -(-n_ // 64) * nbatch
+    lean = k_ // split_rule(tiles, k_, tuning) <= LEAN_K
+    return {(True, True): "c128l", (True, False): "c128", (False, True): "c64l", (False, False): "c64"}[wide, lean]
+
+
+LEAN_K = 1024   # K (a slice's) up to which the lean tiles won on the H100: 384-1024 did, 1536 and 4096 lost or tied
 
 
 LONG_SLICE = 512   # K a 128 x 128 tile's slice needs to pay for its start and its partials
@@ -530,13 +541,17 @@ class CoopPreset(NamedTuple):
     """A cooperative-matrix kernel: a ``bm`` x ``bn`` output tile, K steps of ``bk``, and
     ``wm`` x ``wn`` subgroups of 32 threads, each owning a (bm / wm) x (bn / wn) block of
     16 x 16 f32 accumulator fragments. The results leave through a 16 x 16 f32 scratch a
-    subgroup, for at most ``SCRATCH_SUBGROUPS`` subgroups at a time."""
+    subgroup, for at most ``scratch`` subgroups at a time. ``buffers``: workgroup
+    buffers of each operand tile; with 2 the next step's operands are stored while this
+    step's are multiplied, with 1 the memory halves for a second barrier a step."""
 
     bm: int
     bn: int
     bk: int
     wm: int
     wn: int
+    buffers: int = 2
+    scratch: int = 8
 
     @property
     def threads(self) -> int:
@@ -551,8 +566,15 @@ class CoopPreset(NamedTuple):
 # 128 x 128 tile on 16 subgroups of 32 x 32 (512 threads) ran 1-6% faster than on 8 of
 # 64 x 32 on every shape where that tile is chosen (whisper's step -0.5 ms in f16);
 # 256 x 128 and 128 x 256 tiles (BK 16, to fit 48 KiB) ran slower on the models' shapes.
-COOP = {"c128": CoopPreset(128, 128, 32, 4, 4), "c64": CoopPreset(64, 64, 32, 2, 2)}
-SCRATCH_SUBGROUPS = 8   # subgroups whose 16 x 16 f32 scratch fits beside the f16 tiles in 48 KiB
+# Run 38, the lean tiles (one buffer an operand, a second barrier a K step): 128 x 128 on 8
+# subgroups of 32 x 64 with K steps of 16 ("c128l", 20 KiB: two share an SM where the
+# 512-thread tile of 48 KiB has one to itself) ran whisper's b8 fc1 (K = 384) 10% faster,
+# its qkv 9%, gpt-tiny's fc1 27%, whisper's weight gradients in slices of 857 16%, its
+# products over K = 1536 0-25% slower and 4096^3 the same; 64 x 64 ("c64l", 14 KiB) the
+# Llama's q/k/v (K = 576) 18% and its up projection 27% faster, products in slices of 512
+# 4-7% slower, and its training step 6% faster (``coop_variant``).
+COOP = {"c128": CoopPreset(128, 128, 32, 4, 4), "c128l": CoopPreset(128, 128, 16, 4, 2, buffers=1),
+        "c64": CoopPreset(64, 64, 32, 2, 2), "c64l": CoopPreset(64, 64, 32, 2, 2, buffers=1)}
 COOP_FRAGMENT = 16   # the subgroup-matrix shape used: f16 16 x 16 x 16 -> f32
 COOP_ENABLES = ("f16", "chromium_experimental_subgroup_matrix")
 
@@ -807,7 +829,7 @@ def _coop_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=
     subgroupMatrixMultiplyAccumulate (each fragment loaded column- or row-major to
     match its tile). The accumulators leave one fragment at a time through the
     subgroup's 16 x 16 f32 scratch, each lane passing its share to store() (epilogue,
-    bounds); past ``SCRATCH_SUBGROUPS`` subgroups, they take turns with the scratch.
+    bounds); past the preset's ``scratch`` subgroups, they take turns with the scratch.
     ``edges``: how A's and B's fetches meet their bounds (``_fetch_operand``; None: only
     edge tiles check each element). ``scaled``: which operands are scaled by
     a power of two into f16's range first (``_coop_scales``; gradients), the results
@@ -832,7 +854,7 @@ def _coop_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=
               else dict(KEPT_SCALES="", ATTEMPT_BEGIN="", ATTEMPT_END="", back=""))
     back = f" * exp2({scales.pop('back')})" if picked else ""
     subgroups = c.threads // 32
-    scratch, rounds = min(subgroups, SCRATCH_SUBGROUPS), -(-subgroups // SCRATCH_SUBGROUPS)
+    scratch, rounds = min(subgroups, c.scratch), -(-subgroups // c.scratch)
     store = []
     for (i, j), turn in ((frag, turn) for frag in frags for turn in range(rounds)):
         mine = f"if (sg / {scratch}u == {turn}u) " if rounds > 1 else ""
@@ -847,15 +869,17 @@ def _coop_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=
     # f16 slots per row of each tile, padded by 8 against bank conflicts (rows stay 16-byte aligned)
     (a_slots, a_buf), (b_slots, b_buf) = (_coop_tile(fetch, tile, c.bk) for fetch, tile in ((fetch_a, c.bm),
                                                                                            (fetch_b, c.bn)))
-    smem = (f"var<workgroup> Ah: array<f16, {2 * a_buf}>;\n"
-            f"var<workgroup> Bh: array<f16, {2 * b_buf}>;\n"
+    smem = (f"var<workgroup> Ah: array<f16, {c.buffers * a_buf}>;\n"
+            f"var<workgroup> Bh: array<f16, {c.buffers * b_buf}>;\n"
             f"var<workgroup> Cs: array<f32, {scratch * f * f}>;")
+    one = c.buffers == 1   # buffer 1 is buffer 0: the products must be done before the next step is stored
     args = (",\n        @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32,"
             " @builtin(subgroup_size) sg_size: u32")
     # subgroups take turns with the scratch: a branch on subgroup_id, uniform in each subgroup only
     main_attrs = " @diagnostic(off, chromium.subgroup_matrix_uniformity)" if rounds > 1 else ""
-    return dict(BM=c.bm, BN=c.bn, BK=c.bk, TM=f, TN=f, AS=a_slots, BS=b_slots, ABUF=a_buf, BBUF=b_buf,
-                THREADS=c.threads, SMEM=smem, ARGS=args, MAIN_ATTRS=main_attrs, THREAD_XY="", STATE=bool(picked),
+    return dict(BM=c.bm, BN=c.bn, BK=c.bk, TM=f, TN=f, AS=a_slots, BS=b_slots, ABUF=0 if one else a_buf,
+                BBUF=0 if one else b_buf, RESTAGE="        workgroupBarrier();" if one else "", THREADS=c.threads,
+                SMEM=smem, ARGS=args, MAIN_ATTRS=main_attrs, THREAD_XY="", STATE=bool(picked),
                 **scales,
                 ENABLES=COOP_ENABLES + (("subgroups",) if picked else ()),
                 ACC_DECL="\n".join(decl), COMPUTE="\n".join(comp), STORE_OUT="\n".join(store),
@@ -871,11 +895,11 @@ def _coop_tile(fetch: str, tile: int, bk: int) -> tuple[int, int]:
 
 
 def coop_workgroup_bytes(preset: str) -> int:
-    """Workgroup memory of a cooperative kernel at most (the larger tile layout): two f16
+    """Workgroup memory of a cooperative kernel at most (the larger tile layout): the f16
     buffers of each operand tile and the subgroups' f32 scratch."""
     c = COOP[preset]
     buf = lambda tile: max(_coop_tile(fetch, tile, c.bk)[1] for fetch in ("outer-vec4", "k-vec4"))
-    return 2 * 2 * (buf(c.bm) + buf(c.bn)) + 4 * min(c.threads // 32, SCRATCH_SUBGROUPS) * COOP_FRAGMENT ** 2
+    return 2 * c.buffers * (buf(c.bm) + buf(c.bn)) + 4 * min(c.threads // 32, c.scratch) * COOP_FRAGMENT ** 2
 
 
 def _tile_subs(variant: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=None, lets=(),
@@ -938,8 +962,8 @@ def _tiled_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b
     smem = (f"var<workgroup> As: array<vec4<f32>, {2 * bk * (bm // 4 + 1)}>;\n"
             f"var<workgroup> Bs: array<vec4<f32>, {2 * bk * (bn // 4 + 1)}>;")
     return dict(BM=bm, BN=bn, BK=bk, TM=tm, TN=tn, AS=bm // 4 + 1, BS=bn // 4 + 1, THREADS=threads,
-                ABUF=bk * (bm // 4 + 1), BBUF=bk * (bn // 4 + 1), SMEM=smem, ARGS="", MAIN_ATTRS="", KEPT_SCALES="",
-                ATTEMPT_BEGIN="", ATTEMPT_END="", STATE=False,
+                ABUF=bk * (bm // 4 + 1), BBUF=bk * (bn // 4 + 1), RESTAGE="", SMEM=smem, ARGS="", MAIN_ATTRS="",
+                KEPT_SCALES="", ATTEMPT_BEGIN="", ATTEMPT_END="", STATE=False,
                 ACC_DECL=decl, COMPUTE="\n".join(comp), STORE_OUT="\n".join(store),
                 LOAD_DECL="\n".join([*lets, *ca, *cb, *da, *db]), LOAD="\n".join(la + lb),
                 STORE="\n".join(sa + sb))
