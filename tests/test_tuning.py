@@ -38,7 +38,8 @@ def test_tuning_fields_are_checked():
         Tuning.from_dict({**asdict(SMALL_GPU), "sm_count": 132})
     with pytest.raises(ValueError, match="positive whole number"):
         Tuning(matmul_resident=0)
-    assert set(codegen.TUNED_FIELDS) == {"matmul_resident", "attention_fill", "sum_workgroups"}
+    assert set(codegen.TUNED_FIELDS) == {"matmul_resident", "attention_fill", "sum_workgroups", "lean_k"}
+    assert set(tuner.LADDERS) == set(codegen.TUNED_FIELDS)
 
 
 def test_kernel_rules_follow_the_tuning():
@@ -86,6 +87,47 @@ def test_winner_must_beat_the_default_by_the_margin():
     rows[0]["ms"] = 0.9
     assert tuner.pick_winner(rows, 512) == 64
     assert tuner.pick_winner([{"value": 512, "ms": 1.0}, {"value": 128, "ms": 1.0}], 512) == 512
+
+
+def test_the_lean_tiles_follow_the_tuning():
+    """Whether a cooperative product takes the lean tile is the tuning's ``lean_k`` against
+    the K its workgroups run (a slice's where K is split)."""
+    assert coop_variant(12000, 1536, 1, k_=384) == "c128l"
+    assert coop_variant(12000, 1536, 1, Tuning(lean_k=256), k_=384) == "c128"
+    assert coop_variant(12000, 384, 1, k_=1536) == "c128"
+    assert coop_variant(12000, 384, 1, Tuning(lean_k=2048), k_=1536) == "c128l"
+    assert coop_variant(1024, 576, 1, k_=1536) == "c64l"                 # 3 slices of 512
+    assert coop_variant(1024, 576, 1, Tuning(lean_k=511), k_=1536) == "c64"
+    g = Graph("conv1 weight gradient")       # whisper's at batch 8: [384, 240] over K = 24000 in 16 slices
+    node = g.apply("conv_weight_grad", g.input("x", [8, 80, 3000]), g.input("d", [8, 384, 3000]),
+                   stride=(1,), padding=(1,), kernel=(3,))
+    caps = replace(codegen.PLAIN, subgroups=True, workgroup_storage=49152, dialect="tint", matmul_f16=True,
+                   invocations=1024)
+    variant = lambda tuning: codegen.kernel_for(g, g[node], replace(caps, tuning=tuning)).notes["variant"]
+    assert "128x128 tile, cooperative f16 16x16x16 -> f32, 16 subgroups" in variant(Tuning())
+    assert "128x128 tile, cooperative f16 16x16x16 -> f32, 8 subgroups" in variant(Tuning(lean_k=2048))
+
+
+def test_cooperative_fields_are_tuned_with_f16_asked_for(monkeypatch):
+    """``lean_k`` steers cooperative kernels only: the tuner times it with f16 precision
+    asked for, whatever the run's, and the other fields with the run's."""
+    asked = {}
+
+    def fake_tune_field(device, field, base, workloads, values, rng, progress=None):
+        asked[field] = base
+        return getattr(Tuning(), field), [], {}
+
+    monkeypatch.setattr(tuner, "tune_field", fake_tune_field)
+    monkeypatch.setattr(tuner, "_warm_up", lambda session, seconds: None)
+    precisions = []
+    real = tuner.device_capabilities
+    monkeypatch.setattr(tuner, "device_capabilities", lambda device, config=None: (
+        precisions.append(config and config.precision), real(device, config))[1])
+    tuner.measure_tuning(software=True, fields=["sum_workgroups", "lean_k"])
+    assert "f16" in precisions
+    f16 = real(None, replace(current(), precision="f16"))
+    assert asked["lean_k"] == replace(f16, tuning=Tuning())
+    assert asked["sum_workgroups"] == replace(real(None), tuning=Tuning())
 
 
 def test_tune_field_times_each_distinct_plan_once(monkeypatch):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..errors import DeviceError
 from ..graph.ir import Graph, Node
 from .common import Capabilities, Kernel, MAX_WORKGROUPS, PLAIN, _render
-from .matmul import (COOP, LEAN_K, LONG_SLICE, _scaled_operands, _tile_note, _tile_of, _tile_subs, _tiled_kernel,
+from .matmul import (COOP, LONG_SLICE, _scaled_operands, _tile_note, _tile_of, _tile_subs, _tiled_kernel,
                      coop_workgroup_bytes, matmul_variant, operand_fetch, split_rule)
 
 
@@ -159,7 +159,7 @@ def _conv_variant(op: str, m_: int, n_: int, nbatch: int, k_: int, caps: Capabil
     smaller tile's occupancy wins (``coop_variant``)."""
     preset = matmul_variant(m_, n_, nbatch, k_, caps=caps)
     splits = split_rule(-(-m_ // 128) * -(-n_ // 128) * nbatch, k_, caps.tuning)
-    wide = "c128l" if k_ // splits <= LEAN_K else "c128"
+    wide = "c128l" if k_ // splits <= caps.tuning.lean_k else "c128"
     if (op == "conv_weight_grad" and preset in ("c64", "c64l") and caps.knobs.matmul == "auto"
             and coop_workgroup_bytes(wide) <= caps.workgroup_storage and COOP[wide].threads <= caps.invocations
             and splits > 1 and k_ // splits >= LONG_SLICE):

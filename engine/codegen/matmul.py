@@ -496,17 +496,15 @@ def coop_variant(m_: int, n_: int, nbatch: int, tuning: Tuning = Tuning(), k_: i
     16 slices) lost to 64 x 64 (90 against 79 us), so they keep it. Either tile takes
     its lean kernel (one buffer an operand, so that more workgroups share an SM and one's
     prologue and epilogue overlap another's products) where the K a workgroup runs
-    (a slice's) is at most ``LEAN_K``, else the double-buffered one, whose K loop has
-    half the barriers (run 38)."""
+    (a slice's) is at most ``tuning.lean_k``, else the double-buffered one, whose K loop
+    has half the barriers. On the H100 (run 38) the lean tiles won at K = 384-1024 and
+    lost or tied at 1536 and 4096: the default 1024."""
     tiles = -(-m_ // 128) * -(-n_ // 128) * nbatch
     wide = tiles >= tuning.matmul_resident // 4 or fills_in_slices(tiles, k_, tuning)
     if not wide:
         tiles = -(-m_ // 64) * -(-n_ // 64) * nbatch
-    lean = k_ // split_rule(tiles, k_, tuning) <= LEAN_K
+    lean = k_ // split_rule(tiles, k_, tuning) <= tuning.lean_k
     return {(True, True): "c128l", (True, False): "c128", (False, True): "c64l", (False, False): "c64"}[wide, lean]
-
-
-LEAN_K = 1024   # K (a slice's) up to which the lean tiles won on the H100: 384-1024 did, 1536 and 4096 lost or tied
 
 
 LONG_SLICE = 512   # K a 128 x 128 tile's slice needs to pay for its start and its partials

@@ -22,6 +22,7 @@ import numpy as np
 from .. import codegen
 from ..compile.plan import ALIGN, ExecutionPlan, KernelSource, Transfer, compile_plan
 from ..compile.cache import cached_optimize, cached_plan
+from ..config import current
 from .device import (_limit, backend, device_capabilities, device_guard, get_device, native_api, shader_checks,
                      shader_module, wgpu_module)
 from ..errors import DeviceError, MeganeuraError, ShapeError
@@ -106,12 +107,14 @@ class Session:
 
     def _check_device(self) -> None:
         """The plan's offsets suit the device's storage-buffer alignment, and its kernels
-        use only features the device has."""
+        use only features the device has (whatever precision the process asked for: a
+        plan compiled for f16, as ``meganeura tune`` compiles some, runs where the
+        device offers cooperative matrices)."""
         align = _limit(self.device.limits, "min_storage_buffer_offset_alignment") or ALIGN
         if ALIGN % align:
             raise DeviceError(f"this adapter needs storage-buffer offsets aligned to {align} bytes; "
                               f"plans align them to {ALIGN}")
-        offered = device_capabilities(self.device)
+        offered = device_capabilities(self.device, dataclasses.replace(current(), precision="f16"))
         missing = []
         for f in dataclasses.fields(offered):
             wanted, has = getattr(self.capabilities, f.name), getattr(offered, f.name)

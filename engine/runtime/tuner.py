@@ -1,9 +1,10 @@
 """``meganeura tune``: time the kernels each tuning number steers, at several values, on
 this adapter, and cache the winners (engine/runtime/tuning.py reads them back).
 
-Each field of ``Tuning`` (how many workgroups fill the GPU for a kernel family) has a
-few workloads shaped like the models' (whisper's weight gradients and fc2, a thin
-matmul with a long K, attention at batch 1, bias gradients) and a ladder of values.
+Each field of ``Tuning`` (how many workgroups fill the GPU for a kernel family, and the
+K up to which the lean cooperative tiles win) has a few workloads shaped like the
+models' (whisper's weight gradients and fc2, a thin matmul with a long K, attention at
+batch 1, bias gradients, whisper's and SmolLM2's products) and a ladder of values.
 Every value's plans are compiled with only that field changed; values that give the
 same dispatches are timed once. The workloads' summed time picks the winner, which
 must beat the default by ``MARGIN`` to replace it, and again when both are timed a few
@@ -29,6 +30,7 @@ from typing import Callable
 import numpy as np
 
 from ..codegen import Capabilities, Tuning
+from ..config import current
 from ..compile.plan import compile_plan
 from ..graph.ir import Graph
 from .device import adapter_info, device_capabilities, get_device
@@ -82,7 +84,14 @@ LADDERS: dict[str, tuple[tuple[int, ...], list[Workload], list[Workload]]] = {
     "sum_workgroups": ((16, 32, 64, 128, 256, 512),
                        [_column_sum(12000, 384), _column_sum(3000, 1536), _column_sum(1024, 49152)],
                        [_column_sum(256, 2048)]),
+    "lean_k": ((1, 512, 1024, 2048),
+               [_matmul(12000, 1536, 384), _matmul(12000, 384, 1536), _matmul(384, 1536, 12000, True),
+                _matmul(1024, 1536, 576), _matmul(1024, 576, 1536)],
+               [_matmul(192, 192, 2048, True)]),
 }
+# fields that steer cooperative-matrix kernels only: tuned with f16 precision asked for, so
+# that an adapter offering them times those kernels whatever precision the run asked for
+COOPERATIVE_FIELDS = ("lean_k",)
 
 
 def _plan_signature(plan) -> tuple:
@@ -180,6 +189,7 @@ def measure_tuning(device=None, software: bool | None = None, fields=None, progr
     device = device if device is not None else get_device()
     software = adapter_info()["software"] if software is None else software
     base = replace(device_capabilities(device), tuning=Tuning())
+    cooperative = device_capabilities(device, replace(current(), precision="f16"))
     rng = np.random.default_rng(0)
     start = time.perf_counter()
     fields = list(fields or LADDERS)
@@ -191,7 +201,8 @@ def measure_tuning(device=None, software: bool | None = None, fields=None, progr
         values, gpu_work, software_work = LADDERS[field]
         if progress:
             progress(f"tuning {field}")
-        winner, rows, confirmation = tune_field(device, field, base, software_work if software else gpu_work,
+        field_base = replace(cooperative, tuning=base.tuning) if field in COOPERATIVE_FIELDS else base
+        winner, rows, confirmation = tune_field(device, field, field_base, software_work if software else gpu_work,
                                                 values, rng, progress)
         base = replace(base, tuning=replace(base.tuning, **{field: winner}))
         measurements[field] = rows
