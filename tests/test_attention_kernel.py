@@ -13,6 +13,13 @@ from engine.runtime.session import build_inference_session
 from test_runtime import TOL, rel_err
 
 
+@pytest.fixture(autouse=True)
+def f32_kernels(configure):
+    """The tiled kernel is the f32 path; with MEGANEURA_PRECISION=f16 on Dawn the
+    cooperative one takes its place (tests/test_attention_coop.py holds that one)."""
+    configure(precision="f32")
+
+
 def attention_graph(batch, t, s, heads, kv_heads, d, causal=False, scale=None):
     g = Graph("attn")
     q = g.input("q", [batch, t, heads * d])

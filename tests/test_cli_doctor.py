@@ -55,7 +55,8 @@ def test_doctor_paths_follow_the_device_features(doctor_json):
     from engine import codegen
     paths = doctor_json["paths"]
     assert set(codegen.describe_paths(codegen.PLAIN)) <= set(paths)
-    assert paths["reductions"] == ("subgroup" if "subgroup" in doctor_json["features"] else "workgroup memory")
+    subgroups = {"subgroup", "subgroups"} & set(doctor_json["features"])   # wgpu-native's name, Dawn's
+    assert paths["reductions"] == ("subgroup" if subgroups else "workgroup memory")
     assert paths["matmul"].startswith("register-blocked f32")
     offered = any(f.startswith("cooperative-matri") for f in doctor_json["features"])
     assert ("cooperative_matrix" in paths) == offered

@@ -64,7 +64,8 @@ def test_user_errors_exit_2_with_one_clear_line(capsys, tmp_path):
     assert len([line for line in err.splitlines() if line.startswith("meganeura: error")]) == 1
 
 
-def test_run_gpu_matches_reference(capsys, tmp_path):
+def test_run_gpu_matches_reference(capsys, tmp_path, configure):
+    configure(precision="f32")   # f32's tolerance, also where the suite runs with MEGANEURA_PRECISION=f16
     outs = {}
     for backend in ("gpu", "reference"):
         path = tmp_path / f"{backend}.npz"
