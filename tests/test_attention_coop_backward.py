@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from engine import Graph, codegen
+from engine.codegen import Tuning
 from engine.config import Config, ConfigError, Knobs
 from engine.graph import reference
 from engine.graph.ops import attention_grad_kv_layout
@@ -77,8 +78,8 @@ def test_cooperative_backward_follows_the_forward():
 
 def test_the_backward_streams_blocks_of_32_rows_where_its_grid_fills_the_gpu():
     """Blocks of 32 streamed rows (two workgroups an SM) where the grid has at least one
-    workgroup an SM (the tuning's full attention grid / 6) and dq streams at least 512
-    keys, else of 64 where they fit."""
+    workgroup an SM (the tuning's full attention grid / 6) and dq streams at least the
+    tuning's ``dq_long_stream`` keys (512 by default), else of 64 where they fit."""
     rule = codegen.attention_coop_backward.backward_streamed
     assert rule(24 * 6 * 8, 64, COOP_CAPS) == 32                  # whisper-tiny's dk/dv at batch 8
     assert rule(24 * 6 * 8, 64, COOP_CAPS, dq_keys=1500) == 32    # and its dq
@@ -87,6 +88,8 @@ def test_the_backward_streams_blocks_of_32_rows_where_its_grid_fills_the_gpu():
     assert rule(4 * 3 * 4, 64, COOP_CAPS) == 64                   # the SmolLM2-shaped Llama's dk/dv at 4 x 256
     assert rule(127, 64, COOP_CAPS) == 64 and rule(128, 64, COOP_CAPS) == 32
     assert rule(128, 64, COOP_CAPS, dq_keys=511) == 64 and rule(128, 64, COOP_CAPS, dq_keys=512) == 32
+    tuned = dataclasses.replace(COOP_CAPS, tuning=Tuning(dq_long_stream=256))      # meganeura tune's number
+    assert rule(4 * 6 * 8, 64, tuned, dq_keys=256) == 32 and rule(4 * 6 * 8, 64, tuned, dq_keys=255) == 64
     wide = codegen.attention_coop_backward.coop_backward_bytes(64, 64)
     assert rule(48, 64, dataclasses.replace(COOP_CAPS, workgroup_storage=wide - 4)) == 32   # 64 do not fit
     block = lambda variants: [v.split("streamed ")[1].split(" ")[0] for v in variants]  # noqa: E731

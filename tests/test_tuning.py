@@ -38,7 +38,8 @@ def test_tuning_fields_are_checked():
         Tuning.from_dict({**asdict(SMALL_GPU), "sm_count": 132})
     with pytest.raises(ValueError, match="positive whole number"):
         Tuning(matmul_resident=0)
-    assert set(codegen.TUNED_FIELDS) == {"matmul_resident", "attention_fill", "sum_workgroups", "lean_k"}
+    assert set(codegen.TUNED_FIELDS) == {"matmul_resident", "attention_fill", "sum_workgroups", "lean_k",
+                                         "dq_long_stream"}
     assert set(tuner.LADDERS) == set(codegen.TUNED_FIELDS)
 
 
@@ -113,8 +114,9 @@ def test_cooperative_fields_are_tuned_with_f16_asked_for(monkeypatch):
     asked for, whatever the run's, and the other fields with the run's."""
     asked = {}
 
-    def fake_tune_field(device, field, base, workloads, values, rng, progress=None):
+    def fake_tune_field(device, field, base, workloads, values, rng, progress=None, warm_seconds=0.0):
         asked[field] = base
+        assert warm_seconds == 0.0        # a software adapter: nothing to warm
         return getattr(Tuning(), field), [], {}
 
     monkeypatch.setattr(tuner, "tune_field", fake_tune_field)
@@ -158,6 +160,18 @@ def test_tune_field_times_each_distinct_plan_once(monkeypatch):
         if plan.dispatches[0].workgroups[0] >= 30:
             return 2.0
         return 1.0 if len(timed) <= 2 else 2.5
+
+    events = []                             # on a GPU, each plan runs a while right before it is timed
+    monkeypatch.setattr(tuner, "_warm_up", lambda session, seconds: events.append(("warm", session, seconds)))
+    monkeypatch.setattr(tuner, "_time_ms", lambda session: events.append(("time", session)) or 1.0)
+    tuner.tune_field(None, "sum_workgroups", base, [workload], (16, 512), None, warm_seconds=0.2)
+    assert [e[0] for e in events] == ["warm", "time"] * 2 and all(e[2] == 0.2 for e in events[::2])
+    assert all(w[1] is t[1] for w, t in zip(events[::2], events[1::2]))
+    events.clear()                          # a confirmation: one warm-up, then its timings back to back
+    monkeypatch.setattr(tuner, "_time_ms", lambda session: events.append(("time", session)) or (
+        1.0 if session.dispatches[0].workgroups[0] < 30 else 2.0))
+    tuner.tune_field(None, "sum_workgroups", base, [workload], (16, 512), None, warm_seconds=0.2)
+    assert [e[0] for e in events] == ["warm", "time"] * 2 + ["warm"] + ["time"] * 2 * tuner.CONFIRMATIONS
 
     timed.clear()
     monkeypatch.setattr(tuner, "_time_ms", slower_when_timed_again)

@@ -33,14 +33,12 @@ def coop_backward_bytes(head_dim: int, streamed: int = COOP_BACKWARD_STREAMED[0]
     return xy + p + scratch + 4 * (2 * streamed + COOP_BACKWARD_SUBGROUPS)
 
 
-DQ_LONG_STREAM = 512   # keys a dq workgroup streams at least for blocks of 32 to pay
-
-
 def backward_streamed(workgroups: int, head_dim: int, caps: Capabilities, dq_keys: int | None = None) -> int:
     """Streamed rows a block: 32, so that the workgroup's memory stays under 24 KiB and two
     share an SM (on the H100 one of 28 KiB or more has it alone), where the grid has at
     least one workgroup an SM (``tuning.attention_fill`` / 6: the tuning's full grid is
-    six an SM) and, for dq (``dq_keys`` given), the keys are at least ``DQ_LONG_STREAM``;
+    six an SM) and, for dq (``dq_keys`` given), the keys are at least
+    ``tuning.dq_long_stream`` (512 on the H100, ``meganeura tune`` measures it);
     else 64 (46 KiB) where they fit: twice the work a barrier. Run 37, fastest calls of
     the kernels summed over layers, blocks of 64 -> 32: whisper-tiny at batch 8 (1,152
     workgroups, 1,500 keys) dk/dv 2,965 -> 2,515 us, dq 2,282 -> 2,008; gpt-tiny (192
@@ -54,7 +52,8 @@ def backward_streamed(workgroups: int, head_dim: int, caps: Capabilities, dq_key
     if coop_backward_bytes(head_dim, wide) > caps.workgroup_storage:
         return COOP_BACKWARD_STREAMED[0]
     fills = workgroups >= caps.tuning.attention_fill // 6
-    return COOP_BACKWARD_STREAMED[0] if fills and (dq_keys is None or dq_keys >= DQ_LONG_STREAM) else wide
+    long = dq_keys is None or dq_keys >= caps.tuning.dq_long_stream
+    return COOP_BACKWARD_STREAMED[0] if fills and long else wide
 
 
 def coop_backward_supported(head_dim: int, caps: Capabilities) -> bool:

@@ -20,14 +20,15 @@ from dataclasses import dataclass, fields
 
 @dataclass(frozen=True)
 class Tuning:
-    """Workgroups that fill the adapter, per kernel family, and the K up to which the
-    lean cooperative tiles win (each field's comment says which rule reads it). ``source`` says where they came from: "default" or "tuned"
+    """Workgroups that fill the adapter, per kernel family, and where the smaller
+    cooperative kernels win (each field's comment says which rule reads it). ``source`` says where they came from: "default" or "tuned"
     (``meganeura tune`` measured them on this adapter)."""
 
     matmul_resident: int = 512   # 64 x 64 matmul workgroups in one wave: split-K, the 128 and coop tiles
     attention_fill: int = 768    # attention workgroups below which the streamed side splits
     sum_workgroups: int = 128    # sum_to outputs widen their lanes, norm_param_grad chunks shrink, below this many workgroups
     lean_k: int = 1024           # K a cooperative matmul workgroup runs up to which it takes the lean tile: coop_variant
+    dq_long_stream: int = 512    # keys a cooperative dq workgroup streams from which blocks of 32 win: backward_streamed
     source: str = "default"
 
     def __post_init__(self):

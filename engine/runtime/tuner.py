@@ -4,7 +4,8 @@ this adapter, and cache the winners (engine/runtime/tuning.py reads them back).
 Each field of ``Tuning`` (how many workgroups fill the GPU for a kernel family, and the
 K up to which the lean cooperative tiles win) has a few workloads shaped like the
 models' (whisper's weight gradients and fc2, a thin matmul with a long K, attention at
-batch 1, bias gradients, whisper's and SmolLM2's products) and a ladder of values.
+batch 1, bias gradients, whisper's and SmolLM2's products, attention's dq) and a ladder
+of values.
 Every value's plans are compiled with only that field changed; values that give the
 same dispatches are timed once. The workloads' summed time picks the winner, which
 must beat the default by ``MARGIN`` to replace it, and again when both are timed a few
@@ -42,6 +43,7 @@ MARGIN = 0.03   # a value must be this much faster than the default to replace i
 STEPS = 7
 CONFIRMATIONS = 3
 WARM_UP_SECONDS = 1.5
+TIMING_WARM_UP_SECONDS = 0.2   # each plan runs this long before it is timed (the clocks fall while plans build)
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,16 @@ def _attention(batch: int, seq: int, heads: int, head_dim: int) -> Workload:
     return Workload(f"attention b{batch} {seq}x{seq} {heads}x{head_dim}", build)
 
 
+def _attention_dq(batch: int, seq: int, heads: int, kv_heads: int, head_dim: int, causal: bool) -> Workload:
+    def build(g):
+        q, dout = (g.input(n, (batch, seq, heads * head_dim)) for n in ("q", "dout"))
+        k, v = (g.input(n, (batch, seq, kv_heads * head_dim)) for n in "kv")
+        lse, delta = (g.input(n, (batch, seq, heads)) for n in ("lse", "delta"))
+        g.output("dq", g.apply("attention_grad_q", q, k, v, dout, lse, delta, num_heads=heads,
+                               num_kv_heads=kv_heads, causal=causal))
+    return Workload(f"attention dq b{batch} {seq}{' causal' if causal else ''} {heads}/{kv_heads}x{head_dim}", build)
+
+
 # field -> (values tried, workloads on a GPU, workloads on a software adapter)
 LADDERS: dict[str, tuple[tuple[int, ...], list[Workload], list[Workload]]] = {
     "matmul_resident": ((64, 128, 256, 512, 1024, 2048),
@@ -88,10 +100,14 @@ LADDERS: dict[str, tuple[tuple[int, ...], list[Workload], list[Workload]]] = {
                [_matmul(12000, 1536, 384), _matmul(12000, 384, 1536), _matmul(384, 1536, 12000, True),
                 _matmul(1024, 1536, 576), _matmul(1024, 576, 1536)],
                [_matmul(192, 192, 2048, True)]),
+    "dq_long_stream": ((128, 256, 512, 1024, 2048),
+                       [_attention_dq(8, 256, 6, 6, 64, True), _attention_dq(4, 256, 9, 3, 64, True),
+                        _attention_dq(2, 512, 6, 6, 64, True), _attention_dq(1, 1500, 6, 6, 64, False)],
+                       [_attention_dq(1, 64, 2, 1, 16, True)]),
 }
 # fields that steer cooperative-matrix kernels only: tuned with f16 precision asked for, so
 # that an adapter offering them times those kernels whatever precision the run asked for
-COOPERATIVE_FIELDS = ("lean_k",)
+COOPERATIVE_FIELDS = ("lean_k", "dq_long_stream")
 
 
 def _plan_signature(plan) -> tuple:
@@ -132,13 +148,22 @@ def _warm_up(session: Session, seconds: float) -> None:
 
 
 def tune_field(device, field: str, base: Capabilities, workloads: list[Workload], values, rng,
-               progress=None) -> tuple[int, list[dict], dict]:
+               progress=None, warm_seconds: float = 0.0) -> tuple[int, list[dict], dict]:
     """Time ``workloads`` at each of ``values`` of ``field`` (the rest of ``base.tuning``
     kept); returns the winner, one row per value (its summed ms and per-workload ms) and
     the confirmation: a winner other than the default is timed again against it,
-    ``CONFIRMATIONS`` times each in turn, and kept only if its median still wins."""
+    ``CONFIRMATIONS`` times each in turn, and kept only if its median still wins. Each
+    timing follows ``warm_seconds`` of running its plan: while the host compiled the
+    next plans, an H100's clocks fell back, and whole ladders were timed about 4x slow
+    (run 38: whisper's fc1 at 0.58-0.74 ms where it runs 0.14)."""
     default = getattr(Tuning(), field)
     values = sorted(set(values) | {default, getattr(base.tuning, field)})
+
+    def measure(session: Session) -> float:
+        if warm_seconds:
+            _warm_up(session, warm_seconds)
+        return _time_ms(session)
+
     graphs = [_graph(w) for w in workloads]
     sessions: dict[tuple, Session] = {}
     timed: dict[tuple, float] = {}
@@ -152,7 +177,7 @@ def tune_field(device, field: str, base: Capabilities, workloads: list[Workload]
             key = (w.name, _plan_signature(plan))
             if key not in sessions:
                 sessions[key] = _session(device, g, plan, rng)
-                timed[key] = _time_ms(sessions[key])
+                timed[key] = measure(sessions[key])
             keys_of[value].append(key)
         times = [timed[k] for k in keys_of[value]]
         rows.append({"value": value, "ms": float(sum(times)),
@@ -163,6 +188,8 @@ def tune_field(device, field: str, base: Capabilities, workloads: list[Workload]
     confirmation = {}
     if winner != default and keys_of[winner] != keys_of[default]:
         again = {winner: [], default: []}
+        if warm_seconds:   # timed back to back from here on: one warm-up keeps the clocks up
+            _warm_up(sessions[keys_of[winner][0]], warm_seconds)
         for _ in range(CONFIRMATIONS):
             for value in again:
                 again[value].append(float(sum(_time_ms(sessions[k]) for k in keys_of[value])))
@@ -203,7 +230,7 @@ def measure_tuning(device=None, software: bool | None = None, fields=None, progr
             progress(f"tuning {field}")
         field_base = replace(cooperative, tuning=base.tuning) if field in COOPERATIVE_FIELDS else base
         winner, rows, confirmation = tune_field(device, field, field_base, software_work if software else gpu_work,
-                                                values, rng, progress)
+                                                values, rng, progress, 0.0 if software else TIMING_WARM_UP_SECONDS)
         base = replace(base, tuning=replace(base.tuning, **{field: winner}))
         measurements[field] = rows
         if confirmation:
