@@ -96,6 +96,7 @@ def test_no_adapter_is_a_device_error(monkeypatch):
 
     monkeypatch.setattr(device, "_adapter", None)
     monkeypatch.setattr(device, "_device", None)
+    device.native_api()   # loading the backend replaces wgpu.gpu: patch the one it installs
     monkeypatch.setattr(wgpu.gpu, "request_adapter_sync", lambda **kw: None)
     with pytest.raises(DeviceError, match="mesa-vulkan-drivers"):
         device.adapter_info()

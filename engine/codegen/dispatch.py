@@ -83,7 +83,8 @@ def describe_paths(caps: Capabilities) -> dict:
     q = attention_queries(64, caps)
     return {"reductions": "subgroup" if caps.subgroups else "workgroup memory",
             "matmul": ("cooperative matrices: f16 operands (gradients scaled into f16's range), f32 "
-                       "accumulation, for products of at least 16 x 16 x 16; the rest register-blocked f32"
+                       "accumulation, for products of at least 16 x 16 x 16, their lean tiles where a "
+                       f"workgroup runs K <= {caps.tuning.lean_k}; the rest register-blocked f32"
                        if caps.matmul_f16 else
                        "register-blocked f32 (vec4 loads where the layout allows)"),
             "attention": ("flash on cooperative matrices (f16 q, k, v and P, f32 scores and softmax) at head "
