@@ -17,7 +17,7 @@ from engine.compile.plan import compile_plan
 from engine.config import current, use
 from engine.graph.ir import Graph
 from engine.runtime import tuner
-from engine.runtime.device import adapter_info, device_capabilities
+from engine.runtime.device import adapter_info, device_capabilities, get_device
 from engine.runtime.tuning import adapter_tuning, read_tuning, tuning_key, write_tuning
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -178,6 +178,23 @@ def test_tune_field_times_each_distinct_plan_once(monkeypatch):
     winner, _, confirmation = tuner.tune_field(None, "sum_workgroups", base, [workload], (16, 512), None)
     assert winner == 128 and confirmation == {"winner": 16, "winner_ms": [2.5] * 3, "default_ms": [2.0] * 3,
                                               "kept": False}
+
+
+def test_warming_up_runs_the_plan_in_batches_and_changes_nothing(monkeypatch):
+    """``_warm_up`` records ``WARM_UP_BATCH`` steps a command encoder for as long as asked;
+    the session's results stay what one run gives."""
+    import numpy as np
+    g = tuner._graph(tuner._matmul(48, 40, 96))
+    session = tuner._session(get_device(), g, compile_plan(g, loss=None, capabilities=device_capabilities()),
+                             np.random.default_rng(0))
+    before = session.read_output("c")
+    encoders = []
+    real_record = session.record
+    monkeypatch.setattr(session, "record", lambda encoder: encoders.append(encoder) or real_record(encoder))
+    tuner._warm_up(session, 0.01)
+    batches = [encoders.count(e) for e in dict.fromkeys(encoders)]
+    assert batches and all(n == tuner.WARM_UP_BATCH for n in batches), batches
+    np.testing.assert_array_equal(session.read_output("c"), before)
 
 
 def test_tuning_cache_is_keyed_and_tolerates_garbage(tmp_path):

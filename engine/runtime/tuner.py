@@ -88,7 +88,8 @@ def _attention_dq(batch: int, seq: int, heads: int, kv_heads: int, head_dim: int
 LADDERS: dict[str, tuple[tuple[int, ...], list[Workload], list[Workload]]] = {
     "matmul_resident": ((64, 128, 256, 512, 1024, 2048),
                         [_matmul(384, 384, 12000, True), _matmul(1500, 384, 1536), _matmul(32, 4096, 4096),
-                         _matmul(384, 1536, 2048, True)],
+                         _matmul(384, 1536, 2048, True), _matmul(384, 384, 2048, True),
+                         _matmul(384, 384, 1500, True), _matmul(384, 1536, 1500, True)],
                         [_matmul(192, 192, 2048, True)]),
     "attention_fill": ((96, 192, 384, 768, 1536, 3072),
                        [_attention(1, 1500, 6, 64), _attention(2, 1500, 6, 64), _attention(1, 512, 9, 64)],
@@ -136,14 +137,21 @@ def _time_ms(session: Session) -> float:
     return statistics.median(report.gpu_step_ns) / 1e6
 
 
+WARM_UP_BATCH = 32   # steps recorded into one command buffer while warming up
+
+
 def _warm_up(session: Session, seconds: float) -> None:
     """Keep the GPU busy for ``seconds`` so its clocks have risen before anything is
-    timed (an idle H100 ran the first field's kernels up to 4x slower)."""
+    timed (an idle H100 ran the first field's kernels up to 4x slower): ``WARM_UP_BATCH``
+    steps a submission, so that a plan of one short dispatch keeps the GPU busy too
+    rather than waiting on the host between steps."""
     sync = session.buffers[next(iter(session.plan.outputs.values()))]
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
-        for _ in range(10):
-            session.run()
+        encoder = session.device.create_command_encoder()
+        for _ in range(WARM_UP_BATCH):
+            session.record(encoder)
+        session.device.queue.submit([encoder.finish()])
         session.device.queue.read_buffer(sync, 0, 4)
 
 
