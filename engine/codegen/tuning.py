@@ -21,8 +21,9 @@ from dataclasses import dataclass, fields
 @dataclass(frozen=True)
 class Tuning:
     """Workgroups that fill the adapter, per kernel family, and where the smaller
-    cooperative kernels win (each field's comment says which rule reads it). ``source`` says where they came from: "default" or "tuned"
-    (``meganeura tune`` measured them on this adapter)."""
+    cooperative kernels win (each field's comment says which rule reads it). ``source``
+    says where they came from: "default" or "tuned" (``meganeura tune`` measured them on
+    this adapter)."""
 
     matmul_resident: int = 512   # 64 x 64 matmul workgroups in one wave: split-K, the 128 and coop tiles
     attention_fill: int = 768    # attention workgroups below which the streamed side splits

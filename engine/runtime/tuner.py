@@ -1,8 +1,8 @@
 """``meganeura tune``: time the kernels each tuning number steers, at several values, on
 this adapter, and cache the winners (engine/runtime/tuning.py reads them back).
 
-Each field of ``Tuning`` (how many workgroups fill the GPU for a kernel family, and the
-K up to which the lean cooperative tiles win) has a few workloads shaped like the
+Each field of ``Tuning`` (how many workgroups fill the GPU for a kernel family, and where
+the smaller cooperative kernels win) has a few workloads shaped like the
 models' (whisper's weight gradients and fc2, a thin matmul with a long K, attention at
 batch 1, bias gradients, whisper's and SmolLM2's products, attention's dq) and a ladder
 of values.
@@ -160,10 +160,11 @@ def tune_field(device, field: str, base: Capabilities, workloads: list[Workload]
     """Time ``workloads`` at each of ``values`` of ``field`` (the rest of ``base.tuning``
     kept); returns the winner, one row per value (its summed ms and per-workload ms) and
     the confirmation: a winner other than the default is timed again against it,
-    ``CONFIRMATIONS`` times each in turn, and kept only if its median still wins. Each
-    timing follows ``warm_seconds`` of running its plan: while the host compiled the
-    next plans, an H100's clocks fell back, and whole ladders were timed about 4x slow
-    (run 38: whisper's fc1 at 0.58-0.74 ms where it runs 0.14)."""
+    ``CONFIRMATIONS`` times each in turn, and kept only if its median still wins. A
+    plan's first timing follows ``warm_seconds`` of running it (a confirmation's timings,
+    back to back, follow one warm-up): while the host compiled the next plans, an H100's
+    clocks fell back, and whole ladders were timed about 4x slow (run 38: whisper's fc1
+    at 0.58-0.74 ms where it runs 0.14)."""
     default = getattr(Tuning(), field)
     values = sorted(set(values) | {default, getattr(base.tuning, field)})
 
