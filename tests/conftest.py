@@ -52,6 +52,15 @@ def configure():
     config.use(previous)
 
 
+@pytest.fixture
+def f32_kernels(configure):
+    """f32 precision for the test, also where the suite runs with MEGANEURA_PRECISION=f16:
+    for tests of f32 paths held to f32's tolerances (the f16 ones have their own tests,
+    test_coop_matmul.py and test_attention_coop*.py). A module takes it with
+    ``pytestmark = pytest.mark.usefixtures("f32_kernels")``."""
+    configure(precision="f32")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def remove_test_runs():
     """The run directories tests wrote under $MEGANEURA_RUNS go when the session ends."""

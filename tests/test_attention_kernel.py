@@ -13,11 +13,8 @@ from engine.runtime.session import build_inference_session
 from test_runtime import TOL, rel_err
 
 
-@pytest.fixture(autouse=True)
-def f32_kernels(configure):
-    """The tiled kernel is the f32 path; with MEGANEURA_PRECISION=f16 on Dawn the
-    cooperative one takes its place (tests/test_attention_coop.py holds that one)."""
-    configure(precision="f32")
+# the tiled kernel is the f32 path; under MEGANEURA_PRECISION=f16 the cooperative one takes its place
+pytestmark = pytest.mark.usefixtures("f32_kernels")
 
 
 def attention_graph(batch, t, s, heads, kv_heads, d, causal=False, scale=None):

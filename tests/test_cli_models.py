@@ -3,6 +3,7 @@
 import json
 
 import numpy as np
+import pytest
 
 from engine import models
 from engine.graph import reference
@@ -64,8 +65,8 @@ def test_user_errors_exit_2_with_one_clear_line(capsys, tmp_path):
     assert len([line for line in err.splitlines() if line.startswith("meganeura: error")]) == 1
 
 
-def test_run_gpu_matches_reference(capsys, tmp_path, configure):
-    configure(precision="f32")   # f32's tolerance, also where the suite runs with MEGANEURA_PRECISION=f16
+@pytest.mark.usefixtures("f32_kernels")   # f32's tolerance
+def test_run_gpu_matches_reference(capsys, tmp_path):
     outs = {}
     for backend in ("gpu", "reference"):
         path = tmp_path / f"{backend}.npz"

@@ -19,11 +19,7 @@ B, T = 2, 8
 TOL = 1e-4
 
 
-@pytest.fixture(autouse=True)
-def f32_kernels(configure):
-    """The comparisons are in f32, also where the suite runs with MEGANEURA_PRECISION=f16
-    (the importer builds the graph; the f16 kernels are held to f16's tolerance elsewhere)."""
-    configure(precision="f32")
+pytestmark = pytest.mark.usefixtures("f32_kernels")   # the comparisons are f32's
 
 
 def rel(ours, ref) -> float:

@@ -292,11 +292,11 @@ def _weight_grad(k, m=64, n=96):
     return g
 
 
-def test_weight_gradient_stays_one_matmul_and_its_kernel_splits_k(configure):
+@pytest.mark.usefixtures("f32_kernels")
+def test_weight_gradient_stays_one_matmul_and_its_kernel_splits_k():
     """Split-K is the kernel's choice (codegen.matmul_splits), not a graph rewrite: the
     optimized graph keeps dW as one matmul, and its dispatch cuts K into slices (the f32
     kernel's, whose tiles the split rule below counts)."""
-    configure(precision="f32")
     from engine.runtime.session import build_inference_session
     g = _weight_grad(2048)
     o, rep = optimize(g)

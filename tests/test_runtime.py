@@ -373,12 +373,12 @@ def test_batches_of_a_shared_weight_fold_into_rows(kernel, monkeypatch, configur
     assert all(z[g.outputs[name]] == 5 for name in kept), z
 
 
-def test_matmuls_cut_into_different_slice_counts_share_pipelines(monkeypatch, configure):
+@pytest.mark.usefixtures("f32_kernels")
+def test_matmuls_cut_into_different_slice_counts_share_pipelines(monkeypatch):
     """The slice count is read from the grid and a meta word, not baked into the WGSL, so
     64 x 64 outputs of K = 1024 (4 slices) and K = 2048 (8) build two pipelines, not four
     (the f32 kernels: the cooperative ones split by their own tiles)."""
     monkeypatch.delenv("MEGANEURA_MATMUL_SPLITS", raising=False)
-    configure(precision="f32")
     g = Graph("splits")
     for k in (1024, 2048):
         g.output(f"c{k}", g.matmul(g.input(f"a{k}", [64, k]), g.input(f"b{k}", [k, 64])))

@@ -13,12 +13,7 @@ from engine.train.trainer import Trainer
 from engine.train.session import build_session
 
 
-@pytest.fixture(autouse=True)
-def f32_kernels(configure):
-    """These tests hold the f32 engine to the reference trainer at f32's tolerances, also
-    where the suite runs with MEGANEURA_PRECISION=f16: the cooperative (f16) products
-    and attention are held to f16's in test_coop_matmul.py and test_attention_coop*.py."""
-    configure(precision="f32")
+pytestmark = pytest.mark.usefixtures("f32_kernels")   # the reference trainer at f32's tolerances
 
 
 def small_mlp(batch=16, n_in=20, hidden=32, n_out=5):
