@@ -57,7 +57,10 @@ def test_doctor_paths_follow_the_device_features(doctor_json):
     assert set(codegen.describe_paths(codegen.PLAIN)) <= set(paths)
     subgroups = {"subgroup", "subgroups"} & set(doctor_json["features"])   # wgpu-native's name, Dawn's
     assert paths["reductions"] == ("subgroup" if subgroups else "workgroup memory")
-    assert paths["matmul"].startswith("register-blocked f32")
+    from engine.runtime.device import device_capabilities
+    caps = device_capabilities()   # the doctor's process has this one's environment
+    assert paths["matmul"] == codegen.describe_paths(caps)["matmul"]
+    assert paths["matmul"].startswith("cooperative matrices" if caps.matmul_f16 else "register-blocked f32")
     offered = any(f.startswith("cooperative-matri") for f in doctor_json["features"])
     assert ("cooperative_matrix" in paths) == offered
 

@@ -333,7 +333,9 @@ def test_compile_plan_needs_no_gpu():
             "print(t.training_plan(t.mlp_training_graph(), TrainConfig(optimizer='adam'))[2].to_json())\n")
     tests = Path(__file__).resolve().parent
     out = subprocess.run([sys.executable, "-c", code], cwd=tests.parent, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": f"{tests.parent}{os.pathsep}{tests}"}, timeout=120)
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests),
+                                                                           os.environ.get("PYTHONPATH", "")])},
+                         timeout=120)
     assert out.returncode == 0, out.stderr
     here = training_plan(mlp_training_graph(), TrainConfig(optimizer="adam"))[2]
     assert ExecutionPlan.from_dict(json.loads(out.stdout)) == here
