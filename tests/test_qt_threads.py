@@ -42,8 +42,8 @@ def test_many_yields_from_a_worker_thread_keep_reference_counts():
 def test_cyclic_garbage_is_collected_on_the_gui_thread_while_a_window_is_open(qtbot, tmp_path):
     """While a Studio window is open a worker's allocations never run the cyclic
     collector (which could finalize Qt objects there and deadlock against the GUI
-    thread); a timer on the GUI thread collects instead, and closing the last window
-    switches automatic collection back on."""
+    thread); a timer on the GUI thread collects instead, and the GIL changes hands every
+    millisecond; closing the last window switches both back."""
     import gc
     import threading
 
@@ -53,10 +53,12 @@ def test_cyclic_garbage_is_collected_on_the_gui_thread_while_a_window_is_open(qt
     from app.window import MainWindow
 
     assert gc.isenabled()
+    interval = sys.getswitchinterval()
     w = MainWindow("mlp", settings=QSettings(str(tmp_path / "s.ini"), QSettings.Format.IniFormat),
                    model_settings={"batch": 4})
     qtbot.addWidget(w)
     assert not gc.isenabled()
+    assert sys.getswitchinterval() == main_thread_gc.GUI_SWITCH_INTERVAL   # the GIL back to the GUI sooner
     w.wait_for_workers(60)
 
     class Cycle:
@@ -82,5 +84,5 @@ def test_cyclic_garbage_is_collected_on_the_gui_thread_while_a_window_is_open(qt
     assert collected_on == []                      # nothing collected on the worker
     qtbot.waitUntil(lambda: collected_on == [True], timeout=5000)
     w.close()
-    assert gc.isenabled()
+    assert gc.isenabled() and sys.getswitchinterval() == interval
     assert main_thread_gc.collect_due() >= 0
