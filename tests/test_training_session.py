@@ -273,7 +273,7 @@ def test_a_plan_the_device_cannot_run_is_refused(monkeypatch):
     from engine.errors import DeviceError
     g = small_mlp()
     plan = compile_plan(g, capabilities=codegen.Capabilities(subgroups=True))
-    monkeypatch.setattr(runtime, "device_capabilities", lambda device=None, config=None: codegen.PLAIN)  # a device without them
+    monkeypatch.setattr(runtime, "offered_capabilities", lambda device=None: codegen.PLAIN)  # a device without them
     with pytest.raises(DeviceError, match="compiled for subgroups, which this device lacks"):
         Session(g, plan)
     wide = compile_plan(g, capabilities=codegen.Capabilities(invocations=1024))

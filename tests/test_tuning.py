@@ -121,10 +121,11 @@ def test_cooperative_fields_are_tuned_with_f16_asked_for(monkeypatch):
 
     monkeypatch.setattr(tuner, "tune_field", fake_tune_field)
     monkeypatch.setattr(tuner, "_warm_up", lambda session, seconds: None)
+    from engine.runtime import device as device_module
     precisions = []
-    real = tuner.device_capabilities
-    monkeypatch.setattr(tuner, "device_capabilities", lambda device, config=None: (
-        precisions.append(config and config.precision), real(device, config))[1])
+    real = device_module.device_capabilities
+    monkeypatch.setattr(device_module, "device_capabilities", lambda device, config=None: (
+        precisions.append(config and config.precision), real(device, config))[1])   # offered_capabilities' call
     tuner.measure_tuning(software=True, fields=["sum_workgroups", "lean_k"])
     assert "f16" in precisions
     f16 = real(None, replace(current(), precision="f16"))

@@ -17,6 +17,7 @@ same object afterwards. ``adapter_info()`` describes the adapter wgpu chose
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import replace
 
 import importlib
 import platform
@@ -382,6 +383,14 @@ def device_capabilities(device=None, config: Config | None = None) -> Capabiliti
                                               fragments=backend() == "dawn" and has_coop_fragments(get_adapter()),
                                               tuning=adapter_tuning(adapter_info()),
                                               invocations=_limit(device.limits, "max_compute_invocations_per_workgroup"))
+
+
+def offered_capabilities(device=None) -> Capabilities:
+    """What ``device`` can run: ``device_capabilities`` with f16 asked for, so that
+    cooperative matrices are in wherever the device has them, whatever precision the
+    process's configuration gives (a session's check of its plan, the tuner's and the
+    peaks' f16 kernels)."""
+    return device_capabilities(device, replace(current(), precision="f16"))
 
 
 def adapter_summary() -> dict:

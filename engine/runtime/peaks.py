@@ -22,19 +22,17 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
 from ..compile.plan import compile_plan
-from ..config import current, use
 from ..errors import MeganeuraError
 from ..graph.ir import Graph
 from ..paths import shader_dir
 from .adapter_cache import adapter_key, key_file_name, measurements_dir, read_measurement, write_measurement  # noqa: F401
-from .device import adapter_info, device_capabilities, get_device, shader_module, wgpu_module
+from .device import adapter_info, get_device, offered_capabilities, shader_module, wgpu_module
 from .profiler import DispatchTimestamps, timestamp_period, timestamp_support
 from .session import Session
 
@@ -177,19 +175,13 @@ def _measure_copy(device, nbytes: int) -> float:
 
 
 def _measure_coop_matmul(device, n: int) -> float | None:
-    """Our cooperative-matrix matmul at n x n x n, or None where matmuls cannot take it.
-    The process's precision is set to f16 while the session is built (a session checks
-    its plan against the capabilities the configuration gives)."""
-    config = replace(current(), precision="f16")
-    caps = device_capabilities(device, config)
+    """Our cooperative-matrix matmul at n x n x n, or None where matmuls cannot take it
+    (whatever precision the process asked for: ``offered_capabilities``)."""
+    caps = offered_capabilities(device)
     if not caps.matmul_f16:
         return None
     g = Graph("peak-matmul")
     g.output("c", g.matmul(g.input("a", (n, n)), g.input("b", (n, n))))
-    previous = use(config)
-    try:
-        session = Session(g, compile_plan(g, loss=None, capabilities=caps), device)
-    finally:
-        use(previous)
+    session = Session(g, compile_plan(g, loss=None, capabilities=caps), device)
     out = session.buffers[session.plan.outputs["c"]]
     return 2.0 * n ** 3 / _best_ns(device, list(session._steps), out) * 1e9

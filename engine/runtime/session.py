@@ -22,9 +22,8 @@ import numpy as np
 from .. import codegen
 from ..compile.plan import ALIGN, ExecutionPlan, KernelSource, Transfer, compile_plan
 from ..compile.cache import cached_optimize, cached_plan
-from ..config import current
-from .device import (_limit, backend, device_capabilities, device_guard, get_device, native_api, shader_checks,
-                     shader_module, wgpu_module)
+from .device import (_limit, backend, device_capabilities, device_guard, get_device, native_api,
+                     offered_capabilities, shader_checks, shader_module, wgpu_module)
 from ..errors import DeviceError, MeganeuraError, ShapeError
 from ..graph.ir import Graph
 from ..graph.reference import check_array
@@ -114,7 +113,7 @@ class Session:
         if ALIGN % align:
             raise DeviceError(f"this adapter needs storage-buffer offsets aligned to {align} bytes; "
                               f"plans align them to {ALIGN}")
-        offered = device_capabilities(self.device, dataclasses.replace(current(), precision="f16"))
+        offered = offered_capabilities(self.device)
         missing = []
         for f in dataclasses.fields(offered):
             wanted, has = getattr(self.capabilities, f.name), getattr(offered, f.name)

@@ -31,10 +31,9 @@ from typing import Callable
 import numpy as np
 
 from ..codegen import Capabilities, Tuning
-from ..config import current
 from ..compile.plan import compile_plan
 from ..graph.ir import Graph
-from .device import adapter_info, device_capabilities, get_device
+from .device import adapter_info, device_capabilities, get_device, offered_capabilities
 from .profiler import timestamp_support
 from .session import Session
 from .tuning import tuning_key, write_tuning
@@ -225,7 +224,7 @@ def measure_tuning(device=None, software: bool | None = None, fields=None, progr
     device = device if device is not None else get_device()
     software = adapter_info()["software"] if software is None else software
     base = replace(device_capabilities(device), tuning=Tuning())
-    cooperative = device_capabilities(device, replace(current(), precision="f16"))
+    cooperative = offered_capabilities(device)
     rng = np.random.default_rng(0)
     start = time.perf_counter()
     fields = list(fields or LADDERS)
