@@ -81,10 +81,11 @@ def generation_ops_graph(b, t, s, h, hkv, d, rope):
 
 
 @pytest.mark.parametrize("b,t,s,h,hkv,d,rope", [(1, 1, 40, 4, 2, 16, True), (2, 3, 300, 2, 1, 8, False),
-                                                 (1, 2, 70, 2, 2, 6, "node")])
+                                                 (1, 2, 70, 2, 2, 6, "node"), (2, 3, 50, 2, 1, 16, "node")])
 def test_cache_ops_on_the_gpu_match_the_reference(b, t, s, h, hkv, d, rope):
     """Several 256-key rounds of the kernel (s=300), GQA, a head dim that is not a
-    multiple of 4 (scalar key reads), RoPE fused into both ops and as a node of its own."""
+    multiple of 4 (scalar key reads), RoPE fused into both ops and as a node of its own
+    (scalar and in pairs of vec4s)."""
     rng = np.random.default_rng(s)
     g = generation_ops_graph(b, t, s, h, hkv, d, rope)
     positions = np.stack([np.sort(rng.choice(s, t, replace=False)) for _ in range(b)]).astype(np.int32)
@@ -101,8 +102,10 @@ def test_cache_ops_on_the_gpu_match_the_reference(b, t, s, h, hkv, d, rope):
     for name, value in want.items():
         got = session.read_output(name)
         assert np.abs(got - value).max() <= 1e-5 * max(1.0, np.abs(value).max()), name
-    np.testing.assert_allclose(session.get_parameter("kc"), want["cache.k"], rtol=1e-5, atol=1e-6,
-                               err_msg="the write is in place, in the parameter")
+    # a GPU's sin and cos of angles past pi (positions up to s) are not exact: the output
+    # is checked against the reference above, the parameter against the output
+    np.testing.assert_array_equal(session.get_parameter("kc"), session.read_output("cache.k"),
+                                  err_msg="the write is in place, in the parameter")
 
 
 def test_one_write_fills_a_layers_keys_and_values_on_the_gpu():

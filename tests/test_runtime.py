@@ -725,13 +725,17 @@ def test_buffer_over_binding_limit(monkeypatch):
 
 # ---------------------------------------------------------------- rope, conv, attention
 
-def test_rope_forward_and_inverse():
+@pytest.mark.parametrize("heads,dim", [(3, 6), (2, 16), (3, 8)])
+def test_rope_forward_and_inverse(heads, dim):
+    """Head dims that are multiples of 8 take the kernel of four pairs a thread (vec4s)."""
     g = Graph("rope")
-    x = g.input("x", [2, 9, 3 * 6])
-    y = g.rope(x, 3, offset=4)
+    x = g.input("x", [2, 9, heads * dim])
+    y = g.rope(x, heads, offset=4)
     g.output("y", y)
-    g.output("back", g.apply("rope", y, num_heads=3, offset=4, inverse=True))
-    check(g)
+    g.output("back", g.apply("rope", y, num_heads=heads, offset=4, inverse=True))
+    s = check(g)
+    paired = [d.variant == "pairs, vec4" for d in s.plan.dispatches]
+    assert paired == [dim % 8 == 0] * 2
 
 
 def test_conv1d_conv2d():

@@ -127,6 +127,13 @@ def _rope(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     d = w // a["num_heads"]
     meta = [node.size, t, w, d, int(a["offset"]), int(bool(a.get("inverse", False)))]
     meta += rope_frequencies(d, a["base"])
+    if d % 8 == 0:
+        names, types = (["x", "positions"], ["vec4<f32>", "i32"]) if len(node.inputs) == 2 else (["x"], ["vec4<f32>"])
+        position = "positions[row]" if len(node.inputs) == 2 else "row % seq + m(4u)"
+        kernel = _finish("rope", "pointwise", "rope_pairs.wgsl", names, types, "vec4<f32>", meta,
+                         grid_1d(-(-node.size // (8 * WG))), POSITION=position)
+        kernel.notes["variant"] = "pairs, vec4"
+        return kernel
     fn = _template("rope_fn.wgsl")
     if len(node.inputs) == 2:  # at the positions a generation step is given
         return _finish("rope", "pointwise", "rope.wgsl", ["x", "positions"], ["f32", "i32"], "f32", meta,
@@ -146,7 +153,7 @@ def _cache_write(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel
     meta = [len(xs) * xs[0].size, t, node.shape[-2], w, d, xs[0].size, b * node.shape[-2] * w]
     meta += rope_frequencies(d, node.attrs["rope_base"]) if heads else []
     names = [f"x{p}" for p in range(len(xs))]
-    values = [f"rope_(x0[e - i + i % (d / 2u)], x0[e - i + i % (d / 2u) + d / 2u], i, d, u32(pos), 7u, false)"
+    values = ["rope_(x0[e - i + i % (d / 2u)], x0[e - i + i % (d / 2u) + d / 2u], i, d, u32(pos), 7u, false)"
               if heads and p == 0 else f"{name}[e]" for p, name in enumerate(names)]
     value = "    " + " else ".join(f"if (plane == {p}u) {{ v = {v}; }}" for p, v in enumerate(values[:-1]))
     value = (value + f" else {{ v = {values[-1]}; }}") if len(values) > 1 else f"    v = {values[0]};"
