@@ -51,6 +51,7 @@ runs on the CPU and the table says so.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import math
@@ -538,6 +539,19 @@ def adapter_desc():
         return "wgpu adapter"
 
 
+@contextlib.contextmanager
+def without_tf32():
+    """torch's fp32 products and convolutions in fp32: on a GPU both default to TF32 (cuDNN's
+    convolutions always, cuBLAS's matmuls where asked), whose 10-bit mantissas are no
+    reference for ours."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
 def matmul_rows(shapes, mm_steps, rng, timer, columns) -> list[dict]:
     """Ours (timestamped) against torch fp32 (TF32 off) and bf16, TF32 as TFLOP/s only."""
     rows = []
@@ -597,7 +611,7 @@ def infer_b8_row(overrides, steps, rng, timer, columns) -> dict:
     def hf(variant):
         encoder = load()
         if variant.autocast is None:
-            with torch.no_grad():
+            with torch.no_grad(), without_tf32():
                 theirs = encoder(mel).last_hidden_state.cpu().numpy()
             ours = s.read_output("hidden")
             agreement["err"] = float(np.abs(ours - theirs).max() / np.abs(theirs).max())
