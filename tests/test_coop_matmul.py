@@ -164,7 +164,13 @@ def test_cooperative_kernels_are_chosen_by_output_size_and_workgroup_memory():
     assert codegen.matmul_variant(2048, 384, 1, 1536, caps=COOP_CAPS) == "c64"        # gpt-tiny's fc2: K not split
     assert codegen.matmul_variant(384, 1536, 1, 12000, True, caps=COOP_CAPS) == "c128l"  # its weight gradient at b8
     assert codegen.matmul_variant(12000, 1536, 1, 384, caps=COOP_CAPS) == "c128l"     # its fc1 at b8: K short
-    assert codegen.matmul_variant(12000, 384, 1, 1536, caps=COOP_CAPS) == "c128"      # its fc2 at b8: K long
+    assert codegen.matmul_variant(12000, 384, 1, 1536, caps=COOP_CAPS) == "c96"       # its fc2 at b8: K long, and
+    assert codegen.matmul_variant(12000, 384, 1, 1152, caps=COOP_CAPS) == "c96"       # 128 x 96 tiles fill 3 waves
+    assert codegen.matmul_variant(12000, 400, 1, 1536, caps=COOP_CAPS) == "c128"      # N no multiple of 96
+    assert codegen.matmul_variant(4096, 4096, 1, 4096, caps=COOP_CAPS) == "c128"      # 8 waves either way: 11 of 96
+    assert codegen.matmul_variant(12000, 384, 1, 1536, caps=dataclasses.replace(COOP_CAPS, invocations=256)) \
+        == "c128l"                                                                      # 384 threads over 256
+    assert not codegen.narrow_tiles_fill_better(128 * 128, 128, 1)                   # 128 tiles: one wave, 171 two
     assert codegen.matmul_variant(8, 4096, 1, 4096, caps=COOP_CAPS) not in codegen.COOP   # thinner than a fragment
     assert codegen.matmul_variant(4096, 4096, 1, 4096, caps=small) == "c64l"          # the others over 16 KiB
     assert codegen.matmul_variant(4096, 4096, 1, 4096, caps=dataclasses.replace(small, workgroup_storage=8192)) \

@@ -58,8 +58,9 @@ def test_kernel_rules_follow_the_tuning():
     # slices, enough for the larger tile; 9 of them (144 in 16 slices) are not
     assert coop_variant(384, 1536, 1, k_=12000) == "c128l" and coop_variant(384, 384, 1, k_=12000) == "c64l"
     assert coop_variant(384, 1536, 1, k_=1500) == "c64l"           # 5 slices of 36: too few
-    assert coop_variant(384, 1536, 1, SMALL_GPU, k_=12000) == "c128"   # 36 tiles fill a quarter of 64 by themselves,
-    # so K is not split, and is too long for the lean tile
+    assert coop_variant(384, 1536, 1, SMALL_GPU, k_=12000) == "c96"    # 36 tiles fill a quarter of 64 by themselves,
+    # so K is not split, and is too long for the lean tile; 128 x 96 (48 tiles) takes as many waves of 16
+    assert coop_variant(384, 1664, 1, SMALL_GPU, k_=12000) == "c128"   # N no multiple of 96
     assert codegen.matmul_variant(384, 1536, 1, 12000, True, caps=big) == "128k8u"    # the same in f32
     assert codegen.matmul_variant(384, 384, 1, 12000, True, caps=big) == "64t128"
     # gpt-tiny's (K = 2048) would take 8 slices of 256: too short for the larger tile
@@ -95,7 +96,7 @@ def test_the_lean_tiles_follow_the_tuning():
     the K its workgroups run (a slice's where K is split)."""
     assert coop_variant(12000, 1536, 1, k_=384) == "c128l"
     assert coop_variant(12000, 1536, 1, Tuning(lean_k=256), k_=384) == "c128"
-    assert coop_variant(12000, 384, 1, k_=1536) == "c128"
+    assert coop_variant(12000, 384, 1, k_=1536) == "c96"                 # not lean: the wide tile of the shape
     assert coop_variant(12000, 384, 1, Tuning(lean_k=2048), k_=1536) == "c128l"
     assert coop_variant(1024, 576, 1, k_=1536) == "c64l"                 # 3 slices of 512
     assert coop_variant(1024, 576, 1, Tuning(lean_k=511), k_=1536) == "c64"

@@ -16,7 +16,7 @@ from .common import (MAX_WORKGROUPS, PLAIN, SUBGROUP_MATRIX_FEATURE, THREAD_LAYO
                      Capabilities, Kernel, UnsupportedOpError, forward_nodes, grid_1d, precision)
 from .dispatch import describe_paths, kernel_for, supported_ops, unsupported_ops
 from .matmul import (COOP, MATMUL_KERNELS, MATMUL_MAX_SPLITS, TILED, coop_workgroup_bytes, matmul_splits,
-                     matmul_variant, operand_fetch, split_rule)
+                     matmul_variant, narrow_tiles_fill_better, operand_fetch, split_rule)
 from .tuning import TUNED_FIELDS, Tuning
 from .training import (gradient_copy_kernel, norm_partials, norm_total_kernel, optimizer_kernel,
                        sum_squares_kernel)

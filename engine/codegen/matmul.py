@@ -504,7 +504,21 @@ def coop_variant(m_: int, n_: int, nbatch: int, tuning: Tuning = Tuning(), k_: i
     if not wide:
         tiles = -(-m_ // 64) * -(-n_ // 64) * nbatch
     lean = k_ // split_rule(tiles, k_, tuning) <= tuning.lean_k
+    if wide and not lean and n_ % COOP["c96"].bn == 0 and narrow_tiles_fill_better(m_, n_, nbatch, tuning):
+        return "c96"
     return {(True, True): "c128l", (True, False): "c128", (False, True): "c64l", (False, False): "c64"}[wide, lean]
+
+
+def narrow_tiles_fill_better(m_: int, n_: int, nbatch: int, tuning: Tuning = Tuning()) -> bool:
+    """Whether 128 x 96 tiles (``c96``, 3/4 of a 128 x 128 tile's work) finish an m x n
+    output in fewer tile-times than 128 x 128 ones, counted in waves of a quarter of
+    ``tuning.matmul_resident`` (either tile has an SM to itself). Whisper's products of
+    N = 384 at batch 8 are 282 tiles of 128 x 128, two waves and a seventh of one on the
+    H100's 132 SMs, and 376 of 128 x 96, under three: its fc2 (K = 1536) ran 154 -> 121 us,
+    the input gradient of q/k/v (K = 1152) 373 -> 370 and 520 -> 423 (run 39)."""
+    slots = max(1, tuning.matmul_resident // 4)
+    waves = lambda bn: -(-(-(-m_ // 128) * -(-n_ // bn) * nbatch) // slots)  # noqa: E731
+    return 3 * waves(96) < 4 * waves(128)
 
 
 LONG_SLICE = 512   # K a 128 x 128 tile's slice needs to pay for its start and its partials
@@ -570,9 +584,15 @@ class CoopPreset(NamedTuple):
 # its qkv 9%, gpt-tiny's fc1 27%, whisper's weight gradients in slices of 857 16%, its
 # products over K = 1536 0-25% slower and 4096^3 the same; 64 x 64 ("c64l", 14 KiB) the
 # Llama's q/k/v (K = 576) 18% and its up projection 27% faster, products in slices of 512
-# 4-7% slower, and its training step 6% faster (``coop_variant``).
+# 4-7% slower, and its training step 6% faster (``coop_variant``). Run 39, 128 x 96 on 12
+# subgroups of 32 x 32 (384 threads) with K steps of 48 through one buffer and a scratch for
+# all 12 (36 KiB; "c96"): whisper's N = 384 products over K >= 1152 15-21% faster than on
+# 128 x 128, where those leave a wave mostly idle (``narrow_tiles_fill_better``); with K
+# steps of 32 (8 subgroups, so that B's 24 vec4 columns do not divide the threads and its
+# fetches are checked) 20% slower; two buffers do not fit 48 KiB.
 COOP = {"c128": CoopPreset(128, 128, 32, 4, 4), "c128l": CoopPreset(128, 128, 16, 4, 2, buffers=1),
-        "c64": CoopPreset(64, 64, 32, 2, 2), "c64l": CoopPreset(64, 64, 32, 2, 2, buffers=1)}
+        "c64": CoopPreset(64, 64, 32, 2, 2), "c64l": CoopPreset(64, 64, 32, 2, 2, buffers=1),
+        "c96": CoopPreset(128, 96, 48, 4, 3, buffers=1, scratch=12)}
 COOP_FRAGMENT = 16   # the subgroup-matrix shape used: f16 16 x 16 x 16 -> f32
 COOP_ENABLES = ("f16", "chromium_experimental_subgroup_matrix")
 
