@@ -734,7 +734,7 @@ def test_rope_forward_and_inverse(heads, dim):
     g.output("y", y)
     g.output("back", g.apply("rope", y, num_heads=heads, offset=4, inverse=True))
     s = check(g)
-    paired = [d.variant == "pairs, vec4" for d in s.plan.dispatches]
+    paired = [d.variant == "4 pairs a thread, vec4s" for d in s.plan.dispatches]
     assert paired == [dim % 8 == 0] * 2
 
 

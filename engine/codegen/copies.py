@@ -122,24 +122,23 @@ def rope_frequencies(head_dim: int, base: float) -> list[int]:
 
 
 def _rope(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    """rope.wgsl, four pairs a thread as vec4s where the head dim is a multiple of 8, else one."""
     b, t, w = node.shape
     a = node.attrs
     d = w // a["num_heads"]
     meta = [node.size, t, w, d, int(a["offset"]), int(bool(a.get("inverse", False)))]
     meta += rope_frequencies(d, a["base"])
-    if d % 8 == 0:
-        names, types = (["x", "positions"], ["vec4<f32>", "i32"]) if len(node.inputs) == 2 else (["x"], ["vec4<f32>"])
-        position = "positions[row]" if len(node.inputs) == 2 else "row % seq + m(4u)"
-        kernel = _finish("rope", "pointwise", "rope_pairs.wgsl", names, types, "vec4<f32>", meta,
-                         grid_1d(-(-node.size // (8 * WG))), POSITION=position)
-        kernel.notes["variant"] = "pairs, vec4"
-        return kernel
-    fn = _template("rope_fn.wgsl")
+    pairs = 4 if d % 8 == 0 else 1
+    vt = "vec4<f32>" if pairs == 4 else "f32"
+    frequencies = (f"{vt}({', '.join(f'mf({6 + i}u + j)' for i in range(pairs))})" if pairs > 1 else "mf(6u + j)")
+    names, types = ["x"], [vt]
+    position = "row % seq + m(4u)"
     if len(node.inputs) == 2:  # at the positions a generation step is given
-        return _finish("rope", "pointwise", "rope.wgsl", ["x", "positions"], ["f32", "i32"], "f32", meta,
-                       grid_1d(-(-node.size // WG)), POSITION="u32(positions[idx / width])", ROPE_FN=fn)
-    return _finish("rope", "pointwise", "rope.wgsl", ["x"], ["f32"], "f32", meta,
-                   grid_1d(-(-node.size // WG)), POSITION="(idx / width) % seq + m(4u)", ROPE_FN=fn)
+        names, types, position = names + ["positions"], types + ["i32"], "positions[row]"
+    kernel = _finish("rope", "pointwise", "rope.wgsl", names, types, vt, meta,
+                     grid_1d(-(-node.size // (2 * pairs * WG))), PAIRS=pairs, POSITION=position, FREQUENCIES=frequencies)
+    kernel.notes["variant"] = f"{pairs} pair{'s' if pairs > 1 else ''} a thread" + (", vec4s" if pairs > 1 else "")
+    return kernel
 
 
 def _cache_write(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
