@@ -59,6 +59,18 @@ def test_roofline_click_selects_the_kernel_everywhere_and_memory_marks_the_peak(
     assert [round(v * scale) for v in curve_y] == m["live_bytes"]
     assert memory.model.rowCount() == len(m["peak_buffers"]) and "Buffer reuse saves" in memory.saving.text()
 
+    # the summary says what the timestamps cost a dispatch where that was measured positive
+    import copy
+    import dataclasses
+    for cost, said in ((4321.0, ", which add 4.3 µs a dispatch"), (-1500.0, ""), (None, "")):
+        shown = copy.copy(p)
+        shown.report = dataclasses.replace(p.report, overhead={**p.report.overhead, "per_dispatch_ns": cost})
+        panel.show_profile(shown)
+        text = panel.summary.text()
+        assert (f"timing: {p.report.mode}{said} ·" in text) and ("µs a dispatch" in text) == bool(said), text
+    assert "timer" in panel.summary.toolTip()
+    panel.show_profile(p)
+
     # the profile saved as JSON, then loaded to compare with itself: every ratio 1
     saved = panel.save_profile_json(str(tmp_path / "mlp.json"))
     assert panel.load_comparison(saved) and panel.tables.currentWidget() is panel.compare
