@@ -56,7 +56,7 @@ def timer_cost(report) -> str:
     out negative: then nothing is said). On the H100 through Dawn a gpt-tiny step's timed
     dispatches add up to 1 ms more than the step (about 4 µs each), and every dispatch
     reads at least 9-10 µs (docs/cli.md, roofline)."""
-    cost = (report.overhead or {}).get("per_dispatch_ns") if report.timestamps else None
+    cost = (report.overhead or {}).get("per_dispatch_ns")
     return f", which add {_us(cost)} µs a dispatch" if cost is not None and cost > 0 else ""
 
 

@@ -130,7 +130,7 @@ def _rope(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     meta += rope_frequencies(d, a["base"])
     pairs = 4 if d % 8 == 0 else 1
     vt = "vec4<f32>" if pairs == 4 else "f32"
-    frequencies = (f"{vt}({', '.join(f'mf({6 + i}u + j)' for i in range(pairs))})" if pairs > 1 else "mf(6u + j)")
+    frequencies = f"{vt}({', '.join(f'mf({6 + i}u + j)' for i in range(pairs))})"
     names, types = ["x"], [vt]
     position = "row % seq + m(4u)"
     if len(node.inputs) == 2:  # at the positions a generation step is given
