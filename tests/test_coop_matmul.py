@@ -156,6 +156,28 @@ def test_whole_tiles_start_from_the_residual():
     assert split.finish is not None and "residual_in_acc" not in split.source
 
 
+def test_products_write_four_columns_at_a_time_where_their_columns_allow():
+    """Tiled products, cooperative or f32, whose N is a multiple of 4 bind their output as
+    vec4s and write 4 columns at once (one write where there were four: run 40); N = 130
+    and a strided convolution's input gradient (its columns mapped to input positions)
+    write one at a time. Both kinds' results are checked against the references by the
+    tests that run _matmul_graph and the class input gradients."""
+    g = _matmul_graph()
+    strided = g.apply("conv_input_grad", g.input("dy", [2, 8, 9]), g.input("wk", [8, 4, 3]), stride=(2,),
+                      padding=(1,), input_shape=(2, 4, 17))
+    f32 = codegen.Capabilities(subgroups=True, workgroup_storage=49152, dialect="tint", matmul_f16=False,
+                               knobs=Knobs(matmul="64"))   # the f32 tiles (small products take matmul.wgsl)
+    vec4_out = "var<storage, read_write> out: array<vec4<f32>>;"
+    for caps in (COOP_CAPS, f32):
+        source = lambda node: codegen.kernel_for(g, node, caps).source  # noqa: E731
+        for name in ("c00132", "c11132", "batched", "epilogue", "residual", "aligned"):
+            text = source(g[g.outputs[name]])
+            assert vec4_out in text and "store4(b, wg.z" in text and "out[at] =" not in text, (name, caps)
+        for node in (g[g.outputs["c0070"]], g[strided]):
+            text = source(node)
+            assert vec4_out not in text and "out[at] = epilogue(b, row, col, acc);" in text, (node.op, caps)
+
+
 def test_cooperative_kernels_are_chosen_by_output_size_and_workgroup_memory():
     small = codegen.Capabilities(subgroups=True, workgroup_storage=16384, dialect="tint", matmul_f16=True)
     assert codegen.matmul_variant(4096, 4096, 1, 4096, caps=COOP_CAPS) == "c128"

@@ -358,6 +358,15 @@ def _tile_note(variant: str, scaled=(False, False)) -> str:
 
 
 OUT_AT = "    let at = (z * M + row) * N + col;"   # matmul_tiled.wgsl: where result (z, row, col) goes
+# matmul_tiled.wgsl's writes (store, store4): 4 columns as one vec4 where ``out`` is bound as
+# vec4s, else one scalar at a time (where OUT_AT maps columns elsewhere, or N % 4 != 0)
+STORE_VEC4 = dict(STORE_ONE="", STORE_FOUR="""    let M = m(0u);
+    let N = m(1u);
+    if (row >= M || col >= N) { return; }
+    out[((z * M + row) * N + col) / 4u] = vec4<f32>(epilogue(b, row, col, acc.x), epilogue(b, row, col + 1u, acc.y),
+                                                   epilogue(b, row, col + 2u, acc.z), epilogue(b, row, col + 3u, acc.w));""")
+STORE_SCALAR = dict(STORE_ONE="    out[at] = epilogue(b, row, col, acc);",
+                    STORE_FOUR="\n".join(f"    store(b, z, row, col + {j}u, acc.{x});" for j, x in enumerate("xyzw")))
 
 
 def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, subs, caps: Capabilities,
@@ -383,9 +392,11 @@ def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, s
     if state:   # _coop_scales' guesses, a binding after the output
         subs["SMEM"] += (f"\n@group(0) @binding({len(names) + 2}) "
                          "var<storage, read_write> scale_state: array<u32>;")
-    k = _finish(name, archetype, "matmul_tiled.wgsl", names, types, "f32", meta,
+    vec4 = "OUT_AT" not in common and meta[1] % 4 == 0
+    k = _finish(name, archetype, "matmul_tiled.wgsl", names, types, "vec4<f32>" if vec4 else "f32", meta,
                 (grid[0], grid[1], grid[2] * splits), enables=enables,
-                **{"THREAD_XY": _thread_xy("rows", caps.knobs), "OUT_AT": OUT_AT, **first, **subs})
+                **{"THREAD_XY": _thread_xy("rows", caps.knobs), "OUT_AT": OUT_AT, **first, **subs,
+                   **(STORE_VEC4 if vec4 else STORE_SCALAR)})
     k.notes["variant"] = note
     k.guarded = True
     k.state_words = 2 * grid[0] * grid[1] * grid[2] * splits if state else 0
@@ -846,8 +857,9 @@ def _coop_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=
     their fetch (``_coop_layout``), and each subgroup multiplies its fragments with
     subgroupMatrixMultiplyAccumulate (each fragment loaded column- or row-major to
     match its tile). The accumulators leave one fragment at a time through the
-    subgroup's 16 x 16 f32 scratch, each lane passing its share to store() (epilogue,
-    bounds); past the preset's ``scratch`` subgroups, they take turns with the scratch.
+    subgroup's 16 x 16 f32 scratch, each lane passing its share to store4() 4 columns at
+    a time (epilogue, bounds); past the preset's ``scratch`` subgroups, they take turns
+    with the scratch.
     ``edges``: how A's and B's fetches meet their bounds (``_fetch_operand``; None: only
     edge tiles check each element). ``scaled``: which operands are scaled by
     a power of two into f16's range first (``_coop_scales``; gradients), the results
@@ -879,9 +891,10 @@ def _coop_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=
         at = f"sg % {scratch}u * {f * f}u" if rounds > 1 else f"sg * {f * f}u"
         store += [f"    {mine}{{ subgroupMatrixStore(&Cs, {at}, acc{i}_{j}, false, {f}u); }}",
                   "    workgroupBarrier();",
-                  f"    {mine}{{ for (var q = lane; q < {f * f}u; q = q + sg_size) {{",
-                  f"        store(b, wg.z, row0 + wrow + {i * f}u + q / {f}u, col0 + wcol + {j * f}u + q % {f}u,"
-                  f" Cs[{at} + q]{back});",
+                  f"    {mine}{{ for (var q = lane; q < {f * f // 4}u; q = q + sg_size) {{",
+                  f"        let o = {at} + q * 4u;",
+                  f"        store4(b, wg.z, row0 + wrow + {i * f}u + q / {f // 4}u, col0 + wcol + {j * f}u + q % {f // 4}u * 4u,"
+                  f" vec4<f32>(Cs[o], Cs[o + 1u], Cs[o + 2u], Cs[o + 3u]){back});",
                   "    } }",
                   "    workgroupBarrier();"]
     # f16 slots per row of each tile, padded by 8 against bank conflicts (rows stay 16-byte aligned)
@@ -969,9 +982,7 @@ def _tiled_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b
     for g in gs:
         for i in range(4):
             store.append(f"    let r{g}{i} = row0 + {4 * ty * g + i}u + ty * 4u;")
-            for h in hs:
-                for j, x in enumerate("xyzw"):
-                    store.append(f"    store(b, wg.z, r{g}{i}, col0 + {64 * h + j}u + tx * 4u, c{g}{i}_{h}.{x});")
+            store += [f"    store4(b, wg.z, r{g}{i}, col0 + {64 * h}u + tx * 4u, c{g}{i}_{h});" for h in hs]
     threads = TILED[preset].threads
     edges = [mode or "checked" for mode in edges]
     ca, da, la, ra = _fetch_operand("a", fetch_a, bm, bk, gather_a, threads, edges[0])
