@@ -26,8 +26,11 @@ Rows:
   an extra TFLOP/s column; compile is not timed (one matmul is the same library call).
   The max relative error of ours against numpy float64 is printed too.
 - train <model>: one full training step (forward, backward, AdamW update, loss read
-  back) in wall time per step, median over steps after warm-up; torch does the same
-  (``loss.item()`` every step).
+  back) in wall time per step; torch does the same (``loss.item()`` every step). After
+  warm-up, ours and each torch variant take turns: 3 rounds of 20 steps each side, so
+  that a drift of the GPU's clocks or the host during the row reaches all sides alike;
+  a cell is the median of its 60 steps, and the note gives each side's range of round
+  medians.
 - train whisper-tiny b8: the same at batch 8.
 - audio-align smoke: the whole ``meganeura train audio-align`` recipe for 50 steps, wall
   time end to end (session build included; torch.compile's compilation likewise),
@@ -84,7 +87,7 @@ FULL = {
     "whisper-tiny b8": ["batch=8", "mel_len=3000"],
     "infer whisper-tiny b8": ["batch=8", "mel_len=3000"],
     "audio-align": ["mel_len=500"], "smoke_steps": 50,
-    "steps": 20, "mm_steps": 20, "warmup": 2,
+    "steps": 20, "mm_steps": 20, "warmup": 2, "rounds": 3,
 }
 QUICK = {
     "matmul": [(64, 64, 64), (128, 128, 128), (8, 128, 128)],
@@ -94,7 +97,7 @@ QUICK = {
     "whisper-tiny b8": ["batch=2", "mel_len=16"],
     "infer whisper-tiny b8": ["batch=2", "mel_len=16"],
     "audio-align": ["mel_len=16", "seq=4", "batch=2"], "smoke_steps": 1,
-    "steps": 1, "mm_steps": 2, "warmup": 0,
+    "steps": 1, "mm_steps": 2, "warmup": 0, "rounds": 2,
 }
 
 ROW_NAMES = ["matmul", "train mlp", "train whisper-tiny", "train gpt-tiny", "train whisper-tiny b8",
@@ -204,6 +207,11 @@ class TorchColumns:
             return "no bf16 on this GPU"
         return None
 
+    def prepare(self, variants, make) -> tuple[dict, dict]:
+        """({label: make(variant)} of the variants that run, {label: why not} of the others)."""
+        made, why = self.run(variants, make)
+        return {k: v for k, v in made.items() if v is not None}, why
+
     def run(self, variants, measure) -> tuple[dict, dict]:
         """({label: measure(variant) or None}, {label: why it is None})."""
         values, why = {}, {}
@@ -258,6 +266,17 @@ def model_inputs(name, model, train, rng):
 
 
 def ours_train(name, overrides, steps, rng, warmup=2):
+    """(median ms per step, last loss, session, model, params, inputs, build seconds) of
+    our training step: ``steps`` timed steps after ``warmup``."""
+    s, model, params, inputs, build_s = ours_train_session(name, overrides, rng)
+    for _ in range(warmup):
+        s.step()
+    times, loss = timed_steps(s.step, steps)
+    return statistics.median(times), loss, s, model, params, inputs, build_s
+
+
+def ours_train_session(name, overrides, rng):
+    """(session, model, params, inputs, build seconds) of our training step on ``name``."""
     model = models.create(name, overrides)
     g, inputs = model_inputs(name, model, True, rng)
     params = model.init_params(0)
@@ -265,14 +284,18 @@ def ours_train(name, overrides, steps, rng, warmup=2):
     s = build_session(g, TrainConfig(optimizer="adamw", lr=1e-4), params)
     build_s = time.perf_counter() - t
     s.set_inputs(inputs)
-    for _ in range(warmup):
-        s.step()
-    times = []
+    return s, model, params, inputs, build_s
+
+
+def timed_steps(step, steps: int) -> tuple[list[float], float]:
+    """(wall ms of each of ``steps`` calls of ``step``, the last call's loss); ``step``
+    returns the loss (or (loss, ...)) read back to the host, which ends each step."""
+    times, loss = [], None
     for _ in range(steps):
         t = time.perf_counter()
-        loss, _ = s.step()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3, loss, s, model, params, inputs, build_s
+        loss = step()
+        times.append((time.perf_counter() - t) * 1e3)
+    return times, loss[0] if isinstance(loss, tuple) else loss
 
 
 def ours_infer(name, overrides, steps, rng):
@@ -378,9 +401,10 @@ def audio_align_smoke(overrides, steps, timer, columns) -> list[dict]:
 
 # ------------------------------------------------------------------ torch
 
-def torch_train(name, model, params, inputs, steps, timer, warmup=2, variant=EAGER_FP32):
-    """(ms per step, last loss, peak CUDA bytes or None) of the training step in ``variant``,
-    from fresh weights and optimizer."""
+def torch_train(name, model, params, inputs, timer, warmup=2, variant=EAGER_FP32):
+    """(the training step in ``variant`` from fresh weights and optimizer, warmed up: a
+    function returning the loss, read back; and the peak CUDA bytes of the warm-up and
+    first timed steps so far, a function, or None without CUDA)."""
     frozen = {"model.encoder.embed_positions.weight"} if name == "whisper-tiny" else set()
     w = torch_models.to_torch(model.to_file_layout(params), timer.device, frozen)
     x = {k: torch.tensor(v, device=timer.device) for k, v in inputs.items()}
@@ -395,18 +419,12 @@ def torch_train(name, model, params, inputs, steps, timer, warmup=2, variant=EAG
         opt.step()
         return loss.item()
 
-    for _ in range(variant.warmup(warmup)):
-        step()
     if timer.cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        loss = step()
-        times.append(time.perf_counter() - t)
-    peak = torch.cuda.max_memory_allocated() if timer.cuda else None
-    return statistics.median(times) * 1e3, loss, peak
+    for _ in range(variant.warmup(warmup)):
+        step()
+    return step, (torch.cuda.max_memory_allocated if timer.cuda else None)
 
 
 def torch_infer(model, params, inputs, steps, timer, variant=EAGER_FP32):
@@ -583,19 +601,69 @@ def matmul_rows(shapes, mm_steps, rng, timer, columns) -> list[dict]:
 
 def train_row(row, cfg, steps, rng, timer, columns):
     """(the row of one model's training step in each torch variant, our session, the
-    eager fp32 peak CUDA bytes or None)."""
+    eager fp32 peak CUDA bytes or None). Ours and each torch variant take turns for
+    ``cfg["rounds"]`` rounds of ``steps`` steps (``interleaved_rounds``); each cell is the
+    median of all its steps, and the note gives each side's range of round medians."""
     name = row.split()[0]
     log(f"train {row} {' '.join(cfg[row])}")
-    ours_ms, loss, s, model, params, inputs, build_s = ours_train(name, cfg[row], steps, rng, cfg["warmup"])
-    results, why = columns.run(TORCH_VARIANTS, lambda v: torch_train(name, model, params, inputs, steps, timer,
-                                                                     cfg["warmup"], v))
-    eager = results[EAGER_FP32.label]
-    versus = f" vs {eager[1]:.4g}" if eager else ""
-    return ({"name": f"train {row}", "ours": ours_ms, "torch": {k: v and v[0] for k, v in results.items()},
+    s, model, params, inputs, build_s = ours_train_session(name, cfg[row], rng)
+    for _ in range(cfg["warmup"]):
+        s.step()
+    peak = {}
+
+    def prepare(variant):
+        step, max_bytes = torch_train(name, model, params, inputs, timer, cfg["warmup"], variant)
+        if variant is EAGER_FP32 and max_bytes is not None:   # built first: no other variant's memory yet
+            step()
+            peak["eager"] = max_bytes()
+        return step
+
+    sides, why = columns.prepare(TORCH_VARIANTS, prepare)
+    times, losses, why_more = interleaved_rounds({"ours": s.step, **sides}, steps, cfg["rounds"])
+    why.update(why_more)
+    median = {k: statistics.median(v["all"]) if v else None for k, v in times.items()}
+    eager = losses.get(EAGER_FP32.label)
+    versus = f" vs {eager:.4g}" if eager is not None else ""
+    return ({"name": f"train {row}", "ours": median["ours"],
+             "torch": {v.label: median.get(v.label) for v in TORCH_VARIANTS},
              "why": why, "unit": "ms",
-             "note": f"{' '.join(cfg[row])}; {len(s._steps)} dispatches; loss {loss:.4g}{versus}; "
-                     f"build {build_s:.1f} s"},
-            s, eager[2] if eager else None)
+             "note": f"{' '.join(cfg[row])}; {len(s._steps)} dispatches; loss {losses['ours']:.4g}{versus}; "
+                     f"build {build_s:.1f} s{rounds_note(times)}"},
+            s, peak.get("eager"))
+
+
+def interleaved_rounds(sides: dict, steps: int, rounds: int) -> tuple[dict, dict, dict]:
+    """Each side's step times: ``rounds`` rounds in which every side (name -> step
+    function) runs ``steps`` timed steps in turn, so that a drift of the GPU's clocks or
+    of the host during the row reaches every side alike (run 40 saw one kernel's time
+    double between two minutes of one call). Returns ({name: {"all": times, "rounds":
+    [median of each round]}}, {name: last loss}, {name: why it stopped}); a side that
+    raises keeps no times and says why in one line."""
+    times = {name: {"all": [], "rounds": []} for name in sides}
+    losses, why = {}, {}
+    for _ in range(rounds):
+        for name, step in sides.items():
+            if name in why:
+                continue
+            try:
+                got, losses[name] = timed_steps(step, steps)
+            except Exception as exc:  # a side that fails is a finding, not a crash
+                why[name] = one_line(exc)
+                log(f"  {name} failed: {why[name]}")
+                times[name] = None
+                continue
+            times[name]["all"] += got
+            times[name]["rounds"].append(statistics.median(got))
+    return times, losses, why
+
+
+def rounds_note(times: dict) -> str:
+    """"; rounds: ours 15.1-15.3 ms, eager bf16 12.0-13.9 ms, ..." where there was more
+    than one round."""
+    spans = [(k, v["rounds"]) for k, v in times.items() if v and len(v["rounds"]) > 1]
+    if not spans:
+        return ""
+    return "; rounds: " + ", ".join(f"{k} {min(r):.4g}-{max(r):.4g} ms" for k, r in spans)
 
 
 def infer_b8_row(overrides, steps, rng, timer, columns) -> dict:
@@ -668,7 +736,7 @@ def main(argv=None):
             rows.append({"name": "memory whisper-tiny train", "ours": s.plan.peak_bytes / 2**20,
                          "torch": {EAGER_FP32.label: peak / 2**20 if peak else None}, "unit": "MiB",
                          "note": f"ours: plan peak; all our buffers incl. AdamW state {ours_all / 2**20:.0f} MiB; "
-                                 f"torch: max_memory_allocated over {steps} eager fp32 steps"
+                                 f"torch: max_memory_allocated over the eager fp32 warm-up and one more step"
                                  + ("" if peak else " (no CUDA: not measured)")})
         if row == "gpt-tiny" and args.profile_gpt:
             rep = s.profile(steps=3, train=True, measure_overhead=False, include_build_spans=False)

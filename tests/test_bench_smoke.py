@@ -81,6 +81,32 @@ def test_bench_vs_torch_quick(quick_output):
     assert re.search(left_out, stdout, re.M), stdout
 
 
+def test_training_rows_take_turns_and_a_failing_side_says_why(monkeypatch):
+    """bench_vs_torch's training rows run their sides in turns, round after round, each
+    side's times kept per round; a side that raises stops with one line and keeps no times."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import bench_vs_torch as bench
+    order = []
+
+    def side(name, fail_at=None):
+        def step():
+            order.append(name)
+            if order.count(name) == fail_at:
+                raise RuntimeError("out of memory\nsecond line\nthird line")
+            return float(len(order)), "extra"
+        return step
+
+    times, losses, why = bench.interleaved_rounds({"ours": side("ours"), "a": side("a"), "b": side("b", fail_at=3)},
+                                                 steps=2, rounds=3)
+    assert order == ["ours", "ours", "a", "a", "b", "b", "ours", "ours", "a", "a", "b", "ours", "ours", "a", "a"]
+    assert [len(times[k]["all"]) for k in ("ours", "a")] == [6, 6] and times["b"] is None
+    assert [len(times[k]["rounds"]) for k in ("ours", "a")] == [3, 3]
+    assert why == {"b": "RuntimeError: out of memory second line"}
+    assert losses["ours"] == 13.0 and losses["a"] == 15.0
+    note = bench.rounds_note(times)
+    assert note.startswith("; rounds: ours ") and " a " in note and " b " not in note, note
+
+
 def test_bench_kernels_quick():
     """bench/bench_kernels.py --quick runs every matmul kernel (whole and with K split), the attention kernels
     (per-query; tiled whole and with its keys split) and the fused backward, and prints
