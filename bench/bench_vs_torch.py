@@ -40,7 +40,8 @@ Rows:
   load lazily, so its cells are slower when the smoke runs first.
 - infer whisper-tiny: one forward pass; ours = run() back to back, synchronised by a
   4-byte read at the end, wall time / runs; torch under no_grad, CUDA events.
-- infer whisper-tiny b8: the same at batch 8, with the transformers columns.
+- infer whisper-tiny b8: the same at batch 8, with the transformers columns; its sides
+  take turns like the training rows' (3 rounds, a cell the median of its rounds).
 - host: CPU microseconds to record one dispatch (Session.record of a many-dispatch
   graph into an encoder, no wait); torch: CPU µs to launch one small op (no sync).
 - steps/s mlp: training steps per second (the inverse of the mlp row, listed for the issue).
@@ -299,13 +300,19 @@ def timed_steps(step, steps: int) -> tuple[list[float], float]:
 
 
 def ours_infer(name, overrides, steps, rng):
+    s, model, params, inputs = ours_infer_session(name, overrides, rng)
+    return back_to_back_run_ms(s, next(iter(s.graph.outputs)), steps), s, model, params, inputs
+
+
+def ours_infer_session(name, overrides, rng):
+    """(inference session, model, params, inputs) of ``name``'s forward."""
     model = models.create(name, overrides)
     g, inputs = model_inputs(name, model, False, rng)
     params = model.init_params(0)
     s = build_inference_session(g)
     s.set_parameters(params)
     s.set_inputs(inputs)
-    return back_to_back_run_ms(s, next(iter(g.outputs)), steps), s, model, params, inputs
+    return s, model, params, inputs
 
 
 def back_to_back_run_ms(session, output: str, steps: int, warmup: int = 2) -> float:
@@ -429,17 +436,22 @@ def torch_train(name, model, params, inputs, timer, warmup=2, variant=EAGER_FP32
 
 def torch_infer(model, params, inputs, steps, timer, variant=EAGER_FP32):
     """ms of one whisper encoder forward (the tests' torch implementation) in ``variant``."""
+    return timer.median_ms(torch_encoder_call(model, params, inputs, timer, variant), steps)
+
+
+def torch_encoder_call(model, params, inputs, timer, variant):
+    """One whisper encoder forward (the tests' torch implementation) in ``variant``: a function."""
     w = torch_models.to_torch(model.to_file_layout(params), timer.device, frozen=set(model.to_file_layout(params)))
     mel = torch.tensor(inputs["mel"], device=timer.device)
-    return time_forward(variant.prepare(torch_models.whisper_encoder), (mel, w), steps, timer, variant)
+    return forward_call(variant.prepare(torch_models.whisper_encoder), (mel, w), timer, variant)
 
 
-def time_forward(forward, args, steps, timer, variant) -> float:
-    """Median ms of ``forward(*args)`` under ``no_grad`` and ``variant``'s autocast."""
+def forward_call(forward, args, timer, variant):
+    """``forward(*args)`` under ``no_grad`` and ``variant``'s autocast: a function."""
     def call():
         with torch.no_grad(), variant.context(timer.device):
             forward(*args)
-    return timer.median_ms(call, steps)
+    return call
 
 
 def hf_whisper_encoder(model, params, device):
@@ -619,9 +631,10 @@ def train_row(row, cfg, steps, rng, timer, columns):
         return step
 
     sides, why = columns.prepare(TORCH_VARIANTS, prepare)
-    times, losses, why_more = interleaved_rounds({"ours": s.step, **sides}, steps, cfg["rounds"])
+    times, losses, why_more = interleaved_rounds({k: steps_of(step, steps) for k, step in
+                                                  {"ours": s.step, **sides}.items()}, cfg["rounds"])
     why.update(why_more)
-    median = {k: statistics.median(v["all"]) if v else None for k, v in times.items()}
+    median = medians(times)
     eager = losses.get(EAGER_FP32.label)
     versus = f" vs {eager:.4g}" if eager is not None else ""
     return ({"name": f"train {row}", "ours": median["ours"],
@@ -632,21 +645,21 @@ def train_row(row, cfg, steps, rng, timer, columns):
             s, peak.get("eager"))
 
 
-def interleaved_rounds(sides: dict, steps: int, rounds: int) -> tuple[dict, dict, dict]:
-    """Each side's step times: ``rounds`` rounds in which every side (name -> step
-    function) runs ``steps`` timed steps in turn, so that a drift of the GPU's clocks or
-    of the host during the row reaches every side alike (run 40 saw one kernel's time
-    double between two minutes of one call). Returns ({name: {"all": times, "rounds":
-    [median of each round]}}, {name: last loss}, {name: why it stopped}); a side that
-    raises keeps no times and says why in one line."""
+def interleaved_rounds(sides: dict, rounds: int) -> tuple[dict, dict, dict]:
+    """Each side's times in ms: ``rounds`` rounds in which every side (name -> a function
+    timing one round: (times in ms, the last loss or None)) runs in turn, so that a
+    drift of the GPU's clocks or of the host during the row reaches every side alike
+    (run 40 saw one kernel's time change 2-4x between machines and minutes). Returns
+    ({name: {"all": times, "rounds": [median of each round]}}, {name: last loss},
+    {name: why it stopped}); a side that raises keeps no times and says why in one line."""
     times = {name: {"all": [], "rounds": []} for name in sides}
     losses, why = {}, {}
     for _ in range(rounds):
-        for name, step in sides.items():
+        for name, sample in sides.items():
             if name in why:
                 continue
             try:
-                got, losses[name] = timed_steps(step, steps)
+                got, losses[name] = sample()
             except Exception as exc:  # a side that fails is a finding, not a crash
                 why[name] = one_line(exc)
                 log(f"  {name} failed: {why[name]}")
@@ -655,6 +668,16 @@ def interleaved_rounds(sides: dict, steps: int, rounds: int) -> tuple[dict, dict
             times[name]["all"] += got
             times[name]["rounds"].append(statistics.median(got))
     return times, losses, why
+
+
+def steps_of(step, steps: int):
+    """A training side of ``interleaved_rounds``: ``steps`` timed steps of ``step``."""
+    return lambda: timed_steps(step, steps)
+
+
+def medians(times: dict) -> dict:
+    """Each side's median over all its rounds (None for a side that stopped)."""
+    return {k: statistics.median(v["all"]) if v else None for k, v in times.items()}
 
 
 def rounds_note(times: dict) -> str:
@@ -666,29 +689,43 @@ def rounds_note(times: dict) -> str:
     return "; rounds: " + ", ".join(f"{k} {min(r):.4g}-{max(r):.4g} ms" for k, r in spans)
 
 
-def infer_b8_row(overrides, steps, rng, timer, columns) -> dict:
+def infer_b8_row(overrides, steps, rng, timer, columns, rounds=1) -> dict:
     """The whisper-tiny encoder forward at batch 8 against the tests' torch encoder in each
-    variant and transformers' WhisperEncoder (our weights) in fp32 and fp16 autocast."""
+    variant and transformers' WhisperEncoder (our weights) in fp32 and fp16 autocast, all
+    sides taking turns for ``rounds`` rounds (``interleaved_rounds``): a cell is the median
+    of its rounds' times, the note gives each side's range."""
     log(f"infer whisper-tiny b8 {' '.join(overrides)}")
-    ours_ms, s, model, params, inputs = ours_infer("whisper-tiny", overrides, steps, rng)
-    times, why = columns.run(TORCH_VARIANTS, lambda v: torch_infer(model, params, inputs, steps, timer, v))
+    s, model, params, inputs = ours_infer_session("whisper-tiny", overrides, rng)
     mel = torch.tensor(inputs["mel"], device=timer.device)
     load = functools.cache(lambda: hf_whisper_encoder(model, params, timer.device))
     agreement = {}
+
+    def timed(call):
+        return lambda: ([timer.median_ms(call, steps)], None)
+
+    def theirs(variant):
+        return timed(torch_encoder_call(model, params, inputs, timer, variant))
 
     def hf(variant):
         encoder = load()
         if variant.autocast is None:
             with torch.no_grad(), without_tf32():
-                theirs = encoder(mel).last_hidden_state.cpu().numpy()
+                reference = encoder(mel).last_hidden_state.cpu().numpy()
+            s.run()
             ours = s.read_output("hidden")
-            agreement["err"] = float(np.abs(ours - theirs).max() / np.abs(theirs).max())
-        return time_forward(encoder, (mel,), steps, timer, variant)
+            agreement["err"] = float(np.abs(ours - reference).max() / np.abs(reference).max())
+        return timed(forward_call(encoder, (mel,), timer, variant))
 
-    hf_times, hf_why = columns.run(HF_VARIANTS, hf)
+    torch_sides, why = columns.prepare(TORCH_VARIANTS, theirs)
+    hf_sides, hf_why = columns.prepare(HF_VARIANTS, hf)
+    ours = lambda: ([back_to_back_run_ms(s, "hidden", steps)], None)  # noqa: E731
+    times, _, why_more = interleaved_rounds({"ours": ours, **torch_sides, **hf_sides}, rounds)
+    median = medians(times)
     err = f"; ours vs hf fp32: largest difference / largest value {agreement['err']:.1e}" if "err" in agreement else ""
-    return {"name": "infer whisper-tiny b8", "ours": ours_ms, "torch": {**times, **hf_times}, "why": {**why, **hf_why},
-            "unit": "ms", "note": f"{' '.join(overrides)}; {len(s._steps)} dispatches{err}"}
+    return {"name": "infer whisper-tiny b8", "ours": median["ours"],
+            "torch": {v.label: median.get(v.label) for v in TORCH_VARIANTS + HF_VARIANTS},
+            "why": {**why, **hf_why, **why_more}, "unit": "ms",
+            "note": f"{' '.join(overrides)}; {len(s._steps)} dispatches{err}{rounds_note(times)}"}
 
 
 def main(argv=None):
@@ -766,7 +803,7 @@ def main(argv=None):
                                  f"torch: launch one small op, no sync"})
         del s
     if want("infer whisper-tiny b8"):
-        rows.append(infer_b8_row(cfg["infer whisper-tiny b8"], steps, rng, timer, columns))
+        rows.append(infer_b8_row(cfg["infer whisper-tiny b8"], steps, rng, timer, columns, cfg["rounds"]))
     if mlp is not None and want("steps/s"):
         rows.append({"name": "steps/s mlp", "ours": 1e3 / mlp["ours"], "why": mlp["why"], "unit": "/s",
                      "torch": {k: 1e3 / v if v else None for k, v in mlp["torch"].items()},

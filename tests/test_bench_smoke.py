@@ -75,15 +75,18 @@ def test_bench_vs_torch_quick(quick_output):
     b8 = rows["infer whisper-tiny b8"]
     for column in ("hf fp32", "ours/hf fp32", "hf fp16", "ours/hf fp16"):
         number(b8[column])
-    err = float(b8["note"].split("largest difference / largest value ")[1].split()[0])
+    err = float(re.search(r"largest difference / largest value ([^ ;]+)", b8["note"]).group(1))
     assert err < 1e-4, b8   # transformers' encoder holds our weights
+    for name in ("train mlp", "train whisper-tiny", "train gpt-tiny", "infer whisper-tiny b8"):
+        assert "; rounds: ours " in rows[name]["note"] and " eager bf16 " in rows[name]["note"], rows[name]
     left_out = r"^- compile fp32, compile bf16 in train mlp, .*: compile: left out in --quick"
     assert re.search(left_out, stdout, re.M), stdout
 
 
 def test_training_rows_take_turns_and_a_failing_side_says_why(monkeypatch):
-    """bench_vs_torch's training rows run their sides in turns, round after round, each
-    side's times kept per round; a side that raises stops with one line and keeps no times."""
+    """bench_vs_torch's rows run their sides in turns, round after round (a training side:
+    its steps), each side's times kept per round; a side that raises stops with one line
+    and keeps no times."""
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     import bench_vs_torch as bench
     order = []
@@ -96,8 +99,8 @@ def test_training_rows_take_turns_and_a_failing_side_says_why(monkeypatch):
             return float(len(order)), "extra"
         return step
 
-    times, losses, why = bench.interleaved_rounds({"ours": side("ours"), "a": side("a"), "b": side("b", fail_at=3)},
-                                                 steps=2, rounds=3)
+    sides = {"ours": side("ours"), "a": side("a"), "b": side("b", fail_at=3)}
+    times, losses, why = bench.interleaved_rounds({k: bench.steps_of(v, 2) for k, v in sides.items()}, rounds=3)
     assert order == ["ours", "ours", "a", "a", "b", "b", "ours", "ours", "a", "a", "b", "ours", "ours", "a", "a"]
     assert [len(times[k]["all"]) for k in ("ours", "a")] == [6, 6] and times["b"] is None
     assert [len(times[k]["rounds"]) for k in ("ours", "a")] == [3, 3]
