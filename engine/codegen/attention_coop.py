@@ -14,7 +14,8 @@ from .common import Capabilities, Kernel, _finish, _render, f32_bits
 from .matmul import COOP_ENABLES, COOP_FRAGMENT
 
 COOP_QUERIES = 64      # queries a workgroup owns: 16 for each of its 4 subgroups
-COOP_KEYS = 32         # keys a block: the workgroup's memory stays under 24 KiB (two a SM, run 37)
+COOP_KEYS = 32         # keys a block: the workgroup's memory stays under 24 KiB (two a SM, run 37; the
+                       # H100's Vulkan driver gives a pipeline about 48 KiB an SM, run 40)
 COOP_SUBGROUPS = 4
 _HALF_PAD = 8          # halves a row of the f16 tiles is padded by (rows stay 16-byte aligned)
 

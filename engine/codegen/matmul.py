@@ -600,7 +600,12 @@ class CoopPreset(NamedTuple):
 # all 12 (36 KiB; "c96"): whisper's N = 384 products over K >= 1152 15-21% faster than on
 # 128 x 128, where those leave a wave mostly idle (``narrow_tiles_fill_better``); with K
 # steps of 32 (8 subgroups, so that B's 24 vec4 columns do not divide the threads and its
-# fetches are checked) 20% slower; two buffers do not fit 48 KiB.
+# fetches are checked) 20% slower; two buffers do not fit 48 KiB. Run 40: NVIDIA's Vulkan
+# driver gives a pipeline about 48 KiB of workgroup memory an SM (16 KiB: three workgroups
+# an SM, 24 KiB two, 28 KiB or more one; Dawn and wgpu-native alike), so the tiles of 36
+# and 46 KiB run alone; fitting 24 KiB by giving the results' scratch to 2 or 4 subgroups
+# at a time (128 x 96; 128 x 128 with two buffers of K steps of 16) ran 15-160% slower,
+# the scratch's turns costing more than a second workgroup an SM gains.
 COOP = {"c128": CoopPreset(128, 128, 32, 4, 4), "c128l": CoopPreset(128, 128, 16, 4, 2, buffers=1),
         "c64": CoopPreset(64, 64, 32, 2, 2), "c64l": CoopPreset(64, 64, 32, 2, 2, buffers=1),
         "c96": CoopPreset(128, 96, 48, 4, 3, buffers=1, scratch=12)}
