@@ -15,8 +15,10 @@ from .attention import (ATTENTION_BACKWARD, ATTENTION_MAX_SPLITS, ATTENTION_MIN_
 from .common import (MAX_WORKGROUPS, PLAIN, SUBGROUP_MATRIX_FEATURE, THREAD_LAYOUTS,
                      Capabilities, Kernel, UnsupportedOpError, forward_nodes, grid_1d, precision)
 from .dispatch import describe_paths, kernel_for, supported_ops, unsupported_ops
-from .matmul import (COOP, MATMUL_KERNELS, MATMUL_MAX_SPLITS, TILED, coop_workgroup_bytes, matmul_splits,
-                     matmul_variant, narrow_tiles_fill_better, operand_fetch, split_rule)
+from .matmul import (MATMUL_KERNELS, MATMUL_MAX_SPLITS, TILED, matmul_splits, matmul_variant,
+                     narrow_tiles_fill_better, split_rule)
+from .matmul_coop import COOP, coop_workgroup_bytes
+from .tile_operands import operand_fetch
 from .tuning import TUNED_FIELDS, Tuning
 from .training import (gradient_copy_kernel, norm_partials, norm_total_kernel, optimizer_kernel,
                        sum_squares_kernel)

@@ -11,7 +11,7 @@ from ..graph.ir import Graph, Node
 from .attention import (_attention, _attention_dims, _combine_forward_splits, _split_grid, attention_splits,
                         attention_stats_at)
 from .common import Capabilities, Kernel, _finish, _render, f32_bits
-from .matmul import COOP_ENABLES, COOP_FRAGMENT
+from .matmul_coop import COOP_ENABLES, COOP_FRAGMENT
 
 COOP_QUERIES = 64      # queries a workgroup owns: 16 for each of its 4 subgroups
 COOP_KEYS = 32         # keys a block: the workgroup's memory stays under 24 KiB (two a SM, run 37; the

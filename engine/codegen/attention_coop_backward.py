@@ -14,7 +14,7 @@ from .attention import _attention_backward, _attention_dims, _split_grid
 from .attention_coop import (_HALF_PAD, _fragment, _fragment_rounds, _result, coop_attention_supported,
                              fragments_of_two_tiles, put_tiles, scratch_row, staged_in_two_tiles)
 from .common import Capabilities, Kernel, _finish, f32_bits
-from .matmul import COOP_ENABLES, COOP_FRAGMENT
+from .matmul_coop import COOP_ENABLES, COOP_FRAGMENT
 
 COOP_BACKWARD_FIXED = 64      # fixed rows a workgroup owns: 16 for each of its 4 subgroups
 COOP_BACKWARD_STREAMED = (32, 64)   # streamed rows a block: see backward_streamed

@@ -6,8 +6,10 @@ from __future__ import annotations
 from ..errors import DeviceError
 from ..graph.ir import Graph, Node
 from .common import Capabilities, Kernel, MAX_WORKGROUPS, PLAIN, _render
-from .matmul import (COOP, LONG_SLICE, _scaled_operands, _tile_note, _tile_of, _tile_subs, _tiled_kernel,
-                     coop_workgroup_bytes, matmul_variant, operand_fetch, split_rule)
+from .matmul import (LONG_SLICE, _scaled_operands, _tile_note, _tile_of, _tile_subs, _tiled_kernel, matmul_variant,
+                     split_rule)
+from .matmul_coop import COOP, coop_workgroup_bytes
+from .tile_operands import operand_fetch
 
 
 # ---------------------------------------------------------------- convolution as implicit GEMM

@@ -1,6 +1,8 @@
-"""The tiled-matmul archetype with a fused epilogue (bias, activation, residual): the
-simple, register-blocked and cooperative-matrix (f16) variants, split-K, and the operand
-fetches shared with the convolutions (implicit GEMM).
+"""The tiled-matmul archetype with a fused epilogue (bias, activation, residual): which
+kernel a product takes (the simple one, the few-row vector kernel, the register-blocked
+f32 tiles or the cooperative-matrix f16 tiles of matmul_coop.py), split-K, and the tiled
+kernels' generated parts that the convolutions (implicit GEMM) share; tile_operands.py
+fetches their operands.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from ..graph.ir import Graph, Node
 from ..graph.ops import GRADIENT_OF, norm_matmuls_layout
 from .common import (MAX_WORKGROUPS, PLAIN, TILE, WG, Capabilities, Kernel, UnsupportedOpError, _finish, _render,
                      _thread_xy, contiguous_strides, f32_bits, forward_nodes, grid_1d)
+from .matmul_coop import COOP, COOP_FRAGMENT, _coop_subs, _residual_init, coop_workgroup_bytes
+from .tile_operands import _fetch_operand, _store_tiled, operand_fetch
 from .pointwise import ACTIVATION_EXPR, _expr
 from .tuning import Tuning
 
@@ -162,24 +166,6 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     apart = variant in COOP and attrs.get("gradient_of", "none") != "none"
     return _tiled_kernel(f"matmul:{node.op}", "matmul", names, types, meta, (gx, gy, max(nbatch, 1)), k_, note,
                          common, subs, caps, extras=len(extras), epilogue_apart=apart)
-
-
-def _residual_init(variant: str, line: str, operand: int) -> dict:
-    """A cooperative product whose epilogue adds a row-major residual after no activation
-    starts its whole tiles' accumulators from the residual (``subgroupMatrixLoad`` of
-    result fragments: exact f32, read in fragments rather than element by element after
-    the products), and its epilogue skips the residual there. Edge tiles keep it in the
-    epilogue. The epilogues of whisper-tiny's out projections and fc2 (bias and residual)
-    cost 90 us a layer at batch 8 (run 32)."""
-    c, f = COOP[variant], COOP_FRAGMENT
-    init = ["    let whole_tile = row0 + BM <= M && col0 + BN <= N;", "    residual_in_acc = whole_tile;",
-            "    if (whole_tile) {"]
-    init += [f"        acc{i}_{j} = subgroupMatrixLoad<subgroup_matrix_result<f32, {f}, {f}>>(&residual_in, "
-             f"boff(b, {operand}u) + (row0 + wrow + {i * f}u) * N + col0 + wcol + {j * f}u, false, N);"
-             for i in range(c.bm // c.wm // f) for j in range(c.bn // c.wn // f)]
-    init.append("    }")
-    return dict(line=line, guarded=f"    if (!residual_in_acc) {{\n    {line}\n    }}", init="\n".join(init),
-                decl="var<private> residual_in_acc: bool;   // the residual started the accumulators")
 
 
 VECTOR_ROWS = 8        # outputs of at most this many rows take the vector kernel
@@ -358,8 +344,7 @@ def _tile_note(variant: str, scaled=(False, False)) -> str:
 
 
 OUT_AT = "    let at = (z * M + row) * N + col;"   # matmul_tiled.wgsl: where result (z, row, col) goes
-# matmul_tiled.wgsl's writes (store, store4): 4 columns as one vec4 where ``out`` is bound as
-# vec4s, else one scalar at a time (where OUT_AT maps columns elsewhere, or N % 4 != 0)
+# matmul_tiled.wgsl's writes: 4 columns as one vec4 where ``out`` is vec4s, else one at a time
 STORE_VEC4 = dict(STORE_ONE="", STORE_FOUR="""    let M = m(0u);
     let N = m(1u);
     if (row >= M || col >= N) { return; }
@@ -560,383 +545,12 @@ class TilePreset(NamedTuple):
         return 16 * self.ty
 
 
-class CoopPreset(NamedTuple):
-    """A cooperative-matrix kernel: a ``bm`` x ``bn`` output tile, K steps of ``bk``, and
-    ``wm`` x ``wn`` subgroups of 32 threads, each owning a (bm / wm) x (bn / wn) block of
-    16 x 16 f32 accumulator fragments. The results leave through a 16 x 16 f32 scratch a
-    subgroup, for at most ``scratch`` subgroups at a time. ``buffers``: workgroup
-    buffers of each operand tile; with 2 the next step's operands are stored while this
-    step's are multiplied, with 1 the memory halves for a second barrier a step."""
-
-    bm: int
-    bn: int
-    bk: int
-    wm: int
-    wn: int
-    buffers: int = 2
-    scratch: int = 8
-
-    @property
-    def threads(self) -> int:
-        return 32 * self.wm * self.wn
-
-
-# Measured on the H100 through Dawn (docs/benchmarks.md, runs 18 and 33). At 4096^3 (edge
-# tiles still checked) the 128 x 128 tile on 8 subgroups of 64 x 32 ran 111 TFLOP/s, on 4
-# of 64 x 64 91 (more registers a thread), with BK 16 67; 128 x 64 on 4 subgroups 61,
-# 64 x 64 73, on 2 subgroups 59. On the models' shapes the 64 x 64 tile won or tied
-# wherever 128 x 128 tiles make less than a wave, and 128 x 64 never won. Run 33: the
-# 128 x 128 tile on 16 subgroups of 32 x 32 (512 threads) ran 1-6% faster than on 8 of
-# 64 x 32 on every shape where that tile is chosen (whisper's step -0.5 ms in f16);
-# 256 x 128 and 128 x 256 tiles (BK 16, to fit 48 KiB) ran slower on the models' shapes.
-# Run 38, the lean tiles (one buffer an operand, a second barrier a K step): 128 x 128 on 8
-# subgroups of 32 x 64 with K steps of 16 ("c128l", 20 KiB: two share an SM where the
-# 512-thread tile of 48 KiB has one to itself) ran whisper's b8 fc1 (K = 384) 10% faster,
-# its qkv 9%, gpt-tiny's fc1 27%, whisper's weight gradients in slices of 857 16%, its
-# products over K = 1536 0-25% slower and 4096^3 the same; 64 x 64 ("c64l", 14 KiB) the
-# Llama's q/k/v (K = 576) 18% and its up projection 27% faster, products in slices of 512
-# 4-7% slower, and its training step 6% faster (``coop_variant``). Run 39, 128 x 96 on 12
-# subgroups of 32 x 32 (384 threads) with K steps of 48 through one buffer and a scratch for
-# all 12 (36 KiB; "c96"): whisper's N = 384 products over K >= 1152 15-21% faster than on
-# 128 x 128, where those leave a wave mostly idle (``narrow_tiles_fill_better``); with K
-# steps of 32 (8 subgroups, so that B's 24 vec4 columns do not divide the threads and its
-# fetches are checked) 20% slower; two buffers do not fit 48 KiB. Run 40: NVIDIA's Vulkan
-# driver gives a pipeline about 48 KiB of workgroup memory an SM (16 KiB: three workgroups
-# an SM, 24 KiB two, 28 KiB or more one; Dawn and wgpu-native alike), so the tiles of 36
-# and 46 KiB run alone; fitting 24 KiB by giving the results' scratch to 2 or 4 subgroups
-# at a time (128 x 96; 128 x 128 with two buffers of K steps of 16) ran 15-160% slower,
-# the scratch's turns costing more than a second workgroup an SM gains.
-COOP = {"c128": CoopPreset(128, 128, 32, 4, 4), "c128l": CoopPreset(128, 128, 16, 4, 2, buffers=1),
-        "c64": CoopPreset(64, 64, 32, 2, 2), "c64l": CoopPreset(64, 64, 32, 2, 2, buffers=1),
-        "c96": CoopPreset(128, 96, 48, 4, 3, buffers=1, scratch=12)}
-COOP_FRAGMENT = 16   # the subgroup-matrix shape used: f16 16 x 16 x 16 -> f32
-COOP_ENABLES = ("f16", "chromium_experimental_subgroup_matrix")
-
 TILED = {"64": TilePreset(4, 4, 16, False), "64u": TilePreset(4, 4, 16, True),
          "128x64": TilePreset(8, 4, 16, False), "128x64u": TilePreset(8, 4, 16, True),
          "128": TilePreset(8, 8, 16, False), "128u": TilePreset(8, 8, 16, True),
          "128k8": TilePreset(8, 8, 8, False), "128k8u": TilePreset(8, 8, 8, True),
          "64t128": TilePreset(8, 4, 16, False, ty=8), "64t128u": TilePreset(8, 4, 16, True, ty=8)}
 MATMUL_KERNELS = ("simple", *TILED, *COOP)
-
-# The two tiled operands as one description each: A's tile runs along m ("outer") and k,
-# B's along n and k; both are stored k-major in workgroup memory.
-_TILE_OPERANDS = {
-    "a": dict(src="a_in", base="a0", s_outer="sam", s_k="sak", extent="M", origin="row0", smem="As",
-              slots="AS"),
-    "b": dict(src="b_in", base="b0", s_outer="sbn", s_k="sbk", extent="N", origin="col0", smem="Bs",
-              slots="BS"),
-}
-
-def operand_fetch(strides, outer_extent: int, k_extent: int) -> str:
-    """How the tiled kernel fetches an operand whose ``strides`` are its batch strides,
-    then the strides of its outer axis (m for A, n for B) and of k: "outer-vec4" / "k-vec4" (vec4 loads
-    along the contiguous axis: it has stride 1, its extent and every other stride are
-    multiples of 4), else "outer-scalar" / "k-scalar" (scalar loads, threads
-    consecutive along the axis with the smaller stride)."""
-    s_outer, s_k = strides[-2], strides[-1]
-    others_aligned = all(s % 4 == 0 for s in strides[:-2])
-    if s_outer == 1 and s_k % 4 == 0 and outer_extent % 4 == 0 and others_aligned:
-        return "outer-vec4"
-    if s_k == 1 and s_outer % 4 == 0 and k_extent % 4 == 0 and others_aligned:
-        return "k-vec4"
-    return "outer-scalar" if s_outer <= s_k else "k-scalar"
-
-
-def _fetch_operand(name: str, fetch: str, tile: int, bk: int, gather=None, threads: int = 256,
-                   edges: str = "checked"):
-    """WGSL that fetches one operand's tile of ``tile`` x ``bk`` elements (``threads`` threads):
-    (per-thread index constants, register declarations, loads of step ``kb`` into the
-    registers, the registers as (name, outer index, k index)). A vec4 register holds 4
-    elements consecutive along the axis ``fetch`` names. ``gather(go, gk)`` (scalar
-    fetches only) replaces the strided address by (setup lines, validity, address) of
-    the element at outer index ``go``, k index ``gk``: an implicit-GEMM convolution
-    reads its im2col matrix this way, straight from the tensor.
-
-    ``edges`` says how a thread's fetches are checked against the operand's bounds:
-    "checked", each element (the only way with a gather); "none", the operand's extent
-    and K are multiples of the tile, so no fetch is ever outside; "clamp", K is a
-    multiple of the step and outer coordinates past the operand are clamped to its last
-    row or column (``_strided_loads``); "tiles", a tile that
-    lies wholly inside the operand (a workgroup-uniform test, so no divergence) loads
-    unchecked and only edge tiles check each element. Unchecked fetches address each
-    register at a fixed distance from the first (``_strided_loads``). On the H100 the
-    cooperative kernel ran 82 TFLOP/s at 4096^3 checked, 111 with "tiles" and 151 with
-    "none": an edge path costs registers even where it never runs (run 18)."""
-    p = _TILE_OPERANDS[name]
-    vec = fetch.endswith("vec4")
-    along_outer = fetch.startswith("outer")
-    count = tile * bk // threads // (4 if vec else 1)
-    width = (tile if along_outer else bk) // (4 if vec else 1)  # threads along the fast axis
-    consts, decl, edge, regs = [], [], [], []
-    zero = "vec4<f32>(0.0)" if vec else "0.0"
-    for i in range(count):
-        e, r = f"(tid + {threads * i}u)", f"{name}r{i}"
-        fast, slow = f"{e} % {width}u", f"{e} / {width}u"
-        o, kk = (fast, slow) if along_outer else (slow, fast)
-        if vec and along_outer:
-            o = f"4u * ({o})"
-        if vec and not along_outer:
-            kk = f"4u * ({kk})"
-        consts.append(f"    let {name}o{i} = {o};")
-        consts.append(f"    let {name}k{i} = {kk};")
-        go, gk = f"{p['origin']} + {name}o{i}", f"kb + {name}k{i}"
-        addr = f"{p['base']} + ({go}) * {p['s_outer']} + ({gk}) * {p['s_k']}"
-        decl.append(f"    var {r} = {zero};")
-        edge.append(f"        {r} = {zero};")
-        if gather is not None:
-            setup, valid, where = gather("go", "gk")
-            edge.append(f"        {{ let go = {go}; let gk = kb + {name}k{i};")
-            edge += [f"          {line}" for line in setup]
-            edge.append(f"          if ({valid}) {{ {r} = {p['src']}[{where}]; }} }}")
-        else:
-            edge.append(f"        if ({go} < {p['extent']} && {gk} < K) "
-                        f"{{ {r} = {p['src']}[{'(' + addr + ') >> 2u' if vec else addr}]; }}")
-        regs.append((r, f"{name}o{i}", f"{name}k{i}"))
-    if gather is not None or threads % width or edges == "checked":
-        return consts, decl, edge, regs
-    first, addresses = _strided_loads(name, fetch, threads // width, count, edges == "clamp")
-    consts += first
-    loads = [f"{r} = {p['src']}[{a}];" for (r, _, _), a in zip(regs, addresses)]
-    if edges in ("none", "clamp"):
-        return consts, decl, [f"        {line}" for line in loads], regs
-    inside = f"{p['origin']} + {tile}u <= {p['extent']} && kb + {bk}u <= K"
-    load = [f"        if ({inside}) {{", *(f"            {line}" for line in loads),
-            "        } else {", *(f"    {line}" for line in edge), "        }"]
-    return consts, decl, load, regs
-
-
-def _strided_loads(name: str, fetch: str, rows: int, count: int, clamp: bool) -> tuple[list[str], list[str]]:
-    """The addresses of a thread's ``count`` fetches of one operand at step ``kb``:
-    register i sits ``rows`` rows of the slow axis after register i - 1, so one base
-    (``{name}p``, at k = 0) and one step (``{name}q``) address them all. A vec4 fetch
-    is addressed in vec4s: its strides other than the unit one, its batch offset and its
-    coordinates along the unit axis are multiples of 4 (``operand_fetch``). ``clamp``:
-    the outer coordinate is clamped to the operand's last row (column), so a tile that
-    hangs over the operand's end reads rows it has instead of past its buffer; what it
-    computes there, store() drops. Where the outer axis is the slow one that gives each
-    register a base of its own. Returns (lines before the loop, the addresses)."""
-    p = _TILE_OPERANDS[name]
-    base, origin, s_o, s_k, ext = p["base"], p["origin"], p["s_outer"], p["s_k"], p["extent"]
-    vec = fetch.endswith("vec4")
-    slow_outer = fetch.startswith("k")   # k-vec4, k-scalar: registers step along the outer axis
-    div = (lambda x: f"({x} >> 2u)" if x.isidentifier() else f"(({x}) >> 2u)") if vec else (lambda x: x)
-    k_part = {"k-vec4": ("(kb >> 2u)", f"({name}k0 >> 2u)"), "outer-vec4": (f"kb * ({s_k} >> 2u)", None)}
-    kb_term, k0_term = k_part.get(fetch, (f"kb * {s_k}", None))
-    k0_term = k0_term or f"{name}k0 * {div(s_k)}"
-    if slow_outer and clamp:
-        first = [f"    let {name}p{i} = {div(base)} + min({origin} + {name}o{i}, {ext} - 1u) * {div(s_o)} + {k0_term};"
-                 for i in range(count)]
-        return first, [f"{name}p{i} + {kb_term}" for i in range(count)]
-    if slow_outer:
-        outer = f"({origin} + {name}o0) * {div(s_o)}"
-        step = div(s_o)
-    else:
-        row = f"min({origin} + {name}o0, {ext} - {4 if vec else 1}u)" if clamp else f"{origin} + {name}o0"
-        outer = div(row) if vec else f"({row}) * {s_o}"
-        step = div(s_k)
-    first = [f"    let {name}p = {div(base)} + {outer} + {k0_term};", f"    let {name}q = {rows}u * {step};"]
-    return first, [f"{name}p + {kb_term} + {i}u * {name}q" for i in range(count)]
-
-
-def _store_tiled(name: str, fetch: str, regs) -> list[str]:
-    """Stores of the fetched registers into buffer ``buf`` of the f32 kernel's k-major
-    vec4 tile."""
-    p = _TILE_OPERANDS[name]
-    slot = lambda k: f"{p['smem']}[buf * {p['slots']} * BK + ({k}) * {p['slots']}"
-    out = []
-    for r, o, k in regs:
-        if fetch == "outer-vec4":
-            out.append(f"        {slot(k)} + {o} / 4u] = {r};")
-        elif fetch == "k-vec4":
-            out += [f"        {slot(f'{k} + {j}u')} + {o} / 4u][{o} % 4u] = {r}.{c};" for j, c in enumerate("xyzw")]
-        else:
-            out.append(f"        {slot(k)} + {o} / 4u][{o} % 4u] = {r};")
-    return out
-
-
-def _coop_layout(fetch: str) -> str:
-    """How the cooperative kernel lays an operand's f16 tile out: along the axis it is
-    fetched along, so that a thread's 4 fetched elements land side by side ("k-major":
-    element (o, k) at k * slots + o; "outer-major": at o * slots + k)."""
-    return "k-major" if fetch.startswith("outer") else "outer-major"
-
-
-def _absmax(fetch: str, regs) -> list[str]:
-    """The largest |value| of each fetched register (a vec4's or a scalar's)."""
-    return [f"max(max(abs({r}).x, abs({r}).y), max(abs({r}).z, abs({r}).w))" if fetch.endswith("vec4")
-            else f"abs({r})" for r, _, _ in regs]
-
-
-def _store_coop(name: str, fetch: str, regs, scale: str = "") -> list[str]:
-    """Stores of the fetched registers, times ``scale`` (a WGSL expression) if given and
-    rounded to f16, into buffer ``buf`` of the cooperative kernel's f16 tile
-    (``_coop_layout``); a scaled operand's registers also raise ``amax_{name}``."""
-    times = f" * {scale}" if scale else ""
-    p = _TILE_OPERANDS[name]
-    tile, slots = f"{p['smem'][0]}h", p["slots"]
-    one = "ABUF" if name == "a" else "BBUF"
-    if _coop_layout(fetch) == "k-major":
-        at = lambda k, o: f"{tile}[buf * {one} + ({k}) * {slots} + {o}]"
-    else:
-        at = lambda k, o: f"{tile}[buf * {one} + ({o}) * {slots} + {k}]"
-    out = []
-    for r, o, k in regs:
-        if fetch.endswith("vec4"):
-            place = (lambda j: (k, f"{o} + {j}u")) if fetch.startswith("outer") else (lambda j: (f"{k} + {j}u", o))
-            out.append(f"        {{ let h = vec4<f16>({r}{times}); " +
-                       " ".join(f"{at(*place(j))} = h.{c};" for j, c in enumerate("xyzw")) + " }")
-        else:
-            out.append(f"        {at(k, o)} = f16({r}{times});")
-    if scale:
-        out += [f"        amax_{name} = max(amax_{name}, {m});" for m in _absmax(fetch, regs)]
-    return out
-
-
-SCALE_BUCKET = 4.0   # exponents a scale covers: a range's exponent picks 2^(11 - 4 floor(e / 4))
-SCALE_TOP = 15.0 - SCALE_BUCKET   # so the largest |value| lands in [2^11, 2^15), inside f16's 65504
-
-
-def _coop_scales(names, accumulators, warps: int) -> dict[str, str]:
-    """Scales of the named (gradient) operands into f16's range, without a pass of their
-    own: a power of two per operand and workgroup, ``scale_{name}`` = 2^(SCALE_TOP - q)
-    for q the operand's largest exponent over the workgroup's K range rounded down to a
-    multiple of SCALE_BUCKET, which puts its largest |value| in [2^11, 2^15) (f16's
-    range, 65504, and its precision both fit a gradient of any magnitude, and the scale
-    is exact to undo). q is not known before the K loop, so the loop runs with the q this
-    workgroup found at the previous step (kept in ``scale_state``, the kernel's state
-    buffer; none at the first step), raising ``amax_{name}`` as it rounds the operand;
-    where the q it then finds differs, the loop runs again with it (the accumulators
-    restarted). The results therefore always come from the q of the operand itself, so
-    they do not depend on the previous step, and a run resumed from a checkpoint computes
-    what an uninterrupted one does. A scan of the operand before the loop cost 1.2 ms of
-    whisper's 21.4 ms f16 step (run 32). The subgroups' maxima, the new q and the
-    decision to run again meet in the results' scratch (``Cs``, free until the results
-    leave). Returns the template's KEPT_SCALES, ATTEMPT_BEGIN and ATTEMPT_END, and the
-    exponent the results are multiplied back by."""
-    slot = "((wg.z * nwg.y + wg.y) * nwg.x + wg.x) * 2u"
-    pre = [line for i, n in enumerate(names) for line in (
-        f"    let kept_{n} = scale_state[{slot} + {i}u];",   # 0: none yet, else q + 512
-        f"    var q_{n} = select(0.0, f32(i32(kept_{n}) - 512), kept_{n} != 0u);", f"    var used_{n} = q_{n};")]
-    begin = ["    for (var attempt = 0u; attempt < 2u; attempt = attempt + 1u) {"]
-    begin += [line for n in names for line in (f"    used_{n} = q_{n};", f"    let scale_{n} = exp2({SCALE_TOP} - q_{n});",
-                                                f"    var amax_{n} = 0.0;")]
-    begin += [f"    {acc} = subgroup_matrix_result<f32, {COOP_FRAGMENT}, {COOP_FRAGMENT}>();" for acc in accumulators]
-    end = [f"    {{ let top = subgroupMax(amax_{n}); if (lane == 0u) {{ Cs[sg * 2u + {i}u] = top; }} }}"
-           for i, n in enumerate(names)]
-    # after the subgroups' maxima in Cs: each operand's q, then whether to run again (1.0)
-    q_at, retry_at = lambda i: f"Cs[{2 * warps + i}u]", f"Cs[{2 * warps + 2}u]"
-    end += ["    workgroupBarrier();", "    if (tid == 0u) {", f"        {retry_at} = 0.0;"]
-    for i, n in enumerate(names):
-        end += ["        {", "        var wmax = 0.0;",
-                f"        for (var w = 0u; w < {warps}u; w = w + 1u) {{ wmax = max(wmax, Cs[w * 2u + {i}u]); }}",
-                "        let e = select(0.0, floor(log2(wmax)), wmax > 0.0);",
-                f"        {q_at(i)} = clamp(floor(e / {SCALE_BUCKET}) * {SCALE_BUCKET}, -100.0, 100.0);",
-                f"        if ({q_at(i)} != q_{n}) {{ {retry_at} = 1.0; }}", "        }"]
-    end += ["    }", f"    let retry = workgroupUniformLoad(&{retry_at});",
-            *(f"    q_{n} = workgroupUniformLoad(&{q_at(i)});" for i, n in enumerate(names)),
-            "    if (retry == 0.0) { break; }", "    }",
-            "    if (tid == 0u) {",
-            *(f"        scale_state[{slot} + {i}u] = u32(i32(q_{n}) + 512);" for i, n in enumerate(names)), "    }"]
-    back = " + ".join(f"(used_{n} - {SCALE_TOP})" for n in names)
-    return dict(KEPT_SCALES="\n".join(pre), ATTEMPT_BEGIN="\n".join(begin), ATTEMPT_END="\n".join(end), back=back)
-
-
-def _coop_fragment(name: str, fetch: str, outer: str, kk: int) -> str:
-    """subgroupMatrixLoad of one 16 x 16 f16 fragment: A's (left, rows m) or B's
-    (right, columns n) at outer offset ``outer`` and k step ``kk`` of the current buffer."""
-    f = COOP_FRAGMENT
-    kind, tile, base, slots = (("left", "Ah", "ab", "AS") if name == "a" else ("right", "Bh", "bb", "BS"))
-    if _coop_layout(fetch) == "k-major":
-        offset, along_k = f"{base} + {kk * f}u * {slots} + {outer}", name == "a"
-    else:
-        offset, along_k = f"{base} + ({outer}) * {slots} + {kk * f}u", name == "b"
-    return (f"subgroupMatrixLoad<subgroup_matrix_{kind}<f16, {f}, {f}>>(&{tile}, {offset}, "
-            f"{'true' if along_k else 'false'}, {slots})")
-
-
-def _coop_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=None, lets=(),
-               edges=(None, None), scaled=(False, False)) -> dict:
-    """matmul_tiled.wgsl's generated parts for a ``COOP`` preset: the operands are fetched
-    as for the f32 kernel (``_fetch_operand``), rounded to f16 into tiles laid out along
-    their fetch (``_coop_layout``), and each subgroup multiplies its fragments with
-    subgroupMatrixMultiplyAccumulate (each fragment loaded column- or row-major to
-    match its tile). The accumulators leave one fragment at a time through the
-    subgroup's 16 x 16 f32 scratch, each lane passing its share to store4() 4 columns at
-    a time (epilogue, bounds); past the preset's ``scratch`` subgroups, they take turns
-    with the scratch.
-    ``edges``: how A's and B's fetches meet their bounds (``_fetch_operand``; None: only
-    edge tiles check each element). ``scaled``: which operands are scaled by
-    a power of two into f16's range first (``_coop_scales``; gradients), the results
-    scaled back in f32."""
-    c = COOP[preset]
-    f = COOP_FRAGMENT
-    fm, fn = c.bm // c.wm // f, c.bn // c.wn // f
-    frags = [(i, j) for i in range(fm) for j in range(fn)]
-    decl = [f"    var acc{i}_{j} = subgroup_matrix_result<f32, {f}, {f}>();" for i, j in frags]
-    decl += [f"    let wrow = sg / {c.wn}u * {c.bm // c.wm}u;", f"    let wcol = sg % {c.wn}u * {c.bn // c.wn}u;"]
-    comp = []
-    for kk in range(c.bk // f):
-        comp += [f"        let l{kk}_{i} = {_coop_fragment('a', fetch_a, f'wrow + {i * f}u', kk)};" for i in range(fm)]
-        comp += [f"        let r{kk}_{j} = {_coop_fragment('b', fetch_b, f'wcol + {j * f}u', kk)};" for j in range(fn)]
-        comp += [f"        acc{i}_{j} = subgroupMatrixMultiplyAccumulate(l{kk}_{i}, r{kk}_{j}, acc{i}_{j});"
-                 for i, j in frags]
-    edges = [mode or "tiles" for mode in edges]
-    ca, da, la, ra = _fetch_operand("a", fetch_a, c.bm, c.bk, gather_a, c.threads, edges[0])
-    cb, db, lb, rb = _fetch_operand("b", fetch_b, c.bn, c.bk, gather_b, c.threads, edges[1])
-    picked = [n for n, on in zip("ab", scaled) if on]
-    scales = (_coop_scales(picked, [f"acc{i}_{j}" for i, j in frags], c.threads // 32) if picked
-              else dict(KEPT_SCALES="", ATTEMPT_BEGIN="", ATTEMPT_END="", back=""))
-    back = f" * exp2({scales.pop('back')})" if picked else ""
-    subgroups = c.threads // 32
-    scratch, rounds = min(subgroups, c.scratch), -(-subgroups // c.scratch)
-    store = []
-    for (i, j), turn in ((frag, turn) for frag in frags for turn in range(rounds)):
-        mine = f"if (sg / {scratch}u == {turn}u) " if rounds > 1 else ""
-        at = f"sg % {scratch}u * {f * f}u" if rounds > 1 else f"sg * {f * f}u"
-        store += [f"    {mine}{{ subgroupMatrixStore(&Cs, {at}, acc{i}_{j}, false, {f}u); }}",
-                  "    workgroupBarrier();",
-                  f"    {mine}{{ for (var q = lane; q < {f * f // 4}u; q = q + sg_size) {{",
-                  f"        let o = {at} + q * 4u;",
-                  f"        store4(b, wg.z, row0 + wrow + {i * f}u + q / {f // 4}u, col0 + wcol + {j * f}u + q % {f // 4}u * 4u,"
-                  f" vec4<f32>(Cs[o], Cs[o + 1u], Cs[o + 2u], Cs[o + 3u]){back});",
-                  "    } }",
-                  "    workgroupBarrier();"]
-    # f16 slots per row of each tile, padded by 8 against bank conflicts (rows stay 16-byte aligned)
-    (a_slots, a_buf), (b_slots, b_buf) = (_coop_tile(fetch, tile, c.bk) for fetch, tile in ((fetch_a, c.bm),
-                                                                                           (fetch_b, c.bn)))
-    smem = (f"var<workgroup> Ah: array<f16, {c.buffers * a_buf}>;\n"
-            f"var<workgroup> Bh: array<f16, {c.buffers * b_buf}>;\n"
-            f"var<workgroup> Cs: array<f32, {scratch * f * f}>;")
-    one = c.buffers == 1   # buffer 1 is buffer 0: the products must be done before the next step is stored
-    args = (",\n        @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32,"
-            " @builtin(subgroup_size) sg_size: u32")
-    # subgroups take turns with the scratch: a branch on subgroup_id, uniform in each subgroup only
-    main_attrs = " @diagnostic(off, chromium.subgroup_matrix_uniformity)" if rounds > 1 else ""
-    return dict(BM=c.bm, BN=c.bn, BK=c.bk, TM=f, TN=f, AS=a_slots, BS=b_slots, ABUF=0 if one else a_buf,
-                BBUF=0 if one else b_buf, RESTAGE="        workgroupBarrier();" if one else "", THREADS=c.threads,
-                SMEM=smem, ARGS=args, MAIN_ATTRS=main_attrs, THREAD_XY="", STATE=bool(picked),
-                **scales,
-                ENABLES=COOP_ENABLES + (("subgroups",) if picked else ()),
-                ACC_DECL="\n".join(decl), COMPUTE="\n".join(comp), STORE_OUT="\n".join(store),
-                LOAD_DECL="\n".join([*lets, *ca, *cb, *da, *db]), LOAD="\n".join(la + lb),
-                STORE="\n".join(_store_coop("a", fetch_a, ra, "scale_a" if scaled[0] else "")
-                                + _store_coop("b", fetch_b, rb, "scale_b" if scaled[1] else "")))
-
-
-def _coop_tile(fetch: str, tile: int, bk: int) -> tuple[int, int]:
-    """(f16 slots a row, f16 elements a buffer) of one operand's tile."""
-    slots = (tile if _coop_layout(fetch) == "k-major" else bk) + 8
-    return slots, slots * (bk if _coop_layout(fetch) == "k-major" else tile)
-
-
-def coop_workgroup_bytes(preset: str) -> int:
-    """Workgroup memory of a cooperative kernel at most (the larger tile layout): the f16
-    buffers of each operand tile and the subgroups' f32 scratch."""
-    c = COOP[preset]
-    buf = lambda tile: max(_coop_tile(fetch, tile, c.bk)[1] for fetch in ("outer-vec4", "k-vec4"))
-    return 2 * c.buffers * (buf(c.bm) + buf(c.bn)) + 4 * min(c.threads // 32, c.scratch) * COOP_FRAGMENT ** 2
-
 
 def _tile_subs(variant: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=None, lets=(),
                mnk=(0, 0, 0), scaled=(False, False)) -> dict:
