@@ -410,8 +410,8 @@ def audio_align_smoke(overrides, steps, timer, columns) -> list[dict]:
 
 def torch_train(name, model, params, inputs, timer, warmup=2, variant=EAGER_FP32):
     """(the training step in ``variant`` from fresh weights and optimizer, warmed up: a
-    function returning the loss, read back; and the peak CUDA bytes of the warm-up and
-    first timed steps so far, a function, or None without CUDA)."""
+    function returning the loss, read back; ``torch.cuda.max_memory_allocated``, its
+    peak reset before the warm-up, or None without CUDA)."""
     frozen = {"model.encoder.embed_positions.weight"} if name == "whisper-tiny" else set()
     w = torch_models.to_torch(model.to_file_layout(params), timer.device, frozen)
     x = {k: torch.tensor(v, device=timer.device) for k, v in inputs.items()}

@@ -62,7 +62,7 @@ fn store(b: u32, z: u32, row: u32, col: u32, acc: f32) {
 {{STORE_ONE}}
 }
 
-// Results (row, col .. col + 3): one vec4 write where `out` is vec4s (OUT_VEC4), else four store()s.
+// Results (row, col .. col + 3): one vec4 write where `out` is bound as vec4s, else four store()s.
 fn store4(b: u32, z: u32, row: u32, col: u32, acc: vec4<f32>) {
 {{STORE_FOUR}}
 }
