@@ -27,6 +27,12 @@
 // the operand's true range as it goes, and runs once more where that scale was not the
 // one the range asks for (codegen's _coop_scales).
 // Strides, transposes, batch broadcasting and epilogue as in matmul.wgsl (same meta).
+// Sums (SUMS_*; a weight gradient's product beside its bias gradient, which reads the same
+// operand): each thread also adds up the registers it fetches of one operand (where it
+// stores them, so that the adds wait for no load the stores did not already), and the
+// workgroups of the first tile column (A's rows) or row (B's columns) add the threads'
+// sums into that operand's sums over their K range, written to `sums_out` (or after all
+// the slices' results in the partials, for the finish to add).
 // OUT_AT: where result (z, row, col) goes, (z * M + row) * N + col unless codegen maps
 // the columns elsewhere (a strided convolution's input gradient; never split).
 // meta: [M, N, K, nbatch, eps, batch_shape[BR], per operand: batch_strides[BR], s_row, s_col]
@@ -92,12 +98,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 {{ACC_DECL}}
 {{KEPT_SCALES}}
 {{ATTEMPT_BEGIN}}
+{{SUMS_RESET}}
     var kb = kbeg;
     if (kbeg < kend) {   // a split's last slice may be empty: fetch nothing past K
 {{LOAD}}
     }
     var buf = 0u;
 {{STORE}}
+{{SUMS_ADD}}
     workgroupBarrier();
     for (var k0 = kbeg; k0 < kend; k0 = k0 + BK) {
         kb = k0 + BK;
@@ -112,9 +120,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         if (more) {
             buf = buf ^ 1u;
 {{STORE}}
+{{SUMS_ADD}}
         }
         workgroupBarrier();
     }
 {{ATTEMPT_END}}
+{{SUMS_OUT}}
 {{STORE_OUT}}
 }

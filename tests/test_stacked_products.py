@@ -75,9 +75,9 @@ def test_whisper_training_stacks_each_layers_projections_and_keeps_its_values():
     assert len(stacks) == 4 and all(n.shape[-1] == 384 for n in stacks)   # q, k and v of 4 layers
     plain, _ = differentiate(optimize(model.build(train=True))[0], "loss")
     plain = reuse_preactivations(share_attention_statistics(optimize(plain)[0])[0])[0]
-    # and the backward's sums of their input gradients and their 12 weight gradients (k has
-    # no bias: q's and v's bias gradients stay two sums)
-    assert stack_products(plain)[1] == 36
+    # and the backward's sums of their input gradients, their 12 weight gradients and q's
+    # and v's bias gradients (one sum of the three gradients side by side; k has no bias)
+    assert stack_products(plain)[1] == 44
     sums = [n for n in train.nodes if n.op == "matmul" and train[n.inputs[0]].op == "concat"]
     assert len(sums) == 4 and all(train[n.inputs[0]].shape[-1] == 3 * 384 and n.shape[-1] == 384 for n in sums)
     weights = [n for n in train.nodes if n.op == "matmul" and n.shape == (3 * 384, 384)]
@@ -89,7 +89,10 @@ def test_whisper_training_stacks_each_layers_projections_and_keeps_its_values():
         assert all(i in terminal or train[i].op in ("reshape", "part") for i in between), [train[i] for i in between]
         assert train[train[dw.inputs[0]].inputs[0]].id == dx.inputs[0]
     assert sum(n.op == "transpose" and n.shape == (3, 384, 384) for n in train.nodes) == 4   # weights [in, out]
-    assert not any(n.op == "sum_to" and n.shape == (3 * 384,) for n in train.nodes)
+    bias_sums = [n for n in train.nodes if n.op == "sum_to" and n.shape == (3 * 384,)]
+    assert len(bias_sums) == 4 and all(train[n.inputs[0]].op == "concat" for n in bias_sums)
+    assert sorted(n.attrs["offset"] for n in train.nodes if n.op == "part" and n.inputs[0] in
+                  {b.id for b in bias_sums}) == [0, 0, 0, 0, 768, 768, 768, 768]   # q's and v's
     params = {k: v.astype(np.float64) for k, v in model.init_params(0).items()}
     inputs = model.example_inputs(train=True)
     want, got = reference.run(plain, inputs, params, np.float64), reference.run(train, inputs, params, np.float64)
@@ -165,7 +168,7 @@ def test_cli_optimize_reports_the_graph_passes(capsys):
     assert main(["optimize", "whisper-tiny", "--set", "mel_len=64", "--set", "batch=8", "--train", "--json"]) == 0
     passes = json.loads(capsys.readouterr().out)["passes"]
     assert passes["applied"] == {"attention_stats": 4, "preactivation": 4, "norm_residual": 8,
-                                 "stacked_products": 36, "activation_grad": 4, "outputs_early": 101}
+                                 "stacked_products": 44, "activation_grad": 4, "outputs_early": 97}
     assert passes["dispatches_after"] > 0
     assert main(["optimize", "whisper-tiny", "--set", "mel_len=64", "--set", "batch=8"]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("stacked_products (pass)"))

@@ -112,6 +112,9 @@ class Kernel:
     # u32 words the kernel keeps from one step to the next in a buffer of its own (its
     # last binding, after the output): a cooperative product's guesses of its scales
     state_words: int = 0
+    # "a" or "b": the kernel also adds up that operand's rows (columns) into a binding
+    # after its output (the finish's, where split): engine/codegen/product_sums.py
+    sums: str = ""
 
 
 # ---------------------------------------------------------------- helpers

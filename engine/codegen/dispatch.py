@@ -63,8 +63,10 @@ def unsupported_ops() -> list[str]:
     return sorted(n for n, d in OPS.items() if n not in _BUILDERS and d.archetype not in ("source", "view"))
 
 
-def kernel_for(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
-    """The kernel that runs ``node`` (one dispatch) on a device with ``caps``."""
+def kernel_for(graph: Graph, node: Node, caps: Capabilities = PLAIN, sums: str = "") -> Kernel:
+    """The kernel that runs ``node`` (one dispatch) on a device with ``caps``; ``sums``
+    ("a" or "b", a plain product only): it also adds up that operand's rows (columns)
+    where it can (``Kernel.sums`` says; engine/codegen/product_sums.py)."""
     builder = _BUILDERS.get(node.op)
     if builder is None:
         raise UnsupportedOpError(
@@ -75,6 +77,10 @@ def kernel_for(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
             if op not in POINTWISE_OPS:
                 raise UnsupportedOpError(f"no GPU kernel for op {op!r} inside the pointwise program "
                                          f"of {graph.format_node(node)} yet")
+    if sums:
+        if node.op != "matmul":
+            raise UnsupportedOpError(f"only a plain product adds up an operand, not {graph.format_node(node)}")
+        return builder(graph, node, caps, sums=sums)
     return builder(graph, node, caps)
 
 

@@ -17,6 +17,7 @@ from ..graph.ops import GRADIENT_OF, norm_matmuls_layout
 from .common import (MAX_WORKGROUPS, PLAIN, TILE, WG, Capabilities, Kernel, UnsupportedOpError, _finish, _render,
                      _thread_xy, contiguous_strides, f32_bits, forward_nodes, grid_1d)
 from .matmul_coop import COOP, COOP_FRAGMENT, _coop_subs, _residual_init, coop_workgroup_bytes
+from .product_sums import NO_SUMS, sums_binding, sums_finish, sums_fit, sums_subs
 from .tile_operands import _fetch_operand, _store_tiled, operand_fetch
 from .pointwise import ACTIVATION_EXPR, _expr
 from .tuning import Tuning
@@ -51,7 +52,9 @@ def _fold_batch(out, a_shape, b_shape, extra_shapes):
     return (rows, n_), (rows, a_shape[-1]), pad(b_shape)[-2:], folded
 
 
-def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN, sums: str = "") -> Kernel:
+    """The kernel of a product node; ``sums`` ("a" or "b", product_sums.py): it also adds
+    up that operand's rows (columns), where its tiled kernel can (``Kernel.sums`` says)."""
     a, b = graph[node.inputs[0]], graph[node.inputs[1]]
     attrs = node.attrs
     ta, tb = attrs.get("transpose_a", False), attrs.get("transpose_b", False)
@@ -164,8 +167,26 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     # an activation's gradient there (erfc and a load an element) made whisper-tiny's f16
     # step 0.8 ms slower than the same in a second dispatch, which runs at the bandwidth.
     apart = variant in COOP and attrs.get("gradient_of", "none") != "none"
+    adds = _sums_plan(sums, variant, fetch_a, fetch_b, m_, n_) if nbatch <= 1 and not norm else None
     return _tiled_kernel(f"matmul:{node.op}", "matmul", names, types, meta, (gx, gy, max(nbatch, 1)), k_, note,
-                         common, subs, caps, extras=len(extras), epilogue_apart=apart)
+                         common, subs, caps, extras=len(extras), epilogue_apart=apart, sums=adds)
+
+
+def _sums_plan(sums: str, variant: str, fetch_a: str, fetch_b: str, m_: int, n_: int) -> dict | None:
+    """What ``sums_subs`` needs to add up operand ``sums`` in ``variant``'s kernel, or
+    None where it cannot (``sums_fit``, or a reduction scratch too small)."""
+    if not sums:
+        return None
+    (bm, bn), coop = _tile_of(variant), variant in COOP
+    bk, threads = (COOP[variant].bk, COOP[variant].threads) if coop else (TILED[variant].bk, TILED[variant].threads)
+    tile, fetch, extent = (bm, fetch_a, m_) if sums == "a" else (bn, fetch_b, n_)
+    scratch = (4 * min(threads // 32, COOP[variant].scratch) * COOP_FRAGMENT ** 2 if coop
+               else 4 * 2 * bk * (tile // 4 + 1))   # floats of Cs, or of the f32 kernel's As / Bs
+    if not sums_fit(sums, fetch, tile, threads, extent) or scratch < 4 * threads:
+        return None
+    count = tile * bk // threads // 4
+    return dict(operand=sums, registers=[f"{sums}r{i}" for i in range(count)], tile=tile, threads=threads,
+                scratch="f32" if coop else "vec4")
 
 
 VECTOR_ROWS = 8        # outputs of at most this many rows take the vector kernel
@@ -355,13 +376,15 @@ STORE_SCALAR = dict(STORE_ONE="    out[at] = epilogue(b, row, col, acc);",
 
 
 def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, subs, caps: Capabilities,
-                  extras=0, epilogue_apart=False) -> Kernel:
+                  extras=0, epilogue_apart=False, sums: dict | None = None) -> Kernel:
     """A matmul_tiled.wgsl kernel over ``grid`` (column tiles, row tiles, batch); where
     its tiles are too few to fill the GPU (``matmul_splits``), the first stage of a split-K
     node: its K slices write raw sums to partials (the epilogue left out) and a second
     dispatch (matmul_splits.wgsl; bindings: the partials, the last ``extras`` operands,
     the output) adds them and applies the epilogue. ``epilogue_apart``: that second
-    dispatch applies the epilogue even where K is not split."""
+    dispatch applies the epilogue even where K is not split. ``sums`` (``_sums_plan``):
+    it also adds up an operand, into a binding after the output (or the state), or
+    where split, after the slices' results for the finish to add into one after its output."""
     subs = dict(subs)
     enables = subs.pop("ENABLES", ())
     state = subs.pop("STATE", False)
@@ -374,24 +397,40 @@ def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, s
     if residual is not None and not apart:   # split-K's slices write raw sums: the finish adds the residual
         first = dict(first, EPILOGUE=first["EPILOGUE"].replace(residual["line"], residual["guarded"]))
         subs.update(ACC_DECL=subs["ACC_DECL"] + "\n" + residual["init"], SMEM=subs["SMEM"] + "\n" + residual["decl"])
-    if state:   # _coop_scales' guesses, a binding after the output
-        subs["SMEM"] += (f"\n@group(0) @binding({len(names) + 2}) "
-                         "var<storage, read_write> scale_state: array<u32>;")
     vec4 = "OUT_AT" not in common and meta[1] % 4 == 0
+    own_sums = sums is not None and not apart   # the first stage writes the sums' binding itself
+    if sums is not None:
+        parts = sums_subs(sums["operand"], sums["registers"], sums["tile"], sums["threads"], sums["scratch"],
+                          apart, vec4)
+        subs["ACC_DECL"] += "\n" + parts.pop("SUMS_DECL")
+        subs.update(parts)
+        if own_sums:
+            subs["SMEM"] += "\n" + sums_binding(len(names) + 2)
+    if state:   # _coop_scales' guesses, a binding after the output (and the sums)
+        subs["SMEM"] += (f"\n@group(0) @binding({len(names) + 2 + own_sums}) "
+                         "var<storage, read_write> scale_state: array<u32>;")
     k = _finish(name, archetype, "matmul_tiled.wgsl", names, types, "vec4<f32>" if vec4 else "f32", meta,
                 (grid[0], grid[1], grid[2] * splits), enables=enables,
-                **{"THREAD_XY": _thread_xy("rows", caps.knobs), "OUT_AT": OUT_AT, **first, **subs,
+                **{"THREAD_XY": _thread_xy("rows", caps.knobs), "OUT_AT": OUT_AT, **NO_SUMS, **first, **subs,
                    **(STORE_VEC4 if vec4 else STORE_SCALAR)})
     k.notes["variant"] = note
     k.guarded = True
     k.state_words = 2 * grid[0] * grid[1] * grid[2] * splits if state else 0
+    k.sums = sums["operand"] if sums is not None else ""
+    if sums is not None:
+        k.notes["variant"] += ", adds up A's rows" if k.sums == "a" else ", adds up B's columns"
     if apart:
         total = meta[0] * meta[1] * grid[2]
-        k.partials = splits * total
+        summed = 0 if sums is None else meta[0 if sums["operand"] == "a" else 1]
+        k.partials = splits * (total + summed)
         operands = len(names) - extras
-        k.finish = _finish(f"{name}:splits", archetype, "matmul_splits.wgsl", ["partials", *names[operands:]],
-                           ["f32"] * (1 + extras), "f32", [*meta, splits], grid_1d(-(-total // WG)),
-                           SPLITS_WORD=len(meta), **common)
+        finish_names = ["partials", *names[operands:]]
+        finish_sums = (dict(SUMS_FINISH=sums_finish(sums["operand"]),
+                            SUMS_BINDING=sums_binding(len(finish_names) + 2)) if sums is not None
+                       else dict(SUMS_FINISH="", SUMS_BINDING=""))
+        k.finish = _finish(f"{name}:splits", archetype, "matmul_splits.wgsl", finish_names,
+                           ["f32"] * (1 + extras), "f32", [*meta, splits], grid_1d(-(-(total + summed) // WG)),
+                           SPLITS_WORD=len(meta), **common, **finish_sums)
         k.finish.guarded = True
         k.finish_operands = tuple(range(operands, len(names)))
         k.notes["variant"] += f", K split {splits} ways" if splits > 1 else ", epilogue in a second dispatch"

@@ -528,6 +528,9 @@ def _schedule_graph(b: _PlanBuilder, pinned_roots: set[int], overlap: bool = Fal
     g, root = b.graph, b.root
     live = g.live_nodes() | set(g.inputs.values()) | set(g.parameters.values())
     order = [n for n in g.nodes if n.id in live and OPS[n.op].archetype not in (SOURCE, VIEW)]
+    summed = _products_with_sums(b, order)
+    beside = {s for s, _, _ in summed.values()}
+    order = [n for n in order if n.id not in beside]
     last_use: dict[int, int] = {}
     for step, n in enumerate(order):
         for i in n.inputs:
@@ -536,11 +539,12 @@ def _schedule_graph(b: _PlanBuilder, pinned_roots: set[int], overlap: bool = Fal
     without_reuse = 0
     for step, n in enumerate(order):
         fresh = overlap and step > 0 and root[order[step - 1].id] not in {root[i] for i in n.inputs}
-        if root[n.id] not in b.storage:
-            size = _aligned(n.nbytes)
-            without_reuse += size
-            b.place(n.id, _pooled_buffer(b, free, size, fresh))
-        _dispatch_node(b, n, free, fresh)
+        for m in [n] + ([g[summed[n.id][0]]] if n.id in summed else []):
+            if root[m.id] not in b.storage:
+                size = _aligned(m.nbytes)
+                without_reuse += size
+                b.place(m.id, _pooled_buffer(b, free, size, fresh))
+        _dispatch_node(b, n, free, fresh, summed.get(n.id))
         for r in {root[i] for i in n.inputs}:   # two views of one storage (parts of a packed result) free it once
             if r not in pinned_roots and last_use.get(r) == step and r in b.storage:
                 free.append(b.storage[r][0])
@@ -567,12 +571,15 @@ def _pooled_buffer(b: _PlanBuilder, free: list[int], size: int, fresh: bool = Fa
     return best
 
 
-def _dispatch_node(b: _PlanBuilder, n, free: list[int], fresh: bool = False) -> None:
+def _dispatch_node(b: _PlanBuilder, n, free: list[int], fresh: bool = False, sums=None) -> None:
     """The dispatch that computes node ``n``; for a kernel with a finishing stage (a
     reduction or an attention split over many workgroups), two: into a scratch buffer
     from the pool (a new one if ``fresh``), then from it (the scratch goes back to the
-    pool)."""
-    kernel = codegen.kernel_for(b.graph, n, b.caps)
+    pool). ``sums`` (``_products_with_sums``): the node whose value n's kernel also
+    computes, and that kernel; its binding follows the output."""
+    kernel = codegen.kernel_for(b.graph, n, b.caps) if sums is None else sums[2]
+    beside = [] if sums is None else [b.slot_of(sums[0])]
+    nodes = [n.id] + ([] if sums is None else [sums[0]])
     operands = n.inputs[1:] if OPS[n.op].inplace else n.inputs  # an in-place op's first is its output
     name, inputs = _kernel_name(b.graph, n), [b.slot_of(i) for i in operands]
     reads = [READ] * len(inputs)
@@ -580,17 +587,61 @@ def _dispatch_node(b: _PlanBuilder, n, free: list[int], fresh: bool = False) -> 
     state = [b.whole(b.new_buffer(4 * kernel.state_words, "kernel_state", [f"{name}: f16 scales"]))
              ] if kernel.state_words else []
     if kernel.finish is None:
-        b.dispatch(kernel, name, inputs + [b.slot_of(n.id)] + state, reads + [READ_WRITE] * (1 + len(state)),
-                   n.size, nodes=[n.id])
+        outs = [b.slot_of(n.id)] + beside + state
+        b.dispatch(kernel, name, inputs + outs, reads + [READ_WRITE] * len(outs), n.size, nodes=nodes)
         return
     buffer = _pooled_buffer(b, free, _aligned(4 * kernel.partials), fresh)
     scratch = (buffer, 0, 4 * kernel.partials)
     b.dispatch(kernel, name, inputs + [scratch] + state, reads + [READ_WRITE] * (1 + len(state)), kernel.partials,
-               nodes=[n.id])
+               nodes=nodes)
     extra = [inputs[i] for i in kernel.finish_operands]
-    b.dispatch(kernel.finish, f"{name}:total", [scratch, *extra, b.slot_of(n.id)],
-               [READ] * (1 + len(extra)) + [READ_WRITE], n.size, nodes=[n.id])
+    b.dispatch(kernel.finish, f"{name}:total", [scratch, *extra, b.slot_of(n.id), *beside],
+               [READ] * (1 + len(extra)) + [READ_WRITE] * (1 + len(beside)), n.size, nodes=nodes)
     free.append(buffer)
+
+
+def _products_with_sums(b: _PlanBuilder, order: list) -> dict[int, tuple[int, str, codegen.Kernel]]:
+    """Bias gradients computed by their weight gradient's product: a ``sum_to`` of a
+    tensor over all its leading axes, where a transposed-A product (dᵀ x or xᵀ d) reads
+    that same tensor whole as an operand, and nothing reads the sum before the product
+    runs. Its kernel adds the operand up as it fetches it (engine/codegen/product_sums.py)
+    where it can. Returns product -> (sum node, operand "a" or "b", the product's kernel)."""
+    g, within = b.graph, b.within
+    position = {n.id: i for i, n in enumerate(order)}
+    users = g.users()
+
+    def value(i: int) -> int:   # the node whose value i views
+        while OPS[g[i].op].archetype == VIEW:
+            i = g[i].inputs[0]
+        return i
+
+    def first_reader(i: int) -> int:   # position of the first dispatch reading i (through views)
+        return min((first_reader(u) if OPS[g[u].op].archetype == VIEW else position.get(u, len(order))
+                    for u in users[i]), default=len(order))
+
+    whole = lambda i: within.get(i, 0) == 0 and g[i].size == g[value(i)].size   # noqa: E731
+    sums_of: dict[int, list[int]] = {}
+    for n in order:
+        x = n.inputs[0] if n.op == "sum_to" else None
+        if x is not None and n.shape == g.shape(x)[-1:] and len(g.shape(x)) >= 2 and whole(x):
+            sums_of.setdefault(value(x), []).append(n.id)
+    found: dict[int, tuple[int, str, codegen.Kernel]] = {}
+    taken: set[int] = set()
+    for p in order:
+        if p.op != "matmul" or not p.attrs["transpose_a"] or p.attrs["transpose_b"] or len(p.shape) != 2:
+            continue
+        for operand, i in zip("ab", p.inputs[:2]):
+            for s in sums_of.get(value(i), []) if whole(i) else []:
+                if s in taken or g[s].size != g.shape(i)[-1] or first_reader(s) <= position[p.id]:
+                    continue
+                kernel = codegen.kernel_for(g, p, b.caps, sums=operand)
+                if kernel.sums:
+                    found[p.id] = (s, operand, kernel)
+                    taken.add(s)
+                    break
+            if p.id in found:
+                break
+    return found
 
 
 # ---------------------------------------------------------------- the optimizer step

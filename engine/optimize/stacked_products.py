@@ -16,7 +16,9 @@ along K (270 -> 125 us in f16, plus the gradients' concat). That concat [dq | dk
 also makes the weights' gradients one product, xᵀ [dq | dk | dv] (three products over
 K = 12000 rows at batch 8, 79 us each in f16, too small for the GPU alone), whose rows
 are each weight's gradient transposed (a copy puts them back where the weights are
-[in, out]), and the biases' gradients one sum over its rows where every product has one.
+[in, out]), and the biases' gradients one sum over its rows (which the weights' product
+computes as it reads the gradients: engine/codegen/product_sums.py), even where a product
+has no bias (whisper's k projection: its columns are summed for nothing).
 The plan computes those results right where the optimizer reads the gradients.
 
 Run after ``optimize`` on inference graphs and after autodiff on training graphs (the
@@ -115,7 +117,8 @@ class ParameterGradients(NamedTuple):
     [in, out]) or, where ``outer_first``, gᵀ x (weights [out, in]); ``biases`` term index ->
     its bias's gradient, g summed over its rows. Merged, each is a part of one result,
     which the plan computes right in the gradient arena where the parts fill it exactly
-    (engine.compile.plan); so biases merge only where every product has one."""
+    (engine.compile.plan); bias parts with a gap between them (a product without one)
+    are copied there."""
 
     x: int
     weights: dict[int, int]
@@ -148,7 +151,7 @@ def _parameter_gradients(graph: Graph, groups: list[list[int]],
         width, k = graph[terms[0][0]].shape[-1], graph[x].shape[-1]
         if len(weights) != len(terms) or len(orientation) != 1 or width * k % PART_ALIGN:
             weights, orientation = {}, {False}
-        if width % PART_ALIGN or len(biases) != len(terms):   # one sum only where they fill it (k has none in whisper)
+        if width % PART_ALIGN:
             biases = {}
         found[sid] = ParameterGradients(x, weights, orientation.pop(), biases)
     return found

@@ -107,7 +107,7 @@ def _graph_dispatch(graph, d) -> DispatchInfo:
     combine, a split-K matmul's sum and epilogue) reads the first stage's partials (and
     the epilogue's operands) and does about one FLOP for each partial."""
     nodes = [graph[n] for n in d.nodes]
-    ins = [graph[i] for n in nodes for i in n.inputs]
+    ins = [graph[i] for i in dict.fromkeys(i for n in nodes for i in n.inputs)]   # a tensor two nodes read, once
     nbytes = sum(t.nbytes for t in ins) + sum(n.nbytes for n in nodes)
     flops = sum(estimate_flops(graph, n) for n in nodes)
     if d.kernel.endswith(":total"):
