@@ -178,7 +178,8 @@ def test_cli_optimize_reports_the_graph_passes(capsys):
 def test_merged_gradients_are_computed_where_the_optimizer_reads_them(configure):
     """q, k and v with biases: their weight gradients one product, their bias gradients
     one sum, each placed over the three parameters' gradient slots (side by side in the
-    arena), so the step copies none of them; an SGD step on lavapipe moves every
+    arena), so the step copies none of them, and the forward reads the three weights
+    stacked where they lie in theirs; an SGD step on lavapipe moves every
     parameter by -lr times its float64 gradient (in f32: the placement is under test)."""
     from engine.train.config import TrainConfig
     from engine.train.session import TrainingSession
@@ -194,6 +195,10 @@ def test_merged_gradients_are_computed_where_the_optimizer_reads_them(configure)
     assert sum(n.op == "matmul" and n.shape == (3 * 64, 64) for n in train.nodes) == 1
     copied = {name for d in session.plan.dispatches if d.kernel == "copy:gradient" for name in d.names}
     assert not copied & {f"grad:{p}.{w}" for p in "qkv" for w in "wb"}, copied
+    # the forward's stack of the weights is read where they lie, side by side in their arena too
+    stack = next(n for n in train.nodes if n.op == "concat" and n.shape == (3, 64, 64))
+    assert not any(stack.id in d.nodes for d in session.plan.dispatches)
+    assert session.plan.place(stack.id) == min(session.plan.place(train.parameters[f"{p}.w"]) for p in "qkv")
     _, params = feeds(g, np.random.default_rng(5))
     session.set_parameters(params)
     session.step()

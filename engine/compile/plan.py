@@ -24,6 +24,7 @@ loss copied next to it, then the updates.
 
 from __future__ import annotations
 import hashlib
+import math
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -529,7 +530,8 @@ def _schedule_graph(b: _PlanBuilder, pinned_roots: set[int], overlap: bool = Fal
     live = g.live_nodes() | set(g.inputs.values()) | set(g.parameters.values())
     order = [n for n in g.nodes if n.id in live and OPS[n.op].archetype not in (SOURCE, VIEW)]
     summed = _products_with_sums(b, order)
-    beside = {s for s, _, _ in summed.values()}
+    beside = {s for s, _, _ in summed.values()} | _concats_in_place(b, order)
+    pinned_roots = pinned_roots | beside
     order = [n for n in order if n.id not in beside]
     last_use: dict[int, int] = {}
     for step, n in enumerate(order):
@@ -598,6 +600,27 @@ def _dispatch_node(b: _PlanBuilder, n, free: list[int], fresh: bool = False, sum
     b.dispatch(kernel.finish, f"{name}:total", [scratch, *extra, b.slot_of(n.id), *beside],
                [READ] * (1 + len(extra)) + [READ_WRITE] * (1 + len(beside)), n.size, nodes=nodes)
     free.append(buffer)
+
+
+def _concats_in_place(b: _PlanBuilder, order: list) -> set[int]:
+    """Concats that need no copy: along their first axis (every axis before the joined one
+    of extent 1), of parameters whose slots lie one after the other in one arena, as a
+    group's do where their gradients are parts of one result (the stacked q/k/v weights,
+    engine.optimize.stacked_products). Each is placed over those slots; returns them."""
+    g, root, params = b.graph, b.root, set(b.graph.parameters.values())
+    found = set()
+    for n in order:
+        if n.op != "concat" or math.prod(n.shape[:n.attrs["axis"] % len(n.shape)]) != 1:
+            continue
+        slots = [b.storage.get(root[i]) if root[i] in params and g[i].size == g[root[i]].size
+                 and not b.within.get(i) else None for i in n.inputs]
+        if None in slots or len({buf for buf, _, _ in slots}) != 1:
+            continue
+        ends = [off + g[i].nbytes for (_, off, _), i in zip(slots, n.inputs)]
+        if all(end == nxt for end, (_, nxt, _) in zip(ends, slots[1:])):
+            b.place(n.id, slots[0][0], slots[0][1], n.nbytes)
+            found.add(n.id)
+    return found
 
 
 def _products_with_sums(b: _PlanBuilder, order: list) -> dict[int, tuple[int, str, codegen.Kernel]]:

@@ -79,10 +79,13 @@ def _input_gradient_sums(graph: Graph, groups: list[list[int]]) -> dict[int, lis
     """The backward's sums over a group's products of gradient @ weightᵀ, each found as
     one ``fused_matmul`` whose epilogue adds the other products (autodiff's input gradient
     of the stacked products' shared input, fused by ``optimize``): node -> [(gradient,
-    weight)] of every product in the sum, itself first."""
+    weight)] of every product in the sum, in the order the forward stacks the weights,
+    which the weights' gradients then take too: in the arena they lie as in the stack,
+    which the plan then reads in place (engine.compile.plan, ``_concats_in_place``)."""
     users, outputs = graph.users(), set(graph.outputs.values())
     weights_of = {frozenset(_weights(graph, graph[i])[0] for i in ids): graph[ids[0]].attrs["transpose_b"]
                   for ids in groups}
+    place = {_weights(graph, graph[i])[0]: j for ids in groups for j, i in enumerate(ids)}
     found = {}
     for n in graph.nodes:
         if not (n.op == "fused_matmul" and n.attrs["activation"] == n.attrs["gradient_of"] == "none"
@@ -100,7 +103,7 @@ def _input_gradient_sums(graph: Graph, groups: list[list[int]]) -> dict[int, lis
             weights = frozenset(w for _, w in terms)
             if len(weights) == len(terms) and weights_of.get(weights) == (not tb) \
                     and len({graph[x].shape for x, _ in terms}) == 1:
-                found[n.id] = terms
+                found[n.id] = sorted(terms, key=lambda term: place[term[1]])   # the forward stack's order
     return found
 
 
