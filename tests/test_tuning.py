@@ -96,8 +96,10 @@ def test_the_lean_tiles_follow_the_tuning():
     the K its workgroups run (a slice's where K is split)."""
     assert coop_variant(12000, 1536, 1, k_=384) == "c128l"
     assert coop_variant(12000, 1536, 1, Tuning(lean_k=256), k_=384) == "c128"
-    assert coop_variant(12000, 384, 1, k_=1536) == "c96"                 # not lean: the wide tile of the shape
-    assert coop_variant(12000, 384, 1, Tuning(lean_k=2048), k_=1536) == "c128l"
+    assert coop_variant(12000, 768, 1, k_=1536) == "c96"                 # not lean: the wide tile of the shape
+    assert coop_variant(12000, 768, 1, Tuning(lean_k=2048), k_=1536) == "c128l"
+    assert coop_variant(12000, 384, 1, k_=384) == "c96"                  # lean, but narrow: 128 x 96 fills better
+    assert coop_variant(12000, 384, 1, Tuning(lean_k=2048), k_=1536) == "c96"
     assert coop_variant(1024, 576, 1, k_=1536) == "c64l"                 # 3 slices of 512
     assert coop_variant(1024, 576, 1, Tuning(lean_k=511), k_=1536) == "c64"
     g = Graph("conv1 weight gradient")       # whisper's at batch 8: [384, 240] over K = 24000 in 16 slices
