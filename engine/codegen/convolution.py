@@ -120,7 +120,7 @@ def _class_dout(go, gk):
              "let ty = i32(y + cv_PH) - i32(ky);", "let tx = i32(x + cv_PW) - i32(kx);"],
             f"{go} < N && {gk} < K && {valid} && y < cv_H && x < cv_W && ty >= 0 && tx >= 0 "
             f"&& u32(ty) / cv_SH < cv_OH && u32(tx) / cv_SW < cv_OW",
-            f"db0 + (o * cv_OH + u32(ty) / cv_SH) * cv_OW + u32(tx) / cv_SW")
+            "db0 + (o * cv_OH + u32(ty) / cv_SH) * cv_OW + u32(tx) / cv_SW")
 
 
 def _class_out_at(g: dict, classes: int, nx: int) -> str:
