@@ -16,7 +16,7 @@ from ..graph.ir import Graph, Node
 from ..graph.ops import GRADIENT_OF, norm_matmuls_layout
 from .common import (MAX_WORKGROUPS, PLAIN, TILE, WG, Capabilities, Kernel, UnsupportedOpError, _finish, _render,
                      _thread_xy, contiguous_strides, f32_bits, forward_nodes, grid_1d)
-from .matmul_coop import COOP, COOP_FRAGMENT, _coop_subs, _residual_init, coop_workgroup_bytes
+from .matmul_coop import COOP, COOP_FRAGMENT, CoopPreset, _coop_subs, _residual_init, coop_workgroup_bytes
 from .product_sums import NO_SUMS, sums_binding, sums_finish, sums_fit, sums_subs
 from .tile_operands import _fetch_operand, _store_tiled, operand_fetch
 from .pointwise import ACTIVATION_EXPR, _expr
@@ -177,8 +177,8 @@ def _sums_plan(sums: str, variant: str, fetch_a: str, fetch_b: str, m_: int, n_:
     None where it cannot (``sums_fit``, or a reduction scratch too small)."""
     if not sums:
         return None
-    (bm, bn), coop = _tile_of(variant), variant in COOP
-    bk, threads = (COOP[variant].bk, COOP[variant].threads) if coop else (TILED[variant].bk, TILED[variant].threads)
+    (bm, bn), coop, preset = _tile_of(variant), variant in COOP, _preset(variant)
+    bk, threads = preset.bk, preset.threads
     tile, fetch, extent = (bm, fetch_a, m_) if sums == "a" else (bn, fetch_b, n_)
     scratch = (4 * min(threads // 32, COOP[variant].scratch) * COOP_FRAGMENT ** 2 if coop
                else 4 * 2 * bk * (tile // 4 + 1))   # floats of Cs, or of the f32 kernel's As / Bs
@@ -471,6 +471,11 @@ def split_rule(tiles: int, k: int, tuning: Tuning = Tuning()) -> int:
     return max(1, min(resident // max(tiles, 1), k // MATMUL_MIN_SLICE, MATMUL_MAX_SPLITS))
 
 
+def _preset(variant: str) -> CoopPreset | TilePreset:
+    """The preset of a tiled variant, cooperative or f32 (both name ``bk`` and ``threads``)."""
+    return COOP[variant] if variant in COOP else TILED[variant]
+
+
 def _tile_of(variant: str) -> tuple[int, int]:
     """(rows, columns) of the output tile of a matmul kernel variant."""
     if variant == "simple":
@@ -607,7 +612,7 @@ def _tile_subs(variant: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b
     an m x n x k product (which operand tiles always lie inside their operand); a
     cooperative kernel scales the ``scaled`` operands into f16's range."""
     make = _coop_subs if variant in COOP else _tiled_subs
-    (bm, bn), bk = _tile_of(variant), (COOP[variant].bk if variant in COOP else TILED[variant].bk)
+    (bm, bn), bk = _tile_of(variant), _preset(variant).bk
     m_, n_, k_ = mnk
     edges = [_edges(extent, tile, k_, bk) for extent, tile in ((m_, bm), (n_, bn))]
     return make(variant, fetch_a, fetch_b, gather_a, gather_b, lets, edges, scaled)

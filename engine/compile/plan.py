@@ -530,9 +530,9 @@ def _schedule_graph(b: _PlanBuilder, pinned_roots: set[int], overlap: bool = Fal
     live = g.live_nodes() | set(g.inputs.values()) | set(g.parameters.values())
     order = [n for n in g.nodes if n.id in live and OPS[n.op].archetype not in (SOURCE, VIEW)]
     summed = _products_with_sums(b, order)
-    beside = {s for s, _, _ in summed.values()} | _concats_in_place(b, order)
-    pinned_roots = pinned_roots | beside
-    order = [n for n in order if n.id not in beside]
+    in_place = _concats_in_place(b, order)
+    pinned_roots = pinned_roots | in_place   # they lie over parameters: never the pool's
+    order = [n for n in order if n.id not in in_place and n.id not in {s for s, _ in summed.values()}]
     last_use: dict[int, int] = {}
     for step, n in enumerate(order):
         for i in n.inputs:
@@ -579,7 +579,7 @@ def _dispatch_node(b: _PlanBuilder, n, free: list[int], fresh: bool = False, sum
     from the pool (a new one if ``fresh``), then from it (the scratch goes back to the
     pool). ``sums`` (``_products_with_sums``): the node whose value n's kernel also
     computes, and that kernel; its binding follows the output."""
-    kernel = codegen.kernel_for(b.graph, n, b.caps) if sums is None else sums[2]
+    kernel = codegen.kernel_for(b.graph, n, b.caps) if sums is None else sums[1]
     beside = [] if sums is None else [b.slot_of(sums[0])]
     nodes = [n.id] + ([] if sums is None else [sums[0]])
     operands = n.inputs[1:] if OPS[n.op].inplace else n.inputs  # an in-place op's first is its output
@@ -623,12 +623,12 @@ def _concats_in_place(b: _PlanBuilder, order: list) -> set[int]:
     return found
 
 
-def _products_with_sums(b: _PlanBuilder, order: list) -> dict[int, tuple[int, str, codegen.Kernel]]:
+def _products_with_sums(b: _PlanBuilder, order: list) -> dict[int, tuple[int, codegen.Kernel]]:
     """Bias gradients computed by their weight gradient's product: a ``sum_to`` of a
     tensor over all its leading axes, where a transposed-A product (dᵀ x or xᵀ d) reads
     that same tensor whole as an operand, and nothing reads the sum before the product
     runs. Its kernel adds the operand up as it fetches it (engine/codegen/product_sums.py)
-    where it can. Returns product -> (sum node, operand "a" or "b", the product's kernel)."""
+    where it can. Returns product -> (sum node, the product's kernel)."""
     g, within = b.graph, b.within
     position = {n.id: i for i, n in enumerate(order)}
     users = g.users()
@@ -648,7 +648,7 @@ def _products_with_sums(b: _PlanBuilder, order: list) -> dict[int, tuple[int, st
         x = n.inputs[0] if n.op == "sum_to" else None
         if x is not None and n.shape == g.shape(x)[-1:] and len(g.shape(x)) >= 2 and whole(x):
             sums_of.setdefault(value(x), []).append(n.id)
-    found: dict[int, tuple[int, str, codegen.Kernel]] = {}
+    found: dict[int, tuple[int, codegen.Kernel]] = {}
     taken: set[int] = set()
     for p in order:
         if p.op != "matmul" or not p.attrs["transpose_a"] or p.attrs["transpose_b"] or len(p.shape) != 2:
@@ -659,7 +659,7 @@ def _products_with_sums(b: _PlanBuilder, order: list) -> dict[int, tuple[int, st
                     continue
                 kernel = codegen.kernel_for(g, p, b.caps, sums=operand)
                 if kernel.sums:
-                    found[p.id] = (s, operand, kernel)
+                    found[p.id] = (s, kernel)
                     taken.add(s)
                     break
             if p.id in found:
