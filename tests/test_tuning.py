@@ -39,7 +39,7 @@ def test_tuning_fields_are_checked():
     with pytest.raises(ValueError, match="positive whole number"):
         Tuning(matmul_resident=0)
     assert set(codegen.TUNED_FIELDS) == {"matmul_resident", "attention_fill", "sum_workgroups", "lean_k",
-                                         "dq_long_stream"}
+                                         "dq_long_stream", "narrow_columns"}
     assert set(tuner.LADDERS) == set(codegen.TUNED_FIELDS)
 
 
@@ -100,6 +100,8 @@ def test_the_lean_tiles_follow_the_tuning():
     assert coop_variant(12000, 768, 1, Tuning(lean_k=2048), k_=1536) == "c128l"
     assert coop_variant(12000, 384, 1, k_=384) == "c96"                  # lean, but narrow: 128 x 96 fills better
     assert coop_variant(12000, 384, 1, Tuning(lean_k=2048), k_=1536) == "c96"
+    assert coop_variant(12000, 384, 1, Tuning(narrow_columns=1), k_=384) == "c128l"   # tuned: never over a short K
+    assert coop_variant(12000, 768, 1, Tuning(narrow_columns=768), k_=384) == "c96"
     assert coop_variant(1024, 576, 1, k_=1536) == "c64l"                 # 3 slices of 512
     assert coop_variant(1024, 576, 1, Tuning(lean_k=511), k_=1536) == "c64"
     g = Graph("conv1 weight gradient")       # whisper's at batch 8: [384, 240] over K = 24000 in 16 slices

@@ -539,24 +539,22 @@ def coop_variant(m_: int, n_: int, nbatch: int, tuning: Tuning = Tuning(), k_: i
     (a slice's) is at most ``tuning.lean_k``, else the double-buffered one, whose K loop
     has half the barriers. On the H100 (run 38) the lean tiles won at K = 384-1024 and
     lost or tied at 1536 and 4096: the default 1024. Over a short K, outputs of at most
-    ``NARROW_LEAN_COLUMNS`` columns that K does not split take 128 x 96 tiles too where
+    ``tuning.narrow_columns`` columns that K does not split take 128 x 96 tiles too where
     those fill better: whisper's out projection at batch 8 (12000 x 384 x 384) ran 46-47 us
     on the lean 128 x 128 tile and 34-36 on 128 x 96 (run 41); at 1536 columns (gpt-tiny's
-    and whisper's fc1, 1500-12000 rows) the lean 128 x 128 tile stayed 0-10% faster."""
+    and whisper's fc1, 1500-12000 rows) the lean 128 x 128 tile stayed 0-10% faster: the
+    default 384."""
     tiles = -(-m_ // 128) * -(-n_ // 128) * nbatch
     wide = tiles >= tuning.matmul_resident // 4 or fills_in_slices(tiles, k_, tuning)
     if not wide:
         tiles = -(-m_ // 64) * -(-n_ // 64) * nbatch
     splits = split_rule(tiles, k_, tuning)
     lean = k_ // splits <= tuning.lean_k
-    narrow_lean = splits == 1 and n_ <= NARROW_LEAN_COLUMNS   # run 41: whisper's out projection at batch 8
+    narrow_lean = splits == 1 and n_ <= tuning.narrow_columns   # run 41: whisper's out projection at batch 8
     if wide and (not lean or narrow_lean) and n_ % COOP["c96"].bn == 0 \
             and narrow_tiles_fill_better(m_, n_, nbatch, tuning):
         return "c96"
     return {(True, True): "c128l", (True, False): "c128", (False, True): "c64l", (False, False): "c64"}[wide, lean]
-
-
-NARROW_LEAN_COLUMNS = 384   # outputs this narrow take 128 x 96 tiles over a short K too (run 41)
 
 
 def narrow_tiles_fill_better(m_: int, n_: int, nbatch: int, tuning: Tuning = Tuning()) -> bool:

@@ -30,6 +30,8 @@ class Tuning:
     sum_workgroups: int = 128    # sum_to outputs widen their lanes, norm_param_grad chunks shrink, below this many workgroups
     lean_k: int = 1024           # K a cooperative matmul workgroup runs up to which it takes the lean tile: coop_variant
     dq_long_stream: int = 512    # keys a cooperative dq workgroup streams from which blocks of 32 win: backward_streamed
+    narrow_columns: int = 384    # columns up to which a cooperative product K does not split takes 128 x 96 tiles
+                                 # where they fill better, over a short K too: coop_variant
     source: str = "default"
 
     def __post_init__(self):

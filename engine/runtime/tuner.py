@@ -104,10 +104,14 @@ LADDERS: dict[str, tuple[tuple[int, ...], list[Workload], list[Workload]]] = {
                        [_attention_dq(8, 256, 6, 6, 64, True), _attention_dq(4, 256, 9, 3, 64, True),
                         _attention_dq(2, 512, 6, 6, 64, True), _attention_dq(1, 1500, 6, 6, 64, False)],
                        [_attention_dq(1, 64, 2, 1, 16, True)]),
+    "narrow_columns": ((1, 384, 768, 1536),
+                       [_matmul(12000, 384, 384), _matmul(12000, 768, 384), _matmul(2048, 1536, 384),
+                        _matmul(1500, 1536, 384), _matmul(2048, 384, 384)],
+                       [_matmul(192, 192, 2048, True)]),
 }
 # fields that steer cooperative-matrix kernels only: tuned with f16 precision asked for, so
 # that an adapter offering them times those kernels whatever precision the run asked for
-COOPERATIVE_FIELDS = ("lean_k", "dq_long_stream")
+COOPERATIVE_FIELDS = ("lean_k", "dq_long_stream", "narrow_columns")
 
 
 def _plan_signature(plan) -> tuple:
