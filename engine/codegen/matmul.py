@@ -16,7 +16,8 @@ from ..graph.ir import Graph, Node
 from ..graph.ops import GRADIENT_OF, norm_matmuls_layout
 from .common import (MAX_WORKGROUPS, PLAIN, TILE, WG, Capabilities, Kernel, UnsupportedOpError, _finish, _render,
                      _thread_xy, contiguous_strides, f32_bits, forward_nodes, grid_1d)
-from .matmul_coop import COOP, COOP_FRAGMENT, CoopPreset, _coop_subs, _residual_init, coop_workgroup_bytes
+from .matmul_coop import (COOP, COOP_FRAGMENT, CoopPreset, _coop_subs, _residual_init, coop_scratch_floats,
+                          coop_workgroup_bytes)
 from .product_sums import NO_SUMS, sums_binding, sums_finish, sums_fit, sums_subs
 from .tile_operands import _fetch_operand, _store_tiled, operand_fetch
 from .pointwise import ACTIVATION_EXPR, _expr
@@ -180,9 +181,8 @@ def _sums_plan(sums: str, variant: str, fetch_a: str, fetch_b: str, m_: int, n_:
     (bm, bn), coop, preset = _tile_of(variant), variant in COOP, _preset(variant)
     bk, threads = preset.bk, preset.threads
     tile, fetch, extent = (bm, fetch_a, m_) if sums == "a" else (bn, fetch_b, n_)
-    scratch = (4 * min(threads // 32, COOP[variant].scratch) * COOP_FRAGMENT ** 2 if coop
-               else 4 * 2 * bk * (tile // 4 + 1))   # floats of Cs, or of the f32 kernel's As / Bs
-    if not sums_fit(sums, fetch, tile, threads, extent) or scratch < 4 * threads:
+    scratch = coop_scratch_floats(variant) if coop else 4 * 2 * bk * (tile // 4 + 1)   # floats of Cs, or of As / Bs
+    if not sums_fit(sums, fetch, tile, threads, extent) or scratch < 4 * threads:   # 4 floats a thread
         return None
     count = tile * bk // threads // 4
     return dict(operand=sums, registers=[f"{sums}r{i}" for i in range(count)], tile=tile, threads=threads,

@@ -255,9 +255,16 @@ def _coop_tile(fetch: str, tile: int, bk: int) -> tuple[int, int]:
     return slots, slots * (bk if _coop_layout(fetch) == "k-major" else tile)
 
 
+def coop_scratch_floats(preset: str) -> int:
+    """Floats of a cooperative kernel's results scratch (``Cs``): a fragment for each of
+    the subgroups that use it at once."""
+    c = COOP[preset]
+    return min(c.threads // 32, c.scratch) * COOP_FRAGMENT ** 2
+
+
 def coop_workgroup_bytes(preset: str) -> int:
     """Workgroup memory of a cooperative kernel at most (the larger tile layout): the f16
     buffers of each operand tile and the subgroups' f32 scratch."""
     c = COOP[preset]
     buf = lambda tile: max(_coop_tile(fetch, tile, c.bk)[1] for fetch in ("outer-vec4", "k-vec4"))
-    return 2 * c.buffers * (buf(c.bm) + buf(c.bn)) + 4 * min(c.threads // 32, c.scratch) * COOP_FRAGMENT ** 2
+    return 2 * c.buffers * (buf(c.bm) + buf(c.bn)) + 4 * coop_scratch_floats(preset)

@@ -41,11 +41,10 @@ def sums_subs(operand: str, registers: list[str], tile: int, threads: int, scrat
     origin, extent = ("row0", "M") if operand == "a" else ("col0", "N")
     tile_name = "As" if operand == "a" else "Bs"
     if scratch == "vec4":
-        put, get = f"{tile_name}[tid] = sums;", f"{tile_name}[r * {width}u + tid]"
+        put, add = f"{tile_name}[tid] = sums;", f"v = v + {tile_name}[r * {width}u + tid];"
     else:
         put = "let o = tid * 4u; Cs[o] = sums.x; Cs[o + 1u] = sums.y; Cs[o + 2u] = sums.z; Cs[o + 3u] = sums.w;"
-        get = f"vec4<f32>(Cs[(r * {width}u + tid) * 4u], Cs[(r * {width}u + tid) * 4u + 1u], " \
-              f"Cs[(r * {width}u + tid) * 4u + 2u], Cs[(r * {width}u + tid) * 4u + 3u])"
+        add = f"let o = (r * {width}u + tid) * 4u; v = v + vec4<f32>(Cs[o], Cs[o + 1u], Cs[o + 2u], Cs[o + 3u]);"
     if split:   # after the nwg.z slices' M x N results, slice `part`'s sums
         at = f"nwg.z * M * N + part * {extent} + at"
         write = f"out[({at}) / 4u] = v;" if out_vec4 else \
@@ -58,7 +57,7 @@ def sums_subs(operand: str, registers: list[str], tile: int, threads: int, scrat
         "    workgroupBarrier();",
         f"    if ({mine} && tid < {width}u) {{",
         "        var v = vec4<f32>(0.0);",
-        f"        for (var r = 0u; r < {rows}u; r = r + 1u) {{ v = v + {get}; }}",
+        f"        for (var r = 0u; r < {rows}u; r = r + 1u) {{ {add} }}",
         f"        let at = {origin} + tid * 4u;",
         f"        if (at < {extent}) {{ {write} }}",
         "    }",
@@ -68,7 +67,7 @@ def sums_subs(operand: str, registers: list[str], tile: int, threads: int, scrat
                 SUMS_ADD=f"        sums = sums + {' + '.join(registers)};", SUMS_OUT="\n".join(out))
 
 
-NO_SUMS = dict(SUMS_RESET="", SUMS_ADD="", SUMS_OUT="", SUMS_FINISH="")
+NO_SUMS = dict(SUMS_RESET="", SUMS_ADD="", SUMS_OUT="")
 
 
 def sums_binding(binding: int) -> str:

@@ -532,7 +532,8 @@ def _schedule_graph(b: _PlanBuilder, pinned_roots: set[int], overlap: bool = Fal
     summed = _products_with_sums(b, order)
     in_place = _concats_in_place(b, order)
     pinned_roots = pinned_roots | in_place   # they lie over parameters: never the pool's
-    order = [n for n in order if n.id not in in_place and n.id not in {s for s, _ in summed.values()}]
+    computed_beside = in_place | {s for s, _ in summed.values()}   # no dispatch of their own
+    order = [n for n in order if n.id not in computed_beside]
     last_use: dict[int, int] = {}
     for step, n in enumerate(order):
         for i in n.inputs:

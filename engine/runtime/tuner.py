@@ -106,7 +106,7 @@ LADDERS: dict[str, tuple[tuple[int, ...], list[Workload], list[Workload]]] = {
                        [_attention_dq(1, 64, 2, 1, 16, True)]),
     "narrow_columns": ((1, 384, 768, 1536),
                        [_matmul(12000, 384, 384), _matmul(12000, 768, 384), _matmul(2048, 1536, 384),
-                        _matmul(1500, 1536, 384), _matmul(2048, 384, 384)],
+                        _matmul(1500, 1536, 384)],
                        [_matmul(192, 192, 2048, True)]),
 }
 # fields that steer cooperative-matrix kernels only: tuned with f16 precision asked for, so
