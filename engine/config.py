@@ -38,6 +38,7 @@ class Knobs:
     attention_backward_block: int = 0  # MEGANEURA_ATTENTION_BACKWARD_BLOCK: 32 | 64 (cooperative backward)
     attention_prefetch: int = 2       # MEGANEURA_ATTENTION_PREFETCH: 0 | 1 | 2
     attention_backward: str = "auto"  # MEGANEURA_ATTENTION_BACKWARD: auto | f32 (no cooperative backward)
+    attention_dq: str = "auto"        # MEGANEURA_ATTENTION_DQ: auto | kernel (no dq as the product of dkdv's dS)
     thread_layout: str = ""           # MEGANEURA_THREAD_LAYOUT: rows | warp
     pool: bool = True                 # MEGANEURA_POOL=0: every tensor its own buffer
 
@@ -66,6 +67,7 @@ class Config:
             attention_backward_block=int(_choice(get, "ATTENTION_BACKWARD_BLOCK", ("32", "64"), "0")),
             attention_prefetch=int(_choice(get, "ATTENTION_PREFETCH", ("0", "1", "2"), "2")),
             attention_backward=_choice(get, "ATTENTION_BACKWARD", ("auto", "f32"), "auto"),
+            attention_dq=_choice(get, "ATTENTION_DQ", ("auto", "kernel"), "auto"),
             thread_layout=get("THREAD_LAYOUT") or "",
             pool=_choice(get, "POOL", ("0", "1"), "1") == "1",
         )

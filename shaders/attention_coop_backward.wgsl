@@ -35,11 +35,15 @@
 // No splits of the streamed side (the f32 kernels have them).
 // q, dout: [B, T, H*D]; k, v: [B, S, HKV*D] (D % 16 == 0, D <= 64); lse, delta: [B, T, H].
 // out: dq [B, T, H*D], or dk and dv [B, S, HKV*D] each, dv from element dv_at.
-// meta: [T, S, H, HKV, causal, scale * log2(e), scale, dv_at]; grid: (ceil(fixed / BF), heads, B)
+// dkdv with a scores binding (codegen's scores_pair) also writes each block's dS, as Ph holds
+// it (times s2), and s2 there, for attention_coop_dq.wgsl's product (meta word 8: where the
+// scales begin).
+// meta: [T, S, H, HKV, causal, scale * log2(e), scale, dv_at(, scales_at)]; grid: (ceil(fixed / BF), heads, B)
 
 {{PRELUDE}}
 
 {{BINDINGS}}
+{{SCORES_BINDING}}
 
 const MODE_DQ: u32 = 0u;
 const MODE_DKDV: u32 = 1u;
@@ -201,6 +205,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
 {{PUT_DS}}
         workgroupBarrier();
 {{GRAD}}
+{{SCORES_OUT}}
     }
     workgroupBarrier();             // the last block's Sc is read
 {{STORE}}

@@ -14,12 +14,16 @@ import dataclasses
 import numpy as np
 import pytest
 
-from engine import Graph, codegen
+from engine import Graph, codegen, models
+from engine.codegen import attention_coop_backward
+from engine.compile.cache import cached_training_graph
+from engine.compile.plan import compile_plan
 from engine.codegen import Tuning
 from engine.config import Config, ConfigError, Knobs
 from engine.graph import reference
 from engine.graph.ops import attention_grad_kv_layout
 from engine.runtime.device import device_capabilities
+from engine.runtime.dispatches import _graph_dispatch
 from engine.runtime.session import build_inference_session
 
 from test_attention_backward import attention_attrs, with_row_stats
@@ -32,9 +36,10 @@ F32_CAPS = codegen.Capabilities(subgroups=True, workgroup_storage=49152, dialect
 GRAD_OPS = ("attention_grad_q", "attention_grad_kv")
 
 
-def grad_graph(batch, t, s, heads, kv_heads, d, causal=False, scale=None):
+def grad_graph(batch, t, s, heads, kv_heads, d, causal=False, scale=None, between=False):
     """attention_grad_q and attention_grad_kv on inputs q, k, v, dout, lse, delta; outputs
-    dq and dk, dv (``part`` views of the packed result)."""
+    dq and dk, dv (``part`` views of the packed result); ``between``: and dq + dq, made
+    before attention_grad_kv."""
     attrs = attention_attrs(heads, kv_heads, causal, scale)
     g = Graph("attention-grad")
     shapes = {"q": [batch, t, heads * d], "k": [batch, s, kv_heads * d], "v": [batch, s, kv_heads * d],
@@ -42,6 +47,8 @@ def grad_graph(batch, t, s, heads, kv_heads, d, causal=False, scale=None):
     q, k, v, dout = (g.input(n, shape) for n, shape in shapes.items())
     lse, delta = g.input("lse", [batch, t, heads]), g.input("delta", [batch, t, heads])
     g.output("dq", g.apply("attention_grad_q", q, k, v, dout, lse, delta, **attrs))
+    if between:
+        g.output("dq2", g.apply("add", g.outputs["dq"], g.outputs["dq"]))
     kv = g.apply("attention_grad_kv", q, k, v, dout, lse, delta, **attrs)
     for name, at in zip(("dk", "dv"), attention_grad_kv_layout(g.shape(k))[0]):
         g.output(name, g.apply("part", kv, offset=at, shape=g.shape(k)))
@@ -112,13 +119,92 @@ TINT_CHECK = """
                 g, _ = grad_graph(1, 70, 130, 6, 2, d, causal=causal)
                 for node in [n for n in g.nodes if n.op in GRAD_OPS]:
                     check(f"blocks of {block} D={d} causal={causal}", codegen.kernel_for(g, node, caps))
+        for d in (16, 48, 64):   # dkdv writing dS, and dq as its product
+            g, _ = grad_graph(1, 70, 130, 6, 2, d)
+            kv, q = (next(n for n in g.nodes if n.op == op) for op in ("attention_grad_kv", "attention_grad_q"))
+            for kernel in codegen.scores_pair(g, kv, q, caps)[:2]:
+                check(f"scores, blocks of {block} D={d}", kernel)
 """
 
 
 def test_every_cooperative_backward_kernel_passes_tint():
     """dq and dkdv in blocks of 32 and 64 streamed rows at D = 32 and 64, grouped-query,
-    causal or not (causality is a meta word: one source each) are valid WGSL for Tint."""
-    assert tint_check(TINT_CHECK) == (8, 8)
+    causal or not (causality is a meta word: one source each), and dkdv writing dS with dq
+    as its product at D = 16, 48 and 64, are valid WGSL for Tint."""
+    assert tint_check(TINT_CHECK) == (17, 17)
+
+
+BIG_BINDINGS = dataclasses.replace(COOP_CAPS, storage_binding=1 << 31)
+
+
+def _scored_plan(caps, *shape, causal=False, between=False):
+    """grad_graph (dq before dkdv, as it builds them; ``between``: a node reading dq before
+    dkdv runs), its plan and the plan's attention dispatches."""
+    g, _ = grad_graph(*shape, causal=causal, between=between)
+    plan = compile_plan(g, None, None, caps)
+    return g, plan, [d for d in plan.dispatches if d.archetype == "attention"]
+
+
+def test_dq_is_the_product_of_the_ds_dkdv_writes_where_the_scores_fit():
+    """Where both backward kernels are cooperative, dkdv binds a pooled scratch after its
+    output (written: read-write) and dq, moved after it, binds k, that scratch (read) and
+    its output: whisper-tiny's encoder at batch 8 needs 224,649,216 bytes of scores (dS^T
+    as f16 pairs, 1,536 queries a row, then a scale for each 16 keys and 32 queries). Not
+    where the scores pass the device's largest binding (WebGPU's least: 128 MiB), under
+    ``attention_dq="kernel"``, on f32 kernels, or where something reads dq before dkdv."""
+    assert attention_coop_backward.scores_layout(8, 1500, 1500, 6) == (8 * 6 * 1500 * 192, 8 * 6 * 1500 * 192 + 8 * 6 * 94 * 48)
+    assert 16 * attention_coop_backward.scores_layout(8, 1500, 1500, 6)[1] == 224_649_216
+    g, plan, (kv, q) = _scored_plan(BIG_BINDINGS, 8, 1500, 1500, 6, 6, 64)
+    assert kv.kernel.startswith("attention_grad_kv") and kv.variant.endswith("writes dS for dq's product")
+    assert q.variant.startswith("cooperative dq as the product dS K")
+    scores = kv.bindings[-1]
+    assert (scores.size, scores.access) == (224_649_216, "read_write")
+    assert [(b.buffer, b.access) for b in q.bindings] == [(kv.bindings[1].buffer, "read"), (scores.buffer, "read"),
+                                                         (q.bindings[2].buffer, "read_write")]
+    assert plan.buffers[scores.buffer].kind == "intermediate"
+    kv_info, q_info = (_graph_dispatch(g, d) for d in (kv, q))   # the profiler's accounting
+    assert q_info.flops == 2 * 8 * 6 * 1500 * 1500 * 64                       # one product, no softmax
+    assert q_info.bytes == 18_432_000 + 224_649_216 + 18_432_000              # k, the scores, dq
+    assert kv_info.bytes == 4 * 18_432_000 + 2 * 288_000 + 36_864_000 + 224_649_216
+    for caps, shape in ((COOP_CAPS, (8, 1500, 1500, 6, 6, 64)),                       # 214 MiB > 128 MiB
+                        (dataclasses.replace(BIG_BINDINGS, knobs=Knobs(attention_dq="kernel")), (1, 130, 130, 6, 2, 64)),
+                        (F32_CAPS, (1, 130, 130, 6, 2, 64))):
+        *_, dispatches = _scored_plan(caps, *shape)
+        assert not any("dS" in d.variant.split("scaled")[-1] for d in dispatches), (caps, shape)
+    *_, dispatches = _scored_plan(BIG_BINDINGS, 1, 130, 130, 6, 2, 64, between=True)
+    assert [d.kernel.split(":")[0] for d in dispatches] == ["attention_grad_q", "attention_grad_kv"]
+    assert not any("dS K" in d.variant for d in dispatches)
+    assert Config.from_env({"MEGANEURA_ATTENTION_DQ": "kernel"}).knobs.attention_dq == "kernel"
+    with pytest.raises(ConfigError, match="MEGANEURA_ATTENTION_DQ='scores' is not one of auto, kernel"):
+        Config.from_env({"MEGANEURA_ATTENTION_DQ": "scores"})
+    *_, dispatches = _scored_plan(COOP_CAPS, 1, 130, 130, 6, 2, 64, causal=True)   # grouped, causal: taken
+    assert [d.kernel.split(":")[0] for d in dispatches] == ["attention_grad_kv", "attention_grad_q"]
+    assert dispatches[1].variant.startswith("cooperative dq as the product")
+
+
+def test_plans_know_the_largest_binding_of_their_device():
+    """device_capabilities carries the device's max_storage_buffer_binding_size, which
+    decides whether the scores fit (the H100 through Dawn: 2,147,483,644 bytes)."""
+    from engine.runtime.device import _limit, get_device
+    assert device_capabilities().storage_binding == _limit(get_device().limits, "max_storage_buffer_binding_size")
+    assert codegen.Capabilities.from_features([], storage_binding=1 << 30).storage_binding == 1 << 30
+    assert codegen.Capabilities.from_features([]).storage_binding == 1 << 27
+
+
+def test_no_dispatch_between_dkdv_and_dq_touches_their_scores():
+    """The scores' pooled buffer stays out of the pool from dkdv to dq in whisper-tiny's
+    training plan (the four encoder layers); another tensor may take it after."""
+    model = models.create("whisper-tiny", ["mel_len=256", "batch=2"])
+    train, pairs, *_ = cached_training_graph(model.build(train=True), "loss")
+    plan = compile_plan(train, dict(pairs), "loss", BIG_BINDINGS)
+    kvs = [d for d in plan.dispatches if d.variant.endswith("writes dS for dq's product")]
+    assert len(kvs) == 4
+    for kv in kvs:
+        scores = kv.bindings[-1].buffer
+        q = next(d for d in plan.dispatches[kv.index + 1:] if scores in d.reads)
+        assert q.variant.startswith("cooperative dq as the product"), q.name
+        assert q.name.split(":")[0] == kv.name.split(":")[0]
+        assert not any(scores in d.reads + d.writes for d in plan.dispatches[kv.index + 1:q.index])
 
 
 def _f16(x):
@@ -164,14 +250,16 @@ def grad_inputs(shape, magnitude, seed=0):
 BLOCKS = (32, 64)   # streamed rows a block of the cooperative kernels (backward_streamed)
 
 
-def measure(case, block=32):
+def measure(case, block=32, dq="auto"):
     """(errors of dq, dk, dv against the float64 reference, the grad kernels' variants),
-    the cooperative kernels in blocks of ``block`` streamed rows."""
+    the cooperative kernels in blocks of ``block`` streamed rows, dq as the knob
+    ``attention_dq`` says ("auto": the product of dkdv's dS, "kernel": its own kernel)."""
     shape, magnitude = CASES[case]
     g, _ = grad_graph(*shape[:6], causal=bool(shape[6]), scale=shape[7])
     inputs = grad_inputs(shape, magnitude)
     caps = device_capabilities()
-    caps = dataclasses.replace(caps, knobs=dataclasses.replace(caps.knobs, attention_backward_block=block))
+    caps = dataclasses.replace(caps, knobs=dataclasses.replace(caps.knobs, attention_backward_block=block,
+                                                               attention_dq=dq))
     s = build_inference_session(g, optimize=False, capabilities=caps)
     s.set_inputs(inputs)
     s.run()
@@ -181,23 +269,30 @@ def measure(case, block=32):
     return errors, variants, s.capabilities.matmul_f16
 
 
+@pytest.mark.parametrize("dq", ("auto", "kernel"))
 @pytest.mark.parametrize("block", BLOCKS)
 @pytest.mark.parametrize("case", CASES)
-def test_f16_backward_matches_the_reference(case, block, configure):
+def test_f16_backward_matches_the_reference(case, block, dq, configure):
     """On a device with subgroup matrices the cooperative kernels (in blocks of 32 and of
-    64 streamed rows) match the float64
+    64 streamed rows; dq as the product of the dS that dkdv writes, and as its own kernel)
+    match the float64
     reference of f16-representable q, k, v, dO to 1e-3 of each result's largest value
     (3.7e-4 at most on the H100): scores and dP are f32 sums of exact products, and
     beyond the reference they round only P (for dV) and dS to f16 (at most 2^-11
     relative), then sum in f32. dO at 1e4 or 1e-6 keeps that accuracy: it is scaled into f16's
-    range before it is rounded. Elsewhere (lavapipe) the f32 kernels run and match to
-    f32's tolerance."""
+    range before it is rounded; and dS for dq's product, rounded at each dkdv block's
+    scale, is brought to a common one for each 32 queries without overflow. Elsewhere
+    (lavapipe) the f32 kernels run and match to f32's tolerance."""
     configure(precision="f16")
-    errors, variants, cooperative = measure(case, block)
+    errors, variants, cooperative = measure(case, block, dq)
     assert len(variants) == 2, variants
     if cooperative:
-        assert all(v.startswith("cooperative backward") and f"streamed {block} at a time" in v
-                   for v in variants), variants
+        kv, q = sorted(variants, key=lambda v: "keys a workgroup" not in v)
+        assert kv.startswith("cooperative backward") and f"streamed {block} at a time" in kv, variants
+        if dq == "auto":
+            assert kv.endswith("writes dS for dq's product") and q.startswith("cooperative dq as the product"), variants
+        else:
+            assert q.startswith("cooperative backward") and "dS" not in kv.split("scaled")[1], variants
         assert all(e < 1e-3 for e in errors.values()), errors
     else:
         assert all(v.startswith("tiled backward") for v in variants), variants

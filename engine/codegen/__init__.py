@@ -12,6 +12,7 @@ workgroup counts. Imports ``engine.graph`` and ``engine.errors`` only.
 from .attention import (ATTENTION_BACKWARD, ATTENTION_MAX_SPLITS, ATTENTION_MIN_PART,
                         attention_backward_bytes, attention_backward_rows, attention_queries, attention_splits,
                         attention_variant, attention_workgroup_bytes)
+from .attention_coop_backward import scores_pair
 from .common import (MAX_WORKGROUPS, PLAIN, SUBGROUP_MATRIX_FEATURE, THREAD_LAYOUTS,
                      Capabilities, Kernel, UnsupportedOpError, forward_nodes, grid_1d, precision)
 from .dispatch import describe_paths, kernel_for, supported_ops, unsupported_ops

@@ -76,7 +76,7 @@ def attention_backward(graph: Graph, node: Node, caps: Capabilities) -> Kernel:
     return _attention_backward(graph, node, caps)
 
 
-def _subs(d: int, mode: int, streamed: int) -> dict:
+def _subs(d: int, mode: int, streamed: int, scores: bool = False) -> dict:
     """attention_coop_backward.wgsl's unrolled parts for head dim ``d``, ``mode`` (0: dq,
     1: dkdv) and blocks of ``streamed`` rows: the staging (unrolled, as the forward's: loops
     of global loads ran 2.1x slower there; the 64 fixed rows of A, then of B, go through
@@ -85,7 +85,8 @@ def _subs(d: int, mode: int, streamed: int) -> dict:
     ``streamed / 2`` rows (``key``) in the forward's rotated order. The results (dq or dk,
     and dv) accumulate in result fragments across blocks, rescaled by
     ``subgroupMatrixScalarMultiply`` where a block's scale changes: no round trip through
-    the scratch per block; at the end they leave through it two fragments at a time."""
+    the scratch per block; at the end they leave through it two fragments at a time.
+    ``scores`` (dkdv): each block's dS also goes to the scores binding (``scores_pair``)."""
     f, dk, rows = COOP_FRAGMENT, d // COOP_FRAGMENT, streamed // 2
     kv = mode == 1
     ind = " " * 8
@@ -194,29 +195,148 @@ def _subs(d: int, mode: int, streamed: int) -> dict:
                 DS="\n".join(ds),
                 PUT_DS="\n".join(f"{ind}Ph[pb + r * PS + {key(c)}] = f16(p[{c}] * s2);" for c in range(rows)),
                 GRAD="\n".join(p_frags("df") + accumulate("gf", "df", "Xh", "ratio_g")),
-                STORE="\n".join(out))
+                STORE="\n".join(out), **_scores_subs(scores, streamed))
+
+
+def _scores_subs(scores: bool, streamed: int) -> dict:
+    """The dkdv kernel's scores binding and the lines that copy a block's dS (each
+    subgroup its 16 keys, as f16 pairs, a vec4 a lane at a time) and its scale s2 there:
+    attention_coop_dq.wgsl reads them."""
+    if not scores:
+        return dict(SCORES_BINDING="", SCORES_OUT="")
+    ind = " " * 8
+    pairs = ", ".join(f"bitcast<u32>(vec2<f16>(Ph[at + {2 * i}u], Ph[at + {2 * i + 1}u]))" for i in range(4))
+    out = [f"{ind}{{   // this block's dS as Ph holds it (times s2), and s2, for attention_grad_q's product",
+           f"{ind}    let bh = b * H + sh;",
+           f"{ind}    let key0 = f0 + 16u * sg;",
+           f"{ind}    for (var e = lane; e < {16 * streamed // 8}u; e = e + 32u) {{",
+           f"{ind}        let row = e / {streamed // 8}u;",
+           f"{ind}        let at = pb + row * PS + e % {streamed // 8}u * 8u;",
+           f"{ind}        if (key0 + row < S) {{",
+           f"{ind}            scores[(bh * S + key0 + row) * ((T + 63u) / 64u * 8u) + c0 / 8u + e % {streamed // 8}u] = "
+           f"vec4<u32>({pairs});",
+           f"{ind}        }}",
+           f"{ind}    }}",
+           f"{ind}    if (lane < {streamed // 32}u && key0 < S) {{",
+           f"{ind}        scores[m(8u) + (bh * ((S + 15u) / 16u) + key0 / 16u) * ((T + 63u) / 64u * 2u) + c0 / 32u + lane] = "
+           f"vec4<u32>(bitcast<u32>(s2), 0u, 0u, 0u);",
+           f"{ind}    }}",
+           f"{ind}}}"]
+    binding = "@group(0) @binding(8) var<storage, read_write> scores: array<vec4<u32>>;"
+    return dict(SCORES_BINDING=binding, SCORES_OUT="\n".join(out))
 
 
 def coop_attention_backward(graph: Graph, node: Node, bsz, t, s, h, hkv, d, causal, scale,
-                            caps: Capabilities) -> Kernel:
+                            caps: Capabilities, scores_at: int | None = None) -> Kernel:
     """The cooperative-matrix kernel of ``node`` (attention_grad_q or attention_grad_kv;
     dims as ``_attention_dims``): a workgroup per 64 fixed rows, head and batch. Its
     streamed side is never split among workgroups: whisper-tiny's training at batch 8
-    gives 24 x 6 x 8 workgroups, enough to fill the GPU."""
+    gives 24 x 6 x 8 workgroups, enough to fill the GPU. ``scores_at`` (dkdv, from
+    ``scores_pair``): it also writes dS to a scores binding whose scales begin at that vec4."""
     mode = COOP_BACKWARD_MODES[node.op]
     fixed, heads = (t, h) if mode == 0 else (s, hkv)
     grid = _split_grid(graph, node, -(-fixed // COOP_BACKWARD_FIXED), heads, bsz, 1)
     block = backward_streamed(math.prod(grid), d, caps, dq_keys=s if mode == 0 else None)
     dv_at = attention_grad_kv_layout(graph[node.inputs[1]].shape)[0][1] if mode == 1 else 0
     meta = [t, s, h, hkv, causal, f32_bits(scale * math.log2(math.e)), f32_bits(scale), dv_at]
+    meta += [] if scores_at is None else [scores_at]
     names = ("q", "k", "v", "dout", "lse", "delta")
     types = ["f32" if n in ("lse", "delta") else "vec4<f32>" for n in names]
     kernel = _finish(node.op, "attention", "attention_coop_backward.wgsl", list(names), types, "f32", meta, grid,
-                     caps, enables=COOP_ENABLES + ("subgroups",), **_subs(d, mode, block))
+                     caps, enables=COOP_ENABLES + ("subgroups",), **_subs(d, mode, block, scores_at is not None))
     f = COOP_FRAGMENT
     fixed_rows, streamed = ("queries", "keys") if mode == 0 else ("keys", "queries")
     kernel.notes["variant"] = (f"cooperative backward: {COOP_BACKWARD_FIXED} {fixed_rows} a workgroup, {streamed} "
                                f"streamed {block} at a time, f16 {f}x{f}x{f} -> f32, "
-                               f"{COOP_BACKWARD_SUBGROUPS} subgroups, dO and dS scaled")
+                               f"{COOP_BACKWARD_SUBGROUPS} subgroups, dO and dS scaled"
+                               + ("; writes dS for dq's product" if scores_at is not None else ""))
+    kernel.guarded = True
+    return kernel
+
+
+SCORES_MAX_BYTES = 1 << 30   # the most memory the scores of one dkdv -> dq pair may take
+
+
+def scores_layout(bsz: int, t: int, s: int, h: int) -> tuple[int, int]:
+    """(the vec4 where the scales begin, vec4s in all) of the scores a dkdv kernel writes
+    for dq's product: dS^T as f16 pairs, for each batch, query head and key a row of
+    ceil(T / 64) blocks of 64 queries (8 vec4s each), then a vec4 for each 16 keys and
+    32 queries whose x is the power of two those dS were multiplied by (f32 bits)."""
+    blocks = -(-t // 64)
+    at = bsz * h * s * blocks * 8
+    return at, at + bsz * h * -(-s // 16) * blocks * 2
+
+
+def scores_pair(graph: Graph, kv: Node, q: Node, caps: Capabilities) -> tuple[Kernel, Kernel, int] | None:
+    """(kv's kernel, q's kernel, bytes of the scores between them) where dq is a product of
+    the dS that attention_grad_kv ``kv``'s cooperative kernel writes (attention_coop_dq.wgsl)
+    instead of a kernel of its own computing the scores, P and dP again: where both run on
+    cooperative matrices, on the same operands and attributes, and the scores fit the
+    device's largest binding and ``SCORES_MAX_BYTES`` (whisper-tiny at batch 8: 225 MB),
+    unless ``caps.knobs.attention_dq`` ("kernel", ``MEGANEURA_ATTENTION_DQ``) keeps the dq
+    kernel. Else None."""
+    if caps.knobs.attention_dq == "kernel" or kv.inputs != q.inputs or kv.attrs != q.attrs:
+        return None
+    dims = _attention_dims(q, graph[q.inputs[0]], graph[q.inputs[1]])
+    if not coop_backward_supported(dims[5], caps):
+        return None
+    at, total = scores_layout(*dims[:4])
+    if 16 * total > min(caps.storage_binding, SCORES_MAX_BYTES):
+        return None
+    return (coop_attention_backward(graph, kv, *dims, caps, scores_at=at),
+            coop_dq_from_scores(graph, q, *dims, at, caps), 16 * total)
+
+
+DQ_QUERIES = COOP_BACKWARD_FIXED   # queries a workgroup of the dq product, 16 a subgroup: dkdv's keys
+                                   # a workgroup, so that under causality every dS it reads was written
+DQ_KEYS = 32                       # keys a block it streams
+
+
+def coop_dq_from_scores(graph: Graph, node: Node, bsz, t, s, h, hkv, d, causal, scale, scales_at: int,
+                        caps: Capabilities) -> Kernel:
+    """attention_grad_q ``node`` as the product of dkdv's dS and K (attention_coop_dq.wgsl):
+    a workgroup per 64 queries, head and batch, streaming keys 32 at a time; bindings k,
+    the scores, dq. Run 42, whisper-tiny's step at batch 8: 128 queries a workgroup (which
+    would also need dS that dkdv skips under causality) 0.15 ms slower, blocks of 64 keys
+    1.5 ms slower."""
+    queries, keys = DQ_QUERIES, DQ_KEYS
+    f, dk, threads = COOP_FRAGMENT, d // COOP_FRAGMENT, 32 * (queries // 16)
+    ind = " " * 8
+    k_steps = [f"tid + {n * threads}u" for n in range(keys * d // 4 // threads)]
+    s_steps = [f"tid + {n * threads}u" for n in range(keys * queries // 8 // threads)]
+
+    def fetch(declare: str, k0: str) -> list[str]:
+        return ([f"{declare}kr{n} = fetch_k({e}, b, hk, {k0}, S, HKV);" for n, e in enumerate(k_steps)]
+                + [f"{declare}sr{n} = fetch_s({e}, bh, {k0}, q0, T, S); {declare}sf{n} = factor_s({e}, bh, {k0}, q0, "
+                   f"T, S, ex);" for n, e in enumerate(s_steps)])
+
+    products = [f"{ind}let a{kk} = {_fragment('left', 'Sh', f'{f * kk}u * QS + sg * 16u', True, 'QS')};"
+                for kk in range(keys // f)]
+    for n in range(dk):
+        products += [f"{ind}gf{n} = subgroupMatrixMultiplyAccumulate(a{kk}, "
+                     f"{_fragment('right', 'Kh', f'{f * kk}u * KS + {f * n}u', False, 'KS')}, gf{n});"
+                     for kk in range(keys // f)]
+    store = []
+    for n in range(dk):
+        store += [f"    subgroupMatrixStore(&Sc, sg * 256u, gf{n}, false, 16u);",
+                  "    workgroupBarrier();",
+                  "    for (var e = lane; e < 256u; e = e + 32u) {",
+                  "        let row = q0 + 16u * sg + e / 16u;",
+                  f"        if (row < T) {{ out[((b * T + row) * H + h) * D + {f * n}u + e % 16u] = Sc[sg * 256u + e] * factor; }}",
+                  "    }",
+                  "    workgroupBarrier();"]
+    grid = _split_grid(graph, node, -(-t // queries), h, bsz, 1)
+    meta = [t, s, h, hkv, causal, f32_bits(scale), scales_at]
+    kernel = _finish(node.op, "attention", "attention_coop_dq.wgsl", ["k", "scores"], ["vec4<f32>", "vec4<u32>"],
+                     "f32", meta, grid, caps, enables=COOP_ENABLES + ("subgroups",), D=d, PAD=_HALF_PAD,
+                     BQ=queries, BK=keys, THREADS=threads,
+                     PUT_TILES=put_tiles(("k", "Kh")), RESULTS="\n".join("    " + _result(f"gf{n}") for n in range(dk)),
+                     FETCH="\n".join(fetch("    var ", "0u")),
+                     PUT="\n".join([f"{ind}put_k({e}, kr{n});" for n, e in enumerate(k_steps)]
+                                   + [f"{ind}put_s({e}, sr{n}, sf{n});" for n, e in enumerate(s_steps)]),
+                     FETCH_NEXT="\n".join(ind + line.strip() for line in fetch("", "k0")),
+                     PRODUCTS="\n".join(products), STORE="\n".join(store))
+    kernel.notes["variant"] = (f"cooperative dq as the product dS K: {queries} queries a workgroup, keys streamed "
+                               f"{keys} at a time, dS from attention_grad_kv, f16 {f}x{f}x{f} -> f32")
     kernel.guarded = True
     return kernel

@@ -48,6 +48,7 @@ class Capabilities:
     subgroups: bool = False
     workgroup_storage: int = 32768   # bytes of workgroup memory a kernel may use (lavapipe: 32 KiB)
     invocations: int = 256           # threads a workgroup may have (WebGPU's least; the H100 offers 1024)
+    storage_binding: int = 1 << 27   # bytes one storage binding may span (WebGPU's least)
     dialect: str = field(default_factory=lambda: default_dialect())   # "naga" or "tint"
     matmul_f16: bool = False
     knobs: Knobs = field(default_factory=Knobs)   # choices forced for benchmarks and tests (engine.config)
@@ -56,9 +57,11 @@ class Capabilities:
     @classmethod
     def from_features(cls, features, workgroup_storage: int | None = None, dialect: str | None = None,
                       precision: str = "f32", fragments: bool = True, knobs: Knobs | None = None,
-                      tuning: Tuning | None = None, invocations: int | None = None) -> "Capabilities":
+                      tuning: Tuning | None = None, invocations: int | None = None,
+                      storage_binding: int | None = None) -> "Capabilities":
         """The capabilities a device with these wgpu feature names (this much workgroup
-        memory, default 32 KiB, and this many threads a workgroup, default 256) gives, for
+        memory, default 32 KiB, this many threads a workgroup, default 256, and bindings
+        up to this many bytes, default 128 MiB) gives, for
         kernels compiled by ``dialect``'s compiler; ``precision`` "f16" takes the
         cooperative-matrix matmul where offered and ``fragments``: the device has the
         fragments the kernels are written for (f16 x f16 -> f32, 16 x 16 x 16, on
@@ -70,7 +73,7 @@ class Capabilities:
         return cls(subgroups=bool(names & {"subgroup", "subgroups"}),
                    workgroup_storage=int(workgroup_storage or cls.workgroup_storage),
                    invocations=int(invocations or cls.invocations),
-                   dialect=dialect, matmul_f16=coop and precision == "f16", knobs=knobs or Knobs(),
+                   storage_binding=int(storage_binding or cls.storage_binding), dialect=dialect, matmul_f16=coop and precision == "f16", knobs=knobs or Knobs(),
                    tuning=tuning or Tuning())
 
 

@@ -530,6 +530,8 @@ def _schedule_graph(b: _PlanBuilder, pinned_roots: set[int], overlap: bool = Fal
     live = g.live_nodes() | set(g.inputs.values()) | set(g.parameters.values())
     order = [n for n in g.nodes if n.id in live and OPS[n.op].archetype not in (SOURCE, VIEW)]
     summed = _products_with_sums(b, order)
+    scored, order = _dq_from_scores(b, order)
+    held: dict[int, tuple[int, int, int]] = {}   # attention_grad_q -> the scores its dkdv wrote
     in_place = _concats_in_place(b, order)
     pinned_roots = pinned_roots | in_place   # they lie over parameters: never the pool's
     computed_beside = in_place | {s for s, _ in summed.values()}   # no dispatch of their own
@@ -547,7 +549,10 @@ def _schedule_graph(b: _PlanBuilder, pinned_roots: set[int], overlap: bool = Fal
                 size = _aligned(m.nbytes)
                 without_reuse += size
                 b.place(m.id, _pooled_buffer(b, free, size, fresh))
-        _dispatch_node(b, n, free, fresh, summed.get(n.id))
+        if n.id in scored:
+            _dispatch_scored(b, n, scored[n.id], free, held)
+        else:
+            _dispatch_node(b, n, free, fresh, summed.get(n.id))
         for r in {root[i] for i in n.inputs}:   # two views of one storage (parts of a packed result) free it once
             if r not in pinned_roots and last_use.get(r) == step and r in b.storage:
                 free.append(b.storage[r][0])
@@ -601,6 +606,47 @@ def _dispatch_node(b: _PlanBuilder, n, free: list[int], fresh: bool = False, sum
     b.dispatch(kernel.finish, f"{name}:total", [scratch, *extra, b.slot_of(n.id), *beside],
                [READ] * (1 + len(extra)) + [READ_WRITE] * (1 + len(beside)), n.size, nodes=nodes)
     free.append(buffer)
+
+
+def _dq_from_scores(b: _PlanBuilder, order: list) -> tuple[dict[int, tuple[int, codegen.Kernel, int]], list]:
+    """attention_grad_kv and attention_grad_q pairs of the same operands where kv's kernel
+    also writes dS and dq is a product of it (codegen's scores_pair); a dq before its kv,
+    with nothing between them reading it, moves to just after the kv. Returns each of the
+    two -> (its partner, its kernel, the scores' bytes), and the order."""
+    g = b.graph
+    found: dict[int, tuple[int, codegen.Kernel, int]] = {}
+    by_op = {op: {n.inputs: n for n in order if n.op == op} for op in ("attention_grad_kv", "attention_grad_q")}
+    for operands, kv in by_op["attention_grad_kv"].items():
+        q = by_op["attention_grad_q"].get(operands)
+        pair = None if q is None else codegen.scores_pair(g, kv, q, b.caps)
+        if pair is None:
+            continue
+        at_q, at_kv = order.index(q), order.index(kv)
+        if at_q < at_kv:
+            readers = g.live_nodes([n.id for n in order[at_q + 1:at_kv + 1]])   # what they read, through views
+            if q.id in readers:
+                continue
+            order = order[:at_q] + order[at_q + 1:at_kv + 1] + [q] + order[at_kv + 1:]
+        found[kv.id], found[q.id] = (q.id, pair[0], pair[2]), (kv.id, pair[1], pair[2])
+    return found, order
+
+
+def _dispatch_scored(b: _PlanBuilder, n, pair: tuple[int, codegen.Kernel, int], free: list[int],
+                     held: dict[int, tuple[int, int, int]]) -> None:
+    """A ``_dq_from_scores`` node's dispatch: the kv's binds its operands, its output and
+    a pooled scratch for the scores (held for the dq); the dq's binds k, the scores (then
+    back to the pool) and its output."""
+    partner, kernel, nbytes = pair
+    name = _kernel_name(b.graph, n)
+    if n.op == "attention_grad_kv":
+        held[partner] = scores = (_pooled_buffer(b, free, nbytes), 0, nbytes)
+        b.dispatch(kernel, name, [b.slot_of(i) for i in n.inputs] + [b.slot_of(n.id), scores],
+                   [READ] * len(n.inputs) + [READ_WRITE] * 2, n.size, nodes=[n.id])
+        return
+    scores = held.pop(n.id)
+    b.dispatch(kernel, name, [b.slot_of(n.inputs[1]), scores, b.slot_of(n.id)], [READ, READ, READ_WRITE], n.size,
+               nodes=[n.id])
+    free.append(scores[0])
 
 
 def _concats_in_place(b: _PlanBuilder, order: list) -> set[int]:

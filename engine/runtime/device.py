@@ -382,7 +382,8 @@ def device_capabilities(device=None, config: Config | None = None) -> Capabiliti
                                               precision=config.precision, knobs=config.knobs,
                                               fragments=backend() == "dawn" and has_coop_fragments(get_adapter()),
                                               tuning=adapter_tuning(adapter_info()),
-                                              invocations=_limit(device.limits, "max_compute_invocations_per_workgroup"))
+                                              invocations=_limit(device.limits, "max_compute_invocations_per_workgroup"),
+                                              storage_binding=_limit(device.limits, "max_storage_buffer_binding_size"))
 
 
 def offered_capabilities(device=None) -> Capabilities:

@@ -43,9 +43,10 @@ ATTENTION_PASSES = {"attention": 2, "attention_stats": 2, "attention_lse": 1, "a
                     "cached_attention": 2}
 
 
-def estimate_flops(graph, node) -> int:
+def estimate_flops(graph, node, passes: int | None = None) -> int:
     """Floating-point operations of one node: exact for matmuls (2·M·N·K plus the
-    epilogue) and attention (its matmul-shaped passes plus the softmax), estimates elsewhere
+    epilogue) and attention (its matmul-shaped passes plus the softmax; ``passes``: a
+    kernel that only multiplies, as dq's product of dS and K), estimates elsewhere
     (pointwise: ops per element; reductions: a few per input element; data movement: 0)."""
     ins = [graph[i] for i in node.inputs]
     op, a, size = node.op, node.attrs, node.size
@@ -69,7 +70,7 @@ def estimate_flops(graph, node) -> int:
         pairs = b * h * s * t
         if a.get("causal"):
             pairs //= 2
-        return 2 * ATTENTION_PASSES[op] * pairs * (w // h) + 5 * pairs
+        return 2 * (passes or ATTENTION_PASSES[op]) * pairs * (w // h) + (0 if passes else 5 * pairs)
     if arch == "conv":
         # Each of the three is the same implicit GEMM: 2 flops for every element of the
         # forward's output (dout for the gradients) times every weight of one filter.
@@ -110,6 +111,10 @@ def _graph_dispatch(graph, d) -> DispatchInfo:
     ins = [graph[i] for i in dict.fromkeys(i for n in nodes for i in n.inputs)]   # a tensor two nodes read, once
     nbytes = sum(t.nbytes for t in ins) + sum(n.nbytes for n in nodes)
     flops = sum(estimate_flops(graph, n) for n in nodes)
+    if d.archetype == "attention" and not d.kernel.endswith(":total"):
+        nbytes = sum(b.size for b in d.bindings)   # with the dS that dkdv writes and dq reads (plan._dq_from_scores)
+        if [n.op for n in nodes] == ["attention_grad_q"] and len(d.bindings) == 3:   # dq as the product dS K
+            flops = estimate_flops(graph, nodes[0], passes=1)
     if d.kernel.endswith(":total"):
         partial_bytes = d.bindings[0].size
         nbytes = sum(b.size for b in d.bindings[:-1]) + sum(n.nbytes for n in nodes)

@@ -1,0 +1,121 @@
+// Attention archetype: attention_grad_q as a product, dq_i = scale sum_j dS_ij k_j, of the dS
+// that attention_grad_kv's cooperative kernel wrote beside dk and dv (its "scores" binding:
+// codegen's scores_layout), instead of a kernel that computes the scores, P and dP again.
+// The scores hold dS^T as f16 pairs, a row of 64-query blocks a key, times a power of two
+// s per 16 keys and 32 queries (the dkdv subgroup's scale); each 32-query block takes the
+// least s over the keys it reads as its common scale c, and every staged element is
+// multiplied by c / s (a power of two, at most 1: exact unless it falls below f16's range,
+// where it is negligible beside the block's largest value near 2^15).
+// One workgroup of BQ / 16 subgroups owns BQ queries of one head (subgroup sg rows
+// q0 + 16 sg .. + 15) and streams the keys in blocks of BK: K (f16, row-major) and dS^T
+// (a row a key, as the scores hold it) are staged, each subgroup multiplies its 16 columns
+// of dS^T (a column-major left fragment: 30 us a layer faster at whisper-tiny's batch 8
+// than dS transposed as it is staged, run 42) by K on D / 16 result fragments; at the
+// end those are scaled by scale / c and leave through a scratch, a fragment at a time.
+// Causal: keys past the workgroup's last query are skipped; dkdv wrote zeros for those
+// past a query inside the blocks it reads.
+// k: [B, S, HKV*D]; out: dq [B, T, H*D].
+// meta: [T, S, H, HKV, causal, scale, the scales' first vec4]; grid: (ceil(T / BQ), H, B)
+
+{{PRELUDE}}
+
+{{BINDINGS}}
+
+const D: u32 = {{D}}u;
+const D4: u32 = D / 4u;
+const BQ: u32 = {{BQ}}u;            // queries a workgroup: 16 a subgroup
+const BK: u32 = {{BK}}u;            // keys a block
+const SUBGROUPS: u32 = BQ / 16u;
+const KS: u32 = D + {{PAD}}u;       // halves a row of Kh
+const QS: u32 = BQ + {{PAD}}u;      // halves a row of Sh
+
+var<workgroup> Kh: array<f16, BK * KS>;
+var<workgroup> Sh: array<f16, BK * QS>;    // the block's dS^T: a row a key, the workgroup's queries
+var<workgroup> Sc: array<f32, SUBGROUPS * 256u>;   // a fragment a subgroup on its way out
+var<workgroup> cs: array<f32, SUBGROUPS>;  // the common scale of each subgroup's 32-query block
+
+{{PUT_TILES}}
+
+// Nothing before the products branches on the lane (the fetches below select instead):
+// lanes that took another way there left parts of each fragment unwritten (the H100
+// through Dawn).
+
+// Element e (a vec4) of keys k0.. of kv head hk, row-major; keys past S are zero.
+fn fetch_k(e: u32, b: u32, hk: u32, k0: u32, S: u32, HKV: u32) -> vec4<f32> {
+    let ok = k0 + e / D4 < S;
+    return select(vec4<f32>(0.0), k[((b * S + select(0u, k0 + e / D4, ok)) * HKV + hk) * D4 + e % D4], ok);
+}
+
+// Element e (8 queries' halves; BQ / 8 a key) of keys k0.. of dS^T row block bh; zeros
+// past S (and anything past T: factor_s is 0 there).
+fn fetch_s(e: u32, bh: u32, k0: u32, q0: u32, T: u32, S: u32) -> vec4<u32> {
+    let ok = k0 + e / (BQ / 8u) < S;
+    let row = (T + 63u) / 64u * 8u;
+    let at = (bh * S + select(0u, k0 + e / (BQ / 8u), ok)) * row + min(q0 / 8u + e % (BQ / 8u), row - 1u);
+    return select(vec4<u32>(0u), scores[at], ok);
+}
+
+// What brings element e of fetch_s to its query block's common scale: c / s (0 past S or T).
+fn factor_s(e: u32, bh: u32, k0: u32, q0: u32, T: u32, S: u32, ex: u32) -> f32 {
+    let qb = e % (BQ / 8u) / 4u;
+    let ok = k0 + e / (BQ / 8u) < S && q0 + qb * 32u < T;
+    let key = select(0u, k0 + e / (BQ / 8u), ok);
+    let blocks = (T + 63u) / 64u * 2u;
+    let s = bitcast<f32>(scores[ex + (bh * ((S + 15u) / 16u) + key / 16u) * blocks + min(q0 / 32u + qb, blocks - 1u)].x);
+    return select(0.0, cs[2u * qb] / s, ok);
+}
+
+// Staged element e of fetch_s times its factor f, rounded to f16 into Sh (zeros where f is:
+// the words past T may be anything).
+fn put_s(e: u32, w: vec4<u32>, f: f32) {
+    let at = e / (BQ / 8u) * QS + e % (BQ / 8u) * 8u;
+    for (var i = 0u; i < 4u; i = i + 1u) {
+        let x = select(vec2<f16>(0.0), vec2<f16>(unpack2x16float(w[i]) * f), f > 0.0);
+        Sh[at + 2u * i] = x.x;
+        Sh[at + 2u * i + 1u] = x.y;
+    }
+}
+
+@compute @workgroup_size({{THREADS}}) @diagnostic(off, chromium.subgroup_matrix_uniformity)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32,
+        @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
+    let T = m(0u);
+    let S = m(1u);
+    let H = m(2u);
+    let HKV = m(3u);
+    let causal = m(4u) != 0u;
+    let scale = mf(5u);
+    let ex = m(6u);
+    let h = wg.y;
+    let b = wg.z;
+    let hk = h / (H / HKV);
+    let bh = b * H + h;
+    let q0 = wg.x * BQ;
+    let end = select(S, min(S, q0 + BQ), causal);
+    {   // the common scale of this subgroup's query block: the least over the keys read
+        let blocks = (T + 63u) / 64u * 2u;
+        let qb = q0 / 32u + sg / 2u;
+        let groups = (end + 15u) / 16u;
+        var c = 3.0e38;
+        for (var k0 = 0u; k0 < groups; k0 = k0 + 32u) {   // no branch on the lane: see fetch_k
+            let kg = k0 + lane;
+            let s = bitcast<f32>(scores[ex + (bh * ((S + 15u) / 16u) + min(kg, groups - 1u)) * blocks + min(qb, blocks - 1u)].x);
+            c = min(c, select(3.0e38, s, kg < groups && qb * 32u < T));
+        }
+        cs[sg] = subgroupMin(c);    // every lane: the same value
+    }
+    workgroupBarrier();
+{{RESULTS}}
+{{FETCH}}
+    let blocks = (end + BK - 1u) / BK;
+    for (var blk = 0u; blk < blocks; blk = blk + 1u) {
+        workgroupBarrier();         // the previous block's tiles are read
+{{PUT}}
+        workgroupBarrier();
+        let k0 = (blk + 1u) * BK;   // the next block, fetched during this one's products
+{{FETCH_NEXT}}
+{{PRODUCTS}}
+    }
+    let factor = scale / cs[sg];
+{{STORE}}
+}
