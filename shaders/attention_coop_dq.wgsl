@@ -12,6 +12,7 @@
 // of dS^T (a column-major left fragment: 30 us a layer faster at whisper-tiny's batch 8
 // than dS transposed as it is staged, run 42) by K on D / 16 result fragments; at the
 // end those are scaled by scale / c and leave through a scratch, a fragment at a time.
+// K and dS are fetched into registers blocks ahead (codegen's DQ_PREFETCH writes the loop).
 // Causal: keys past the workgroup's last query are skipped; dkdv wrote zeros for those
 // past a query inside the blocks it reads.
 // k: [B, S, HKV*D]; out: dq [B, T, H*D].
@@ -31,7 +32,7 @@ const QS: u32 = BQ + {{PAD}}u;      // halves a row of Sh
 
 var<workgroup> Kh: array<f16, BK * KS>;
 var<workgroup> Sh: array<f16, BK * QS>;    // the block's dS^T: a row a key, the workgroup's queries
-var<workgroup> Sc: array<f32, SUBGROUPS * 256u>;   // a fragment a subgroup on its way out
+var<workgroup> Sc: array<f32, {{SCRATCH}}u>;   // fragments on their way out
 var<workgroup> cs: array<f32, SUBGROUPS>;  // the common scale of each subgroup's 32-query block
 
 {{PUT_TILES}}
@@ -106,16 +107,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     }
     workgroupBarrier();
 {{RESULTS}}
-{{FETCH}}
     let blocks = (end + BK - 1u) / BK;
-    for (var blk = 0u; blk < blocks; blk = blk + 1u) {
-        workgroupBarrier();         // the previous block's tiles are read
-{{PUT}}
-        workgroupBarrier();
-        let k0 = (blk + 1u) * BK;   // the next block, fetched during this one's products
-{{FETCH_NEXT}}
-{{PRODUCTS}}
-    }
+{{LOOP}}
     let factor = scale / cs[sg];
 {{STORE}}
 }

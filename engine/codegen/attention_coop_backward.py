@@ -290,53 +290,69 @@ def scores_pair(graph: Graph, kv: Node, q: Node, caps: Capabilities) -> tuple[Ke
 DQ_QUERIES = COOP_BACKWARD_FIXED   # queries a workgroup of the dq product, 16 a subgroup: dkdv's keys
                                    # a workgroup, so that under causality every dS it reads was written
 DQ_KEYS = 32                       # keys a block it streams
+DQ_PREFETCH = 2                    # blocks its registers hold ahead (1 to 4): see coop_dq_from_scores
 
 
 def coop_dq_from_scores(graph: Graph, node: Node, bsz, t, s, h, hkv, d, causal, scale, scales_at: int,
                         caps: Capabilities) -> Kernel:
     """attention_grad_q ``node`` as the product of dkdv's dS and K (attention_coop_dq.wgsl):
     a workgroup per 64 queries, head and batch, streaming keys 32 at a time; bindings k,
-    the scores, dq. Run 42, whisper-tiny's step at batch 8: 128 queries a workgroup (which
-    would also need dS that dkdv skips under causality) 0.15 ms slower, blocks of 64 keys
-    1.5 ms slower."""
+    the scores, dq. Each block's K and dS are fetched into registers ``DQ_PREFETCH`` blocks
+    ahead, a set of registers each (the loop unrolled that many times): the kernel waits
+    on the scores' reads from memory, not on its products. Run 42, whisper-tiny at batch
+    8, a layer's dq: 331 us one block ahead, 261 two, 394 three, 344 four (the registers
+    spill). Its step: 128 queries a workgroup (which would also need dS that dkdv skips
+    under causality) 0.15 ms slower, blocks of 64 keys 1.5 ms slower; results stored
+    straight to dq where a tile's rows are all below T even with the scratch."""
     queries, keys = DQ_QUERIES, DQ_KEYS
     f, dk, threads = COOP_FRAGMENT, d // COOP_FRAGMENT, 32 * (queries // 16)
-    ind = " " * 8
     k_steps = [f"tid + {n * threads}u" for n in range(keys * d // 4 // threads)]
     s_steps = [f"tid + {n * threads}u" for n in range(keys * queries // 8 // threads)]
 
-    def fetch(declare: str, k0: str) -> list[str]:
-        return ([f"{declare}kr{n} = fetch_k({e}, b, hk, {k0}, S, HKV);" for n, e in enumerate(k_steps)]
-                + [f"{declare}sr{n} = fetch_s({e}, bh, {k0}, q0, T, S); {declare}sf{n} = factor_s({e}, bh, {k0}, q0, "
-                   f"T, S, ex);" for n, e in enumerate(s_steps)])
+    def fetch(declare: str, k0: str, at: str) -> list[str]:
+        return ([f"{declare}kr{at}{n} = fetch_k({e}, b, hk, {k0}, S, HKV);" for n, e in enumerate(k_steps)]
+                + [f"{declare}sr{at}{n} = fetch_s({e}, bh, {k0}, q0, T, S); {declare}sf{at}{n} = factor_s({e}, bh, "
+                   f"{k0}, q0, T, S, ex);" for n, e in enumerate(s_steps)])
 
-    products = [f"{ind}let a{kk} = {_fragment('left', 'Sh', f'{f * kk}u * QS + sg * 16u', True, 'QS')};"
-                for kk in range(keys // f)]
-    for n in range(dk):
-        products += [f"{ind}gf{n} = subgroupMatrixMultiplyAccumulate(a{kk}, "
-                     f"{_fragment('right', 'Kh', f'{f * kk}u * KS + {f * n}u', False, 'KS')}, gf{n});"
-                     for kk in range(keys // f)]
+    def block(at: str, next_block: str, ind: str) -> list[str]:
+        """One block from registers set ``at``: staged, then the block ``next_block``
+        fetched into them during its products."""
+        lines = ["workgroupBarrier();         // the previous block's tiles are read"]
+        lines += [f"put_k({e}, kr{at}{n});" for n, e in enumerate(k_steps)]
+        lines += [f"put_s({e}, sr{at}{n}, sf{at}{n});" for n, e in enumerate(s_steps)]
+        lines += ["workgroupBarrier();"] + fetch("", f"({next_block}) * BK", at)
+        lines += [f"let a{kk} = {_fragment('left', 'Sh', f'{f * kk}u * QS + sg * 16u', True, 'QS')};"
+                  for kk in range(keys // f)]
+        for n in range(dk):
+            lines += [f"gf{n} = subgroupMatrixMultiplyAccumulate(a{kk}, "
+                      f"{_fragment('right', 'Kh', f'{f * kk}u * KS + {f * n}u', False, 'KS')}, gf{n});"
+                      for kk in range(keys // f)]
+        return [ind + line for line in lines]
+
+    sets = "abcd"[:DQ_PREFETCH]
+    loop = [f"    {line}" for at, nxt in zip(sets, range(len(sets))) for line in fetch("var ", f"{nxt}u * BK", at)]
+    loop.append(f"    for (var blk = 0u; blk < blocks; blk = blk + {len(sets)}u) {{")
+    loop += block("a", f"blk + {len(sets)}u", " " * 8)
+    for n, at in enumerate(sets[1:], 1):   # further sets of registers, blocks further ahead
+        loop += [f"        if (blk + {n}u < blocks) {{"] + block(at, f"blk + {n + len(sets)}u", " " * 12) + ["        }"]
+    loop.append("    }")
+    row = "q0 + 16u * sg + e / 16u"
     store = []
-    for n in range(dk):
-        store += [f"    subgroupMatrixStore(&Sc, sg * 256u, gf{n}, false, 16u);",
-                  "    workgroupBarrier();",
+    for n in range(dk):   # a fragment of each subgroup at a time through the scratch, to dq's rows below T
+        store += [f"    subgroupMatrixStore(&Sc, sg * 256u, gf{n}, false, 16u);", "    workgroupBarrier();",
                   "    for (var e = lane; e < 256u; e = e + 32u) {",
-                  "        let row = q0 + 16u * sg + e / 16u;",
-                  f"        if (row < T) {{ out[((b * T + row) * H + h) * D + {f * n}u + e % 16u] = Sc[sg * 256u + e] * factor; }}",
-                  "    }",
-                  "    workgroupBarrier();"]
+                  f"        if ({row} < T) {{ out[((b * T + {row}) * H + h) * D + {f * n}u + e % 16u] = "
+                  f"Sc[sg * 256u + e] * factor; }}",
+                  "    }", "    workgroupBarrier();"]
     grid = _split_grid(graph, node, -(-t // queries), h, bsz, 1)
     meta = [t, s, h, hkv, causal, f32_bits(scale), scales_at]
     kernel = _finish(node.op, "attention", "attention_coop_dq.wgsl", ["k", "scores"], ["vec4<f32>", "vec4<u32>"],
                      "f32", meta, grid, caps, enables=COOP_ENABLES + ("subgroups",), D=d, PAD=_HALF_PAD,
                      BQ=queries, BK=keys, THREADS=threads,
                      PUT_TILES=put_tiles(("k", "Kh")), RESULTS="\n".join("    " + _result(f"gf{n}") for n in range(dk)),
-                     FETCH="\n".join(fetch("    var ", "0u")),
-                     PUT="\n".join([f"{ind}put_k({e}, kr{n});" for n, e in enumerate(k_steps)]
-                                   + [f"{ind}put_s({e}, sr{n}, sf{n});" for n, e in enumerate(s_steps)]),
-                     FETCH_NEXT="\n".join(ind + line.strip() for line in fetch("", "k0")),
-                     PRODUCTS="\n".join(products), STORE="\n".join(store))
+                     LOOP="\n".join(loop), STORE="\n".join(store), SCRATCH=256 * queries // 16)
     kernel.notes["variant"] = (f"cooperative dq as the product dS K: {queries} queries a workgroup, keys streamed "
-                               f"{keys} at a time, dS from attention_grad_kv, f16 {f}x{f}x{f} -> f32")
+                               f"{keys} at a time, {len(sets)} blocks fetched ahead, dS from attention_grad_kv, "
+                               f"f16 {f}x{f}x{f} -> f32")
     kernel.guarded = True
     return kernel
