@@ -302,8 +302,8 @@ def coop_dq_from_scores(graph: Graph, node: Node, bsz, t, s, h, hkv, d, causal, 
     on the scores' reads from memory, not on its products. Run 42, whisper-tiny at batch
     8, a layer's dq: 331 us one block ahead, 261 two, 394 three, 344 four (the registers
     spill). Its step: 128 queries a workgroup (which would also need dS that dkdv skips
-    under causality) 0.15 ms slower, blocks of 64 keys 1.5 ms slower; results stored
-    straight to dq where a tile's rows are all below T even with the scratch."""
+    under causality) 0.15 ms slower, blocks of 64 keys 1.5 ms slower; storing the results
+    straight to dq where a tile's rows all lie below T ran even with the scratch."""
     queries, keys = DQ_QUERIES, DQ_KEYS
     f, dk, threads = COOP_FRAGMENT, d // COOP_FRAGMENT, 32 * (queries // 16)
     k_steps = [f"tid + {n * threads}u" for n in range(keys * d // 4 // threads)]
@@ -330,11 +330,12 @@ def coop_dq_from_scores(graph: Graph, node: Node, bsz, t, s, h, hkv, d, causal, 
         return [ind + line for line in lines]
 
     sets = "abcd"[:DQ_PREFETCH]
-    loop = [f"    {line}" for at, nxt in zip(sets, range(len(sets))) for line in fetch("var ", f"{nxt}u * BK", at)]
+    loop = [f"    {line}" for ahead, at in enumerate(sets) for line in fetch("var ", f"{ahead}u * BK", at)]
     loop.append(f"    for (var blk = 0u; blk < blocks; blk = blk + {len(sets)}u) {{")
     loop += block("a", f"blk + {len(sets)}u", " " * 8)
-    for n, at in enumerate(sets[1:], 1):   # further sets of registers, blocks further ahead
-        loop += [f"        if (blk + {n}u < blocks) {{"] + block(at, f"blk + {n + len(sets)}u", " " * 12) + ["        }"]
+    for ahead, at in enumerate(sets[1:], 1):   # further sets of registers, blocks further ahead
+        loop += ([f"        if (blk + {ahead}u < blocks) {{"] + block(at, f"blk + {ahead + len(sets)}u", " " * 12)
+                 + ["        }"])
     loop.append("    }")
     row = "q0 + 16u * sg + e / 16u"
     store = []
