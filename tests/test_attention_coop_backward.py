@@ -109,6 +109,8 @@ def test_the_backward_streams_blocks_of_32_rows_where_its_grid_fills_the_gpu():
 
 
 TINT_CHECK = """
+    import dataclasses
+    from engine.codegen import Tuning
     from engine.config import Knobs
     from test_attention_coop_backward import BLOCKS, GRAD_OPS, grad_graph
     for block in BLOCKS:
@@ -119,19 +121,34 @@ TINT_CHECK = """
                 g, _ = grad_graph(1, 70, 130, 6, 2, d, causal=causal)
                 for node in [n for n in g.nodes if n.op in GRAD_OPS]:
                     check(f"blocks of {block} D={d} causal={causal}", codegen.kernel_for(g, node, caps))
-        for d in (16, 48, 64):   # dkdv writing dS, and dq as its product
+        for d in (16, 48, 64):   # dkdv writing dS, and dq as its product (fetching 1 to 4 blocks ahead)
             g, _ = grad_graph(1, 70, 130, 6, 2, d)
             kv, q = (next(n for n in g.nodes if n.op == op) for op in ("attention_grad_kv", "attention_grad_q"))
-            for kernel in codegen.scores_pair(g, kv, q, caps)[:2]:
-                check(f"scores, blocks of {block} D={d}", kernel)
+            for ahead in (1, 2, 3, 4):
+                tuned = dataclasses.replace(caps, tuning=Tuning(dq_prefetch=ahead))
+                for kernel in codegen.scores_pair(g, kv, q, tuned)[:2]:
+                    check(f"scores, blocks of {block} D={d}, {ahead} ahead", kernel)
 """
 
 
 def test_every_cooperative_backward_kernel_passes_tint():
     """dq and dkdv in blocks of 32 and 64 streamed rows at D = 32 and 64, grouped-query,
     causal or not (causality is a meta word: one source each), and dkdv writing dS with dq
-    as its product at D = 16, 48 and 64, are valid WGSL for Tint."""
-    assert tint_check(TINT_CHECK) == (17, 17)
+    as its product (fetching 1 to 4 blocks ahead) at D = 16, 48 and 64, are valid WGSL for
+    Tint."""
+    assert tint_check(TINT_CHECK) == (26, 26)
+
+
+def test_the_dq_product_fetches_as_many_blocks_ahead_as_the_tuning_says():
+    """``tuning.dq_prefetch`` (``meganeura tune`` measures it; 2 by default: run 42) sets of
+    registers, each staged once a loop: at least 1 and at most 4."""
+    g, _ = grad_graph(1, 130, 130, 6, 2, 64)
+    kv, q = (next(n for n in g.nodes if n.op == op) for op in ("attention_grad_kv", "attention_grad_q"))
+    for tuned, ahead in ((Tuning(), 2), (Tuning(dq_prefetch=1), 1), (Tuning(dq_prefetch=3), 3),
+                         (Tuning(dq_prefetch=9), 4)):
+        kernel = codegen.scores_pair(g, kv, q, dataclasses.replace(COOP_CAPS, tuning=tuned))[1]
+        assert kernel.source.count("put_k(tid + 0u,") == ahead, tuned
+        assert f"fetched {ahead} block{'s' * (ahead > 1)} ahead" in kernel.notes["variant"]
 
 
 BIG_BINDINGS = dataclasses.replace(COOP_CAPS, storage_binding=1 << 31)

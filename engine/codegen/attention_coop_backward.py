@@ -290,18 +290,18 @@ def scores_pair(graph: Graph, kv: Node, q: Node, caps: Capabilities) -> tuple[Ke
 DQ_QUERIES = COOP_BACKWARD_FIXED   # queries a workgroup of the dq product, 16 a subgroup: dkdv's keys
                                    # a workgroup, so that under causality every dS it reads was written
 DQ_KEYS = 32                       # keys a block it streams
-DQ_PREFETCH = 2                    # blocks its registers hold ahead (1 to 4): see coop_dq_from_scores
+DQ_PREFETCH = (1, 4)               # the blocks ahead it may fetch (``tuning.dq_prefetch``, clamped)
 
 
 def coop_dq_from_scores(graph: Graph, node: Node, bsz, t, s, h, hkv, d, causal, scale, scales_at: int,
                         caps: Capabilities) -> Kernel:
     """attention_grad_q ``node`` as the product of dkdv's dS and K (attention_coop_dq.wgsl):
     a workgroup per 64 queries, head and batch, streaming keys 32 at a time; bindings k,
-    the scores, dq. Each block's K and dS are fetched into registers ``DQ_PREFETCH`` blocks
-    ahead, a set of registers each (the loop unrolled that many times): the kernel waits
-    on the scores' reads from memory, not on its products. Run 42, whisper-tiny at batch
-    8, a layer's dq: 331 us one block ahead, 261 two, 394 three, 344 four (the registers
-    spill). Its step: 128 queries a workgroup (which would also need dS that dkdv skips
+    the scores, dq. Each block's K and dS are fetched into registers ``tuning.dq_prefetch``
+    blocks ahead (``meganeura tune`` measures it), a set of registers each (the loop
+    unrolled that many times): the kernel waits on the scores' reads from memory, not on
+    its products. Run 42, whisper-tiny at batch 8 on the H100, a layer's dq: 331 us one
+    block ahead, 261 two (the default), 394 three, 344 four (the registers spill). Its step: 128 queries a workgroup (which would also need dS that dkdv skips
     under causality) 0.15 ms slower, blocks of 64 keys 1.5 ms slower; storing the results
     straight to dq where a tile's rows all lie below T ran even with the scratch."""
     queries, keys = DQ_QUERIES, DQ_KEYS
@@ -329,7 +329,7 @@ def coop_dq_from_scores(graph: Graph, node: Node, bsz, t, s, h, hkv, d, causal, 
                       for kk in range(keys // f)]
         return [ind + line for line in lines]
 
-    sets = "abcd"[:DQ_PREFETCH]
+    sets = "abcd"[:min(max(caps.tuning.dq_prefetch, DQ_PREFETCH[0]), DQ_PREFETCH[1])]
     loop = [f"    {line}" for ahead, at in enumerate(sets) for line in fetch("var ", f"{ahead}u * BK", at)]
     loop.append(f"    for (var blk = 0u; blk < blocks; blk = blk + {len(sets)}u) {{")
     loop += block("a", f"blk + {len(sets)}u", " " * 8)
@@ -353,7 +353,8 @@ def coop_dq_from_scores(graph: Graph, node: Node, bsz, t, s, h, hkv, d, causal, 
                      PUT_TILES=put_tiles(("k", "Kh")), RESULTS="\n".join("    " + _result(f"gf{n}") for n in range(dk)),
                      LOOP="\n".join(loop), STORE="\n".join(store), SCRATCH=256 * queries // 16)
     kernel.notes["variant"] = (f"cooperative dq as the product dS K: {queries} queries a workgroup, keys streamed "
-                               f"{keys} at a time, {len(sets)} blocks fetched ahead, dS from attention_grad_kv, "
+                               f"{keys} at a time, K and dS fetched {len(sets)} block{'s' * (len(sets) > 1)} ahead, "
+                               f"dS from attention_grad_kv, "
                                f"f16 {f}x{f}x{f} -> f32")
     kernel.guarded = True
     return kernel

@@ -83,6 +83,18 @@ def _attention_dq(batch: int, seq: int, heads: int, kv_heads: int, head_dim: int
     return Workload(f"attention dq b{batch} {seq}{' causal' if causal else ''} {heads}/{kv_heads}x{head_dim}", build)
 
 
+def _attention_backward(batch: int, seq: int, heads: int, causal: bool) -> Workload:
+    """dk, dv and dq of one attention: on cooperative matrices, dq the product of the dS
+    that dk/dv's kernel writes."""
+    def build(g):
+        q, k, v, dout = (g.input(n, (batch, seq, heads * 64)) for n in ("q", "k", "v", "dout"))
+        lse, delta = (g.input(n, (batch, seq, heads)) for n in ("lse", "delta"))
+        attrs = dict(num_heads=heads, causal=causal)
+        g.output("kv", g.apply("attention_grad_kv", q, k, v, dout, lse, delta, **attrs))
+        g.output("dq", g.apply("attention_grad_q", q, k, v, dout, lse, delta, **attrs))
+    return Workload(f"attention backward b{batch} {seq}{' causal' if causal else ''} {heads}x64", build)
+
+
 # field -> (values tried, workloads on a GPU, workloads on a software adapter)
 LADDERS: dict[str, tuple[tuple[int, ...], list[Workload], list[Workload]]] = {
     "matmul_resident": ((64, 128, 256, 512, 1024, 2048),
@@ -108,10 +120,13 @@ LADDERS: dict[str, tuple[tuple[int, ...], list[Workload], list[Workload]]] = {
                        [_matmul(12000, 384, 384), _matmul(12000, 768, 384), _matmul(2048, 1536, 384),
                         _matmul(1500, 1536, 384)],
                        [_matmul(192, 192, 2048, True)]),
+    "dq_prefetch": ((1, 2, 3),
+                    [_attention_backward(2, 1500, 6, False), _attention_backward(8, 256, 6, True)],
+                    [_attention_backward(1, 64, 1, True)]),
 }
 # fields that steer cooperative-matrix kernels only: tuned with f16 precision asked for, so
 # that an adapter offering them times those kernels whatever precision the run asked for
-COOPERATIVE_FIELDS = ("lean_k", "dq_long_stream", "narrow_columns")
+COOPERATIVE_FIELDS = ("lean_k", "dq_long_stream", "narrow_columns", "dq_prefetch")
 
 
 def _plan_signature(plan) -> tuple:
