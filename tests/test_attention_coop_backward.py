@@ -169,7 +169,8 @@ def test_dq_is_the_product_of_the_ds_dkdv_writes_where_the_scores_fit():
     as f16 pairs, 1,536 queries a row, then a scale for each 16 keys and 32 queries). Not
     where the scores pass the device's largest binding (WebGPU's least: 128 MiB), under
     ``attention_dq="kernel"``, on f32 kernels, or where something reads dq before dkdv."""
-    assert attention_coop_backward.scores_layout(8, 1500, 1500, 6) == (8 * 6 * 1500 * 192, 8 * 6 * 1500 * 192 + 8 * 6 * 94 * 48)
+    rows = 8 * 6 * 1500 * 192   # vec4s: 1,536 queries of halves a key row
+    assert attention_coop_backward.scores_layout(8, 1500, 1500, 6) == (rows, rows + 8 * 6 * 94 * 48)
     assert 16 * attention_coop_backward.scores_layout(8, 1500, 1500, 6)[1] == 224_649_216
     g, plan, (kv, q) = _scored_plan(BIG_BINDINGS, 8, 1500, 1500, 6, 6, 64)
     assert kv.kernel.startswith("attention_grad_kv") and kv.variant.endswith("writes dS for dq's product")
@@ -184,7 +185,8 @@ def test_dq_is_the_product_of_the_ds_dkdv_writes_where_the_scores_fit():
     assert q_info.bytes == 18_432_000 + 224_649_216 + 18_432_000              # k, the scores, dq
     assert kv_info.bytes == 4 * 18_432_000 + 2 * 288_000 + 36_864_000 + 224_649_216
     for caps, shape in ((COOP_CAPS, (8, 1500, 1500, 6, 6, 64)),                       # 214 MiB > 128 MiB
-                        (dataclasses.replace(BIG_BINDINGS, knobs=Knobs(attention_dq="kernel")), (1, 130, 130, 6, 2, 64)),
+                        (dataclasses.replace(BIG_BINDINGS, knobs=Knobs(attention_dq="kernel")),
+                         (1, 130, 130, 6, 2, 64)),
                         (F32_CAPS, (1, 130, 130, 6, 2, 64))):
         *_, dispatches = _scored_plan(caps, *shape)
         assert not any("dS" in d.variant.split("scaled")[-1] for d in dispatches), (caps, shape)

@@ -301,8 +301,9 @@ def coop_dq_from_scores(graph: Graph, node: Node, bsz, t, s, h, hkv, d, causal, 
     blocks ahead (``meganeura tune`` measures it), a set of registers each (the loop
     unrolled that many times): the kernel waits on the scores' reads from memory, not on
     its products. Run 42, whisper-tiny at batch 8 on the H100, a layer's dq: 331 us one
-    block ahead, 261 two (the default), 394 three, 344 four (the registers spill). Its step: 128 queries a workgroup (which would also need dS that dkdv skips
-    under causality) 0.15 ms slower, blocks of 64 keys 1.5 ms slower; storing the results
+    block ahead, 261 two (the default), 394 three, 344 four (the registers spill). Its
+    step: 128 queries a workgroup (which would also need dS that dkdv skips under
+    causality) 0.15 ms slower, blocks of 64 keys 1.5 ms slower; storing the results
     straight to dq where a tile's rows all lie below T ran even with the scratch."""
     queries, keys = DQ_QUERIES, DQ_KEYS
     f, dk, threads = COOP_FRAGMENT, d // COOP_FRAGMENT, 32 * (queries // 16)

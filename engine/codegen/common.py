@@ -61,8 +61,8 @@ class Capabilities:
                       storage_binding: int | None = None) -> "Capabilities":
         """The capabilities a device with these wgpu feature names (this much workgroup
         memory, default 32 KiB, this many threads a workgroup, default 256, and bindings
-        up to this many bytes, default 128 MiB) gives, for
-        kernels compiled by ``dialect``'s compiler; ``precision`` "f16" takes the
+        up to this many bytes, default 128 MiB) gives, for kernels compiled by
+        ``dialect``'s compiler; ``precision`` "f16" takes the
         cooperative-matrix matmul where offered and ``fragments``: the device has the
         fragments the kernels are written for (f16 x f16 -> f32, 16 x 16 x 16, on
         subgroups of 32: ``COOP_FRAGMENT``)."""
@@ -73,8 +73,8 @@ class Capabilities:
         return cls(subgroups=bool(names & {"subgroup", "subgroups"}),
                    workgroup_storage=int(workgroup_storage or cls.workgroup_storage),
                    invocations=int(invocations or cls.invocations),
-                   storage_binding=int(storage_binding or cls.storage_binding), dialect=dialect, matmul_f16=coop and precision == "f16", knobs=knobs or Knobs(),
-                   tuning=tuning or Tuning())
+                   storage_binding=int(storage_binding or cls.storage_binding), dialect=dialect,
+                   matmul_f16=coop and precision == "f16", knobs=knobs or Knobs(), tuning=tuning or Tuning())
 
 
 SUBGROUP_MATRIX_FEATURE = "chromium-experimental-subgroup-matrix"
