@@ -12,7 +12,7 @@
 // of dS^T (a column-major left fragment: 30 us a layer faster at whisper-tiny's batch 8
 // than dS transposed as it is staged, run 42) by K on D / 16 result fragments; at the
 // end those are scaled by scale / c and leave through a scratch, a fragment at a time.
-// K and dS are fetched into registers blocks ahead (codegen's DQ_PREFETCH writes the loop).
+// K and dS are fetched into registers blocks ahead (codegen writes the loop: tuning.dq_prefetch).
 // Causal: keys past the workgroup's last query are skipped; dkdv wrote zeros for those
 // past a query inside the blocks it reads.
 // k: [B, S, HKV*D]; out: dq [B, T, H*D].

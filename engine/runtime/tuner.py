@@ -73,26 +73,20 @@ def _attention(batch: int, seq: int, heads: int, head_dim: int) -> Workload:
     return Workload(f"attention b{batch} {seq}x{seq} {heads}x{head_dim}", build)
 
 
-def _attention_dq(batch: int, seq: int, heads: int, kv_heads: int, head_dim: int, causal: bool) -> Workload:
+def _attention_grads(batch: int, seq: int, heads: int, kv_heads: int, head_dim: int, causal: bool,
+                     dkdv: bool = False) -> Workload:
+    """dq of one attention, and with ``dkdv`` its dk and dv too: then, on cooperative
+    matrices, dq is the product of the dS that dk/dv's kernel writes."""
     def build(g):
         q, dout = (g.input(n, (batch, seq, heads * head_dim)) for n in ("q", "dout"))
         k, v = (g.input(n, (batch, seq, kv_heads * head_dim)) for n in "kv")
         lse, delta = (g.input(n, (batch, seq, heads)) for n in ("lse", "delta"))
-        g.output("dq", g.apply("attention_grad_q", q, k, v, dout, lse, delta, num_heads=heads,
-                               num_kv_heads=kv_heads, causal=causal))
-    return Workload(f"attention dq b{batch} {seq}{' causal' if causal else ''} {heads}/{kv_heads}x{head_dim}", build)
-
-
-def _attention_backward(batch: int, seq: int, heads: int, causal: bool) -> Workload:
-    """dk, dv and dq of one attention: on cooperative matrices, dq the product of the dS
-    that dk/dv's kernel writes."""
-    def build(g):
-        q, k, v, dout = (g.input(n, (batch, seq, heads * 64)) for n in ("q", "k", "v", "dout"))
-        lse, delta = (g.input(n, (batch, seq, heads)) for n in ("lse", "delta"))
-        attrs = dict(num_heads=heads, causal=causal)
-        g.output("kv", g.apply("attention_grad_kv", q, k, v, dout, lse, delta, **attrs))
+        attrs = dict(num_heads=heads, num_kv_heads=kv_heads, causal=causal)
+        if dkdv:
+            g.output("kv", g.apply("attention_grad_kv", q, k, v, dout, lse, delta, **attrs))
         g.output("dq", g.apply("attention_grad_q", q, k, v, dout, lse, delta, **attrs))
-    return Workload(f"attention backward b{batch} {seq}{' causal' if causal else ''} {heads}x64", build)
+    what = f"{'backward' if dkdv else 'dq'} b{batch} {seq}{' causal' if causal else ''}"
+    return Workload(f"attention {what} {heads}/{kv_heads}x{head_dim}", build)
 
 
 # field -> (values tried, workloads on a GPU, workloads on a software adapter)
@@ -113,16 +107,17 @@ LADDERS: dict[str, tuple[tuple[int, ...], list[Workload], list[Workload]]] = {
                 _matmul(1024, 1536, 576), _matmul(1024, 576, 1536)],
                [_matmul(192, 192, 2048, True)]),
     "dq_long_stream": ((128, 256, 512, 1024, 2048),
-                       [_attention_dq(8, 256, 6, 6, 64, True), _attention_dq(4, 256, 9, 3, 64, True),
-                        _attention_dq(2, 512, 6, 6, 64, True), _attention_dq(1, 1500, 6, 6, 64, False)],
-                       [_attention_dq(1, 64, 2, 1, 16, True)]),
+                       [_attention_grads(8, 256, 6, 6, 64, True), _attention_grads(4, 256, 9, 3, 64, True),
+                        _attention_grads(2, 512, 6, 6, 64, True), _attention_grads(1, 1500, 6, 6, 64, False)],
+                       [_attention_grads(1, 64, 2, 1, 16, True)]),
     "narrow_columns": ((1, 384, 768, 1536),
                        [_matmul(12000, 384, 384), _matmul(12000, 768, 384), _matmul(2048, 1536, 384),
                         _matmul(1500, 1536, 384)],
                        [_matmul(192, 192, 2048, True)]),
     "dq_prefetch": ((1, 2, 3),
-                    [_attention_backward(2, 1500, 6, False), _attention_backward(8, 256, 6, True)],
-                    [_attention_backward(1, 64, 1, True)]),
+                    [_attention_grads(2, 1500, 6, 6, 64, False, dkdv=True),
+                     _attention_grads(8, 256, 6, 6, 64, True, dkdv=True)],
+                    [_attention_grads(1, 64, 1, 1, 64, True, dkdv=True)]),
 }
 # fields that steer cooperative-matrix kernels only: tuned with f16 precision asked for, so
 # that an adapter offering them times those kernels whatever precision the run asked for
