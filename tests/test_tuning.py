@@ -21,7 +21,7 @@ from engine.runtime.device import adapter_info, device_capabilities, get_device
 from engine.runtime.tuning import adapter_tuning, read_tuning, tuning_key, write_tuning
 
 ROOT = Path(__file__).resolve().parent.parent
-SMALL_GPU = Tuning(matmul_resident=64, attention_fill=96, sum_workgroups=16, source="tuned")
+SMALL_GPU = Tuning(matmul_resident=64, attention_fill=96, sum_workgroups=16, wide_fill=64, source="tuned")
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def test_tuning_fields_are_checked():
     with pytest.raises(ValueError, match="positive whole number"):
         Tuning(matmul_resident=0)
     assert set(codegen.TUNED_FIELDS) == {"matmul_resident", "attention_fill", "sum_workgroups", "lean_k",
-                                         "dq_long_stream", "narrow_columns", "dq_prefetch"}
+                                         "dq_long_stream", "narrow_columns", "wide_fill", "dq_prefetch"}
     assert set(tuner.LADDERS) == set(codegen.TUNED_FIELDS)
 
 
@@ -54,9 +54,14 @@ def test_kernel_rules_follow_the_tuning():
     assert codegen.matmul_variant(2048, 1536, 1, 384, caps=small) == "128k8u"
     assert coop_variant(512, 512, 1, k_=512) == "c64l" and coop_variant(512, 512, 1, SMALL_GPU, k_=8192) == "c128"
     assert coop_variant(512, 512, 1, SMALL_GPU, k_=2048) == "c128l"   # 4 slices of 512: short enough for the lean tile
-    # weight gradients over K = 12000 rows: 36 tiles of 128 x 128 make 504 workgroups in 14
-    # slices, enough for the larger tile; 9 of them (144 in 16 slices) are not
-    assert coop_variant(384, 1536, 1, k_=12000) == "c128l" and coop_variant(384, 384, 1, k_=12000) == "c64l"
+    # weight gradients over K = 12000 rows: the 128-row tiles' slices aim for wide_fill (256)
+    # workgroups: 36 tiles of 128 x 128 in 7 slices of 1714 (too long for the lean tile),
+    # which 128 x 96 tiles fill in as many waves; 9 (144 in 16 slices of 750) take the lean tile
+    assert coop_variant(384, 1536, 1, k_=12000) == "c96" and coop_variant(384, 384, 1, k_=12000) == "c128l"
+    # aiming for 512 as the 64 x 64 tiles do (the rule until run 43): 14 slices of 857, and 9 tiles too few
+    old_rule = Tuning(wide_fill=512)
+    assert coop_variant(384, 1536, 1, old_rule, k_=12000) == "c128l" and coop_variant(384, 384, 1, old_rule,
+                                                                                        k_=12000) == "c64l"
     assert coop_variant(384, 1536, 1, k_=1500) == "c64l"           # 5 slices of 36: too few
     assert coop_variant(384, 1536, 1, SMALL_GPU, k_=12000) == "c96"    # 36 tiles fill a quarter of 64 by themselves,
     # so K is not split, and is too long for the lean tile; 128 x 96 (48 tiles) takes as many waves of 16
@@ -68,6 +73,33 @@ def test_kernel_rules_follow_the_tuning():
     assert codegen.matmul_variant(384, 1536, 1, 2048, True, caps=big) == "64t128"
     assert codegen.attention_splits(47 * 6, 47) == 3
     assert codegen.attention_splits(47 * 6, 47, tuning=SMALL_GPU) == 1
+
+
+def test_wide_fill_steers_the_slices_of_128_row_cooperative_tiles_only():
+    """matmul_resident counts 64 x 64 workgroups; the K slices of 128 x 128 and 128 x 96
+    cooperative tiles aim for wide_fill instead, so that tuning one leaves the other's
+    products alone: gpt-tiny's weight gradients (64 x 64 tiles, K = 2048) split 3 ways
+    from wide_fill 256 up (below, their slices would be long enough for 128 x 128 tiles:
+    hence a gpt-tiny-shaped product in its ladder), whisper's at batch 8 by it."""
+    from engine.codegen.matmul import slice_fill
+    assert [slice_fill(v) for v in ("c128", "c128l", "c96", "c64", "c64l", "128k8u", "64")] == [256] * 3 + [512] * 4
+    assert slice_fill("c96", Tuning(wide_fill=1024)) == 1024 and slice_fill("c64", Tuning(wide_fill=1024)) == 512
+    assert codegen.matmul_splits(36, 12000, 16, fill=256) == 7 and codegen.matmul_splits(36, 12000, 16) == 14
+    caps = replace(codegen.PLAIN, subgroups=True, workgroup_storage=49152, dialect="tint", matmul_f16=True,
+                   invocations=1024)
+
+    def weight_gradient(m, n, k, tuning):
+        g = Graph("weight gradient")
+        g.output("dw", g.matmul(g.input("x", (k, m)), g.input("d", (k, n)), transpose_a=True))
+        return compile_plan(g, loss=None, capabilities=replace(caps, tuning=tuning)).dispatches[0].variant
+
+    for fill in (256, 512, 1024):
+        assert "64x64 tile" in weight_gradient(384, 1536, 2048, Tuning(wide_fill=fill))
+        assert "K split 3 ways" in weight_gradient(384, 1536, 2048, Tuning(wide_fill=fill))
+    assert "128x96 tile" in weight_gradient(384, 1536, 12000, Tuning()) and "K split 5 ways" in weight_gradient(
+        384, 1536, 12000, Tuning())                                  # 48 tiles of 128 x 96: 240 workgroups
+    assert "K split 14 ways" in weight_gradient(384, 1536, 12000, Tuning(wide_fill=512))
+    assert "128x128 tile" in weight_gradient(384, 1536, 2048, Tuning(wide_fill=128))
 
 
 def _sum_plan(caps):
@@ -89,6 +121,21 @@ def test_winner_must_beat_the_default_by_the_margin():
     rows[0]["ms"] = 0.9
     assert tuner.pick_winner(rows, 512) == 64
     assert tuner.pick_winner([{"value": 512, "ms": 1.0}, {"value": 128, "ms": 1.0}], 512) == 512
+
+
+def test_winner_must_not_make_any_model_slower():
+    """Each model's products count alike (their time relative to the default's), and a
+    value that makes one model slower by more than the margin loses, however much it wins
+    on another: run 43's matmul_resident 256 took 0.3 ms off whisper-tiny's b8 step (its
+    long products) and put 0.2-0.3 ms on gpt-tiny's."""
+    def row(value, whisper, gpt):
+        return {"value": value, "ms": whisper + gpt, "groups": {"whisper": whisper, "gpt": gpt}}
+    assert tuner.pick_winner([row(512, 10.0, 1.0), row(256, 8.0, 1.1)], 512) == 512
+    assert tuner.pick_winner([row(512, 10.0, 1.0), row(256, 9.0, 1.02)], 512) == 256
+    assert tuner.pick_winner([row(512, 10.0, 1.0), row(256, 9.0, 1.02), row(128, 9.9, 0.8)], 512) == 128
+    assert tuner.pick_winner([row(512, 10.0, 1.0), row(256, 9.8, 1.0)], 512) == 512    # 1% on the mean
+    groups = {w.group for w in tuner.LADDERS["matmul_resident"][1]}
+    assert groups == {"whisper-tiny b8", "whisper-tiny b1", "gpt-tiny b8", "SmolLM2-135M 4x256", "other"}
 
 
 def test_the_lean_tiles_follow_the_tuning():
@@ -155,9 +202,12 @@ def test_tune_field_times_each_distinct_plan_once(monkeypatch):
     monkeypatch.setattr(tuner, "_time_ms", fake_time)
     workload = tuner._column_sum(3000, 384)
     base = replace(codegen.PLAIN, tuning=Tuning())
-    winner, rows, confirmation = tuner.tune_field(None, "sum_workgroups", base, [workload], (16, 24, 64, 512), None)
+    unchanged = tuner._matmul(64, 64, 64)   # no sum_workgroups value changes its plan: not timed
+    winner, rows, confirmation = tuner.tune_field(None, "sum_workgroups", base, [workload, unchanged],
+                                                  (16, 24, 64, 512), None)
     assert [r["value"] for r in rows] == [16, 24, 64, 128, 512]   # the default is always tried
-    assert len(built) == 2                                           # 16 and 24 lanes: two plans
+    assert len(built) == 4                      # 16 and 24 lanes: two plans, built again for the confirmation
+    assert all(list(r["workloads"]) == [workload.name] for r in rows)
     assert winner == 16 and rows[0]["ms"] == 1.0 and rows[-1]["ms"] == 2.0
     assert len(timed) == 2 + 2 * tuner.CONFIRMATIONS and confirmation["kept"]
 
@@ -201,6 +251,34 @@ def test_warming_up_runs_the_plan_in_batches_and_changes_nothing(monkeypatch):
     batches = [encoders.count(e) for e in dict.fromkeys(encoders)]
     assert batches and all(n == tuner.WARM_UP_BATCH for n in batches), batches
     np.testing.assert_array_equal(session.read_output("c"), before)
+
+
+def test_the_tuners_clock_brackets_a_plans_runs_with_two_timestamps(monkeypatch):
+    """``_time_ms`` records each timing's ``BRACKETED_RUNS`` runs into one compute pass
+    between its two timestamps (none between dispatches, as a model's step runs them: a
+    timestamp around each dispatch charged a split kernel's second one about 8 us on the
+    H100); the results stay what one run gives. A training plan copies its statistics
+    between dispatches: record_bracketed refuses it, and it is profiled instead."""
+    import numpy as np
+    from engine import models
+    from engine.train.session import build_session
+    g = tuner._graph(tuner._matmul(48, 40, 96))
+    session = tuner._session(get_device(), g, compile_plan(g, loss=None, capabilities=device_capabilities()),
+                             np.random.default_rng(0))
+    before = session.read_output("c")
+    runs = []
+    real = session.record_bracketed
+    monkeypatch.setattr(session, "record_bracketed", lambda enc, writes, n: runs.append(n) or real(enc, writes, n))
+    monkeypatch.setattr(session, "profile", lambda **options: pytest.fail("profiled"))
+    assert tuner._time_ms(session) > 0 and runs == [tuner.BRACKETED_RUNS] * tuner.STEPS
+    np.testing.assert_array_equal(session.read_output("c"), before)
+    training = build_session(models.create("mlp", ["batch=4"]).build(train=True))
+    encoder = training.device.create_command_encoder()
+    with pytest.raises(ValueError, match="copies between dispatches"):
+        training.record_bracketed(encoder, {}, 1)
+    profiled = type("Report", (), {"gpu_step_ns": [3_000_000, 1_000_000, 2_000_000]})()
+    monkeypatch.setattr(training, "profile", lambda **options: profiled)
+    assert tuner._time_ms(training) == 2.0
 
 
 def test_tuning_cache_is_keyed_and_tolerates_garbage(tmp_path):

@@ -7,7 +7,7 @@ from ..errors import DeviceError
 from ..graph.ir import Graph, Node
 from .common import Capabilities, Kernel, MAX_WORKGROUPS, PLAIN, _render
 from .matmul import (LONG_SLICE, _scaled_operands, _tile_note, _tile_of, _tile_subs, _tiled_kernel, matmul_variant,
-                     split_rule)
+                     slice_fill, split_rule)
 from .matmul_coop import COOP, coop_workgroup_bytes
 from .tile_operands import operand_fetch
 
@@ -160,7 +160,7 @@ def _conv_variant(op: str, m_: int, n_: int, nbatch: int, k_: int, caps: Capabil
     slices: 261 and 374; run 35). Products of loaded operands keep the rule: there the
     smaller tile's occupancy wins (``coop_variant``)."""
     preset = matmul_variant(m_, n_, nbatch, k_, caps=caps)
-    splits = split_rule(-(-m_ // 128) * -(-n_ // 128) * nbatch, k_, caps.tuning)
+    splits = split_rule(-(-m_ // 128) * -(-n_ // 128) * nbatch, k_, caps.tuning, caps.tuning.wide_fill)
     wide = "c128l" if k_ // splits <= caps.tuning.lean_k else "c128"
     if (op == "conv_weight_grad" and preset in ("c64", "c64l") and caps.knobs.matmul == "auto"
             and coop_workgroup_bytes(wide) <= caps.workgroup_storage and COOP[wide].threads <= caps.invocations
@@ -226,4 +226,4 @@ def _conv(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
                          f"implicit GEMM {m_}x{n_}x{k_}{f' in {classes} classes of positions' if classes > 1 else ''}, "
                          f"{_tile_note(preset, scaled)}", common,
                          _tile_subs(preset, fetch_a, fetch_b, gather_a, gather_b, lets, (m_, n_, k_), scaled),
-                         caps, extras=int(has_bias))
+                         caps, extras=int(has_bias), fill=slice_fill(preset, caps.tuning))

@@ -170,7 +170,8 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN, sums: str = ""
     apart = variant in COOP and attrs.get("gradient_of", "none") != "none"
     adds = _sums_plan(sums, variant, fetch_a, fetch_b, m_, n_) if nbatch <= 1 and not norm else None
     return _tiled_kernel(f"matmul:{node.op}", "matmul", names, types, meta, (gx, gy, max(nbatch, 1)), k_, note,
-                         common, subs, caps, extras=len(extras), epilogue_apart=apart, sums=adds)
+                         common, subs, caps, extras=len(extras), epilogue_apart=apart, sums=adds,
+                         fill=slice_fill(variant, caps.tuning))
 
 
 def _sums_plan(sums: str, variant: str, fetch_a: str, fetch_b: str, m_: int, n_: int) -> dict | None:
@@ -376,7 +377,7 @@ STORE_SCALAR = dict(STORE_ONE="    out[at] = epilogue(b, row, col, acc);",
 
 
 def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, subs, caps: Capabilities,
-                  extras=0, epilogue_apart=False, sums: dict | None = None) -> Kernel:
+                  extras=0, epilogue_apart=False, sums: dict | None = None, fill: int | None = None) -> Kernel:
     """A matmul_tiled.wgsl kernel over ``grid`` (column tiles, row tiles, batch); where
     its tiles are too few to fill the GPU (``matmul_splits``), the first stage of a split-K
     node: its K slices write raw sums to partials (the epilogue left out) and a second
@@ -388,7 +389,7 @@ def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, s
     subs = dict(subs)
     enables = subs.pop("ENABLES", ())
     state = subs.pop("STATE", False)
-    splits = matmul_splits(grid[0] * grid[1] * grid[2], k_, subs["BK"], caps.knobs, caps.tuning)
+    splits = matmul_splits(grid[0] * grid[1] * grid[2], k_, subs["BK"], caps.knobs, caps.tuning, fill)
     if grid[2] * splits > MAX_WORKGROUPS or "OUT_AT" in common:   # results mapped elsewhere: never split
         splits = 1
     apart = splits > 1 or (epilogue_apart and "OUT_AT" not in common)
@@ -443,18 +444,31 @@ MATMUL_MIN_SLICE = 256      # K a slice keeps at least: K = 384 lost at every sp
 MATMUL_MAX_SPLITS = 16
 
 
-def matmul_splits(tiles: int, k: int, bk: int, knobs: Knobs = Knobs(), tuning: Tuning = Tuning()) -> int:
+def matmul_splits(tiles: int, k: int, bk: int, knobs: Knobs = Knobs(), tuning: Tuning = Tuning(),
+                  fill: int | None = None) -> int:
     """How many K slices a tiled matmul (or convolution) with ``tiles`` workgroups,
-    reduction length ``k`` and K step ``bk`` is cut into (``split_rule``).
+    reduction length ``k`` and K step ``bk`` is cut into (``split_rule``, aiming for
+    ``fill`` workgroups: ``slice_fill``).
     ``knobs.matmul_splits`` (``MEGANEURA_MATMUL_SPLITS``) forces N (benchmarks and tests)."""
     if knobs.matmul_splits:
         return max(1, min(knobs.matmul_splits, -(-k // bk)))
-    return split_rule(tiles, k, tuning)
+    return split_rule(tiles, k, tuning, fill)
 
 
-def split_rule(tiles: int, k: int, tuning: Tuning = Tuning()) -> int:
-    """Where at least 3 slices would fit the GPU's resident workgroups in one wave
-    (``tuning.matmul_resident``), as many as fit, each at least ``MATMUL_MIN_SLICE``
+def slice_fill(variant: str, tuning: Tuning = Tuning()) -> int:
+    """Workgroups a variant's K slices aim for: ``tuning.wide_fill`` for the 128-row
+    cooperative tiles, ``tuning.matmul_resident`` for the rest. One number for both split
+    the H100's weight gradients at batch 8 (384 x 1536 over K = 12000) into 14 slices on
+    128 x 128 tiles, four waves of those where two do: the extra slices' partials cost
+    more than the fuller waves gained. matmul_resident = 256 took 0.3 ms off whisper-tiny's
+    b8 f16 step but made gpt-tiny's and whisper-tiny's b1 (64 x 64 tiles, K of 1500-2048)
+    0.2-0.3 ms slower (run 43), so the two are tuned apart."""
+    return tuning.wide_fill if variant in COOP and COOP[variant].bm == 128 else tuning.matmul_resident
+
+
+def split_rule(tiles: int, k: int, tuning: Tuning = Tuning(), fill: int | None = None) -> int:
+    """Where at least 3 slices would fit ``fill`` workgroups (default: the GPU's resident
+    ones in one wave, ``tuning.matmul_resident``), as many as fit, each at least ``MATMUL_MIN_SLICE``
     long; else 1. On the H100 (where 528 fill a wave) whisper's
     fc2 ([1500, 384] out of K = 1536, 144 tiles) went from 0.127 to 0.100 ms in 3
     slices, gpt-tiny's weight gradient (K = 2048) from 0.163 to 0.128 ms, and a 32 x 4096
@@ -465,7 +479,7 @@ def split_rule(tiles: int, k: int, tuning: Tuning = Tuning()) -> int:
     0.27 ms (4 slices, the cap until run 17) to 0.14-0.18 ms. Outputs of more tiles
     than a third of the resident workgroups are left whole: 1024^3 (256 tiles) ran
     0.086 ms whole and 0.105 ms in 2 slices."""
-    resident = tuning.matmul_resident
+    resident = fill or tuning.matmul_resident
     if tiles > resident // 3:
         return 1
     return max(1, min(resident // max(tiles, 1), k // MATMUL_MIN_SLICE, MATMUL_MAX_SPLITS))
@@ -545,10 +559,10 @@ def coop_variant(m_: int, n_: int, nbatch: int, tuning: Tuning = Tuning(), k_: i
     and whisper's fc1, 1500-12000 rows) the lean 128 x 128 tile stayed 0-10% faster: the
     default 384."""
     tiles = -(-m_ // 128) * -(-n_ // 128) * nbatch
-    wide = tiles >= tuning.matmul_resident // 4 or fills_in_slices(tiles, k_, tuning)
+    wide = tiles >= tuning.matmul_resident // 4 or fills_in_slices(tiles, k_, tuning, tuning.wide_fill)
     if not wide:
         tiles = -(-m_ // 64) * -(-n_ // 64) * nbatch
-    splits = split_rule(tiles, k_, tuning)
+    splits = split_rule(tiles, k_, tuning, tuning.wide_fill if wide else None)
     lean = k_ // splits <= tuning.lean_k
     narrow_lean = splits == 1 and n_ <= tuning.narrow_columns   # run 41: whisper's out projection at batch 8
     if wide and (not lean or narrow_lean) and n_ % COOP["c96"].bn == 0 \
@@ -572,13 +586,15 @@ def narrow_tiles_fill_better(m_: int, n_: int, nbatch: int, tuning: Tuning = Tun
 LONG_SLICE = 512   # K a 128 x 128 tile's slice needs to pay for its start and its partials
 
 
-def fills_in_slices(tiles: int, k: int, tuning: Tuning = Tuning()) -> bool:
-    """Whether ``tiles`` 128 x 128 tiles cut into K slices (``split_rule``) of at least
-    ``LONG_SLICE`` make half of ``tuning.matmul_resident`` workgroups. Whisper's weight
-    gradients at batch 8 (K = 12000 in 14 slices) ran faster so (run 31); gpt-tiny's
-    (K = 2048 in 8 slices of 256) ran 5% slower than on 64 x 64 tiles in 3 slices."""
-    splits = split_rule(tiles, k, tuning)
-    return splits > 1 and k // splits >= LONG_SLICE and tiles * splits >= tuning.matmul_resident // 2
+def fills_in_slices(tiles: int, k: int, tuning: Tuning = Tuning(), fill: int | None = None) -> bool:
+    """Whether ``tiles`` 128 x 128 tiles cut into K slices (``split_rule`` aiming for
+    ``fill``, default ``tuning.matmul_resident``) of at least ``LONG_SLICE`` make half of
+    ``fill`` workgroups. Whisper's weight gradients at batch 8 (K = 12000 in 14 slices)
+    ran faster so (run 31); gpt-tiny's (K = 2048 in 8 slices of 256) ran 5% slower than on
+    64 x 64 tiles in 3 slices."""
+    fill = fill or tuning.matmul_resident
+    splits = split_rule(tiles, k, tuning, fill)
+    return splits > 1 and k // splits >= LONG_SLICE and tiles * splits >= fill // 2
 
 
 class TilePreset(NamedTuple):

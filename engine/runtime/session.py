@@ -376,6 +376,18 @@ class Session:
                 timestamps.write(cp, i, 1)
         cp.end()
 
+    def record_bracketed(self, encoder, timestamp_writes: dict, repeats: int = 1) -> None:
+        """Record ``repeats`` runs of every dispatch into one compute pass whose
+        ``timestamp_writes`` bracket them: a plan's GPU time as a step runs it, without
+        the timestamps between dispatches that a profile writes (``meganeura tune``'s
+        clock). A plan that copies between its dispatches needs several passes: refused."""
+        if self._transfers_after:
+            raise ValueError(f"{self.graph.name}: its plan copies between dispatches; time it with profile()")
+        cp = encoder.begin_compute_pass(label="bracketed", timestamp_writes=timestamp_writes)
+        for _ in range(repeats):
+            _dispatch_raw(cp, self._steps, range(len(self._steps)))
+        cp.end()
+
     def record_parts(self) -> list:
         """A step's command buffers, to be submitted in order (``submit``): its dispatches,
         with the plan's copies after them, on Dawn in ``submission_chunks``; whole on

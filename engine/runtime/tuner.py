@@ -2,22 +2,26 @@
 this adapter, and cache the winners (engine/runtime/tuning.py reads them back).
 
 Each field of ``Tuning`` (how many workgroups fill the GPU for a kernel family, and where
-the smaller cooperative kernels win) has a few workloads shaped like the
-models' (whisper's weight gradients and fc2, a thin matmul with a long K, attention at
-batch 1, bias gradients, whisper's and SmolLM2's products, attention's dq) and a ladder
-of values.
-Every value's plans are compiled with only that field changed; values that give the
-same dispatches are timed once. The workloads' summed time picks the winner, which
-must beat the default by ``MARGIN`` to replace it, and again when both are timed a few
-more times in turn, so noise does not move a number. The GPU is kept busy first: an
+the smaller cooperative kernels win) has workloads shaped like the models' and a ladder
+of values: the matmul fields every product of whisper-tiny's (batch 8 and 1), gpt-tiny's
+and a SmolLM2-135M-shaped step (``MODEL_PRODUCTS``), the others attention at batch 1 and
+2, bias gradients and attention's dq.
+Every value's plans are compiled with only that field changed; workloads whose plan no
+value changes are not timed, and values that give the same dispatches are timed once.
+The winner must beat the default by ``MARGIN`` on the mean over models of their
+products' time relative to the default's, with no model slower by more than ``MARGIN``,
+and again when both are timed a few more times in turn, so noise does not move a number. The GPU is kept busy first: an
 idle H100's clocks made the first field's kernels look up to 4x slower.
-A plan is timed the way ``meganeura profile`` times a model: GPU timestamps around each
-dispatch inside one compute pass, the median step of ``STEPS`` (CPU wall time per
-submission where the adapter has no timestamps). Two other clocks misled on the H100:
-a pass per dispatch (needed without timestamps inside passes) made split kernels look
-2-4x slower on wgpu-native than they run inside a model, and wall time from submit to
-read-back moved by milliseconds on Dawn, whose read-back polls. A software adapter
-(lavapipe) gets tiny workloads: there it checks the machinery, not speed.
+A plan is timed as a model's step runs it: its dispatches back to back in one compute
+pass, between that pass's two timestamps (``Session.record_bracketed``), the median of
+``STEPS`` (CPU wall time per submission where the adapter has no timestamps). Three other
+clocks misled on the H100: timestamps around each dispatch (``meganeura profile``'s)
+charged a split kernel's second dispatch about 8 us of timer, so the tuner chose fewer
+slices than the models run fastest with (run 43: matmul_resident 256 made gpt-tiny's
+step 5% slower); a pass per dispatch made split kernels look 2-4x slower on wgpu-native
+than they run inside a model; and wall time from submit to read-back moved by
+milliseconds on Dawn, whose read-back polls. A software adapter (lavapipe) gets tiny
+workloads: there it checks the machinery, not speed.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from ..codegen import Capabilities, Tuning
 from ..compile.plan import compile_plan
 from ..graph.ir import Graph
 from .device import adapter_info, device_capabilities, get_device, offered_capabilities
-from .profiler import timestamp_support
+from .profiler import DispatchTimestamps, timestamp_period, timestamp_support
 from .session import Session
 from .tuning import tuning_key, write_tuning
 
@@ -47,17 +51,41 @@ TIMING_WARM_UP_SECONDS = 0.2   # each plan runs this long before it is timed (th
 
 @dataclass(frozen=True)
 class Workload:
-    """One graph timed per value: ``build(graph)`` adds its inputs and output."""
+    """One graph timed per value: ``build(graph)`` adds its inputs and output. ``group``:
+    the model whose step it stands for (a value must not make any group slower)."""
 
     name: str
     build: Callable[[Graph], None]
+    group: str = "other"
 
 
-def _matmul(m: int, n: int, k: int, transpose_a: bool = False) -> Workload:
+def _matmul(m: int, n: int, k: int, transpose_a: bool = False, group: str = "other") -> Workload:
     def build(g):
         a = g.input("a", (k, m) if transpose_a else (m, k))
         g.output("c", g.matmul(a, g.input("b", (k, n)), transpose_a=transpose_a))
-    return Workload(f"matmul {m}x{n}x{k}{' (Aᵀ)' if transpose_a else ''}", build)
+    return Workload(f"matmul {m}x{n}x{k}{' (Aᵀ)' if transpose_a else ''}", build, group)
+
+
+def _layer_products(group: str, tokens: int, width: int, qkv: int, ffn: int) -> list[Workload]:
+    """The products of a pre-norm transformer layer's training step over ``tokens`` rows:
+    the forward's (q/k/v, out projection, fc1, fc2), the input gradients of q/k/v and fc1
+    (the others have forward shapes), and the four weight gradients (K = tokens)."""
+    shapes = [(tokens, qkv, width), (tokens, width, width), (tokens, ffn, width), (tokens, width, ffn),
+              (tokens, width, qkv)]
+    products = [_matmul(m, n, k, group=group) for m, n, k in shapes]
+    return products + [_matmul(m, n, tokens, True, group) for m, n in ((width, qkv), (width, width), (width, ffn),
+                                                                         (ffn, width))]
+
+
+# The models whose products the matmul fields are tuned on, every product each one's step
+# runs: a field's value must not make any of them slower. A ladder of a few chosen products
+# missed most of those its values change (run 43: matmul_resident 128 won its ladder by 8%,
+# as it took 128 x 96 tiles from whisper's N = 384 products, which the ladder lacked, and
+# whisper-tiny's b8 step ran 0.47 ms slower).
+MODEL_PRODUCTS = [*_layer_products("whisper-tiny b8", 12000, 384, 1152, 1536),
+                  *_layer_products("whisper-tiny b1", 1500, 384, 1152, 1536),
+                  *_layer_products("gpt-tiny b8", 2048, 384, 1152, 1536),
+                  *_layer_products("SmolLM2-135M 4x256", 1024, 576, 960, 1536)]
 
 
 def _column_sum(rows: int, cols: int) -> Workload:
@@ -91,10 +119,7 @@ def _attention_grads(batch: int, seq: int, heads: int, kv_heads: int, head_dim: 
 
 # field -> (values tried, workloads on a GPU, workloads on a software adapter)
 LADDERS: dict[str, tuple[tuple[int, ...], list[Workload], list[Workload]]] = {
-    "matmul_resident": ((64, 128, 256, 512, 1024, 2048),
-                        [_matmul(384, 384, 12000, True), _matmul(1500, 384, 1536), _matmul(32, 4096, 4096),
-                         _matmul(384, 1536, 2048, True), _matmul(384, 384, 2048, True),
-                         _matmul(384, 384, 1500, True), _matmul(384, 1536, 1500, True)],
+    "matmul_resident": ((64, 128, 256, 512, 1024, 2048), [*MODEL_PRODUCTS, _matmul(32, 4096, 4096)],
                         [_matmul(192, 192, 2048, True)]),
     "attention_fill": ((96, 192, 384, 768, 1536, 3072),
                        [_attention(1, 1500, 6, 64), _attention(2, 1500, 6, 64), _attention(1, 512, 9, 64)],
@@ -102,18 +127,14 @@ LADDERS: dict[str, tuple[tuple[int, ...], list[Workload], list[Workload]]] = {
     "sum_workgroups": ((16, 32, 64, 128, 256, 512),
                        [_column_sum(12000, 384), _column_sum(3000, 1536), _column_sum(1024, 49152)],
                        [_column_sum(256, 2048)]),
-    "lean_k": ((1, 512, 1024, 2048),
-               [_matmul(12000, 1536, 384), _matmul(12000, 384, 1536), _matmul(384, 1536, 12000, True),
-                _matmul(1024, 1536, 576), _matmul(1024, 576, 1536)],
-               [_matmul(192, 192, 2048, True)]),
+    "lean_k": ((1, 512, 1024, 2048), MODEL_PRODUCTS, [_matmul(192, 192, 2048, True)]),
     "dq_long_stream": ((128, 256, 512, 1024, 2048),
                        [_attention_grads(8, 256, 6, 6, 64, True), _attention_grads(4, 256, 9, 3, 64, True),
                         _attention_grads(2, 512, 6, 6, 64, True), _attention_grads(1, 1500, 6, 6, 64, False)],
                        [_attention_grads(1, 64, 2, 1, 16, True)]),
-    "narrow_columns": ((1, 384, 768, 1536),
-                       [_matmul(12000, 384, 384), _matmul(12000, 768, 384), _matmul(2048, 1536, 384),
-                        _matmul(1500, 1536, 384)],
+    "narrow_columns": ((1, 384, 768, 1536), [*MODEL_PRODUCTS, _matmul(12000, 768, 384)],
                        [_matmul(192, 192, 2048, True)]),
+    "wide_fill": ((128, 256, 512, 1024), MODEL_PRODUCTS, [_matmul(192, 192, 2048, True)]),
     "dq_prefetch": ((1, 2, 3),
                     [_attention_grads(2, 1500, 6, 6, 64, False, dkdv=True),
                      _attention_grads(8, 256, 6, 6, 64, True, dkdv=True)],
@@ -121,7 +142,7 @@ LADDERS: dict[str, tuple[tuple[int, ...], list[Workload], list[Workload]]] = {
 }
 # fields that steer cooperative-matrix kernels only: tuned with f16 precision asked for, so
 # that an adapter offering them times those kernels whatever precision the run asked for
-COOPERATIVE_FIELDS = ("lean_k", "dq_long_stream", "narrow_columns", "dq_prefetch")
+COOPERATIVE_FIELDS = ("lean_k", "dq_long_stream", "narrow_columns", "wide_fill", "dq_prefetch")
 
 
 def _plan_signature(plan) -> tuple:
@@ -144,8 +165,28 @@ def _session(device, graph: Graph, plan, rng) -> Session:
     return session
 
 
+BRACKETED_RUNS = 2   # runs of a plan between one pair of timestamps
+
+
 def _time_ms(session: Session) -> float:
-    """The median profiled step of ``session``, in ms."""
+    """A run of ``session``'s plan, in ms: the median over ``STEPS`` timings of
+    ``BRACKETED_RUNS`` runs back to back between a pass's two timestamps; without
+    timestamps (or for a plan that copies between dispatches), the median profiled step."""
+    device = session.device
+    if timestamp_support(device) is not None:
+        stamps = DispatchTimestamps(device, 1, inside_passes=False)
+        times = []
+        try:
+            for _ in range(STEPS):
+                encoder = device.create_command_encoder(label="tune")
+                session.record_bracketed(encoder, stamps.pass_writes(0), BRACKETED_RUNS)
+                stamps.resolve(encoder)
+                device.queue.submit([encoder.finish()])
+                begin, end = stamps.read()
+                times.append((end - begin) * timestamp_period(device) / BRACKETED_RUNS / 1e6)
+            return statistics.median(times)
+        except ValueError:
+            pass
     report = session.profile(steps=STEPS, measure_overhead=False, include_build_spans=False)
     return statistics.median(report.gpu_step_ns) / 1e6
 
@@ -186,37 +227,48 @@ def tune_field(device, field: str, base: Capabilities, workloads: list[Workload]
             _warm_up(session, warm_seconds)
         return _time_ms(session)
 
-    graphs = [_graph(w) for w in workloads]
-    sessions: dict[tuple, Session] = {}
+    plans = {}
+    for value in values:
+        caps = replace(base, tuning=replace(base.tuning, **{field: value}))
+        for w in workloads:
+            g = _graph(w)
+            plans[value, w.name] = (g, compile_plan(g, loss=None, capabilities=caps))
+    # a workload whose plan no value changes adds the same time to every value: not timed
+    workloads = [w for w in workloads if len({_plan_signature(plans[v, w.name][1]) for v in values}) > 1]
     timed: dict[tuple, float] = {}
     keys_of: dict[int, list[tuple]] = {}
     rows = []
     for value in values:
-        caps = replace(base, tuning=replace(base.tuning, **{field: value}))
         keys_of[value] = []
-        for w, g in zip(workloads, graphs):
-            plan = compile_plan(g, loss=None, capabilities=caps)
+        for w in workloads:
+            g, plan = plans[value, w.name]
             key = (w.name, _plan_signature(plan))
-            if key not in sessions:
-                sessions[key] = _session(device, g, plan, rng)
-                timed[key] = measure(sessions[key])
+            if key not in timed:   # one session at a time: a ladder's would not all fit a small GPU
+                timed[key] = measure(_session(device, g, plan, rng))
             keys_of[value].append(key)
         times = [timed[k] for k in keys_of[value]]
-        rows.append({"value": value, "ms": float(sum(times)),
+        rows.append({"value": value, "ms": float(sum(times)), "groups": _group_ms(workloads, times),
                      "workloads": {w.name: t for w, t in zip(workloads, times)}})
         if progress:
             progress(f"  {field} = {value}: {sum(times):.3f} ms")
     winner = pick_winner(rows, default)
     confirmation = {}
     if winner != default and keys_of[winner] != keys_of[default]:
-        again = {winner: [], default: []}
-        if warm_seconds:   # timed back to back from here on: one warm-up keeps the clocks up
-            _warm_up(sessions[keys_of[winner][0]], warm_seconds)
-        for _ in range(CONFIRMATIONS):
+        again = {winner: [], default: []}   # per workload: its CONFIRMATIONS timings at each value
+        for w in workloads:
+            pair = {value: _session(device, *plans[value, w.name], rng) for value in again}
+            if warm_seconds:   # timed back to back from here on: one warm-up keeps the clocks up
+                _warm_up(pair[winner], warm_seconds)
+            timings = {value: [] for value in again}
+            for _ in range(CONFIRMATIONS):
+                for value, session in pair.items():
+                    timings[value].append(_time_ms(session))
             for value in again:
-                again[value].append(float(sum(_time_ms(sessions[k]) for k in keys_of[value])))
-        confirmation = {"winner": winner, "winner_ms": again[winner], "default_ms": again[default]}
-        if statistics.median(again[winner]) >= statistics.median(again[default]) * (1 - MARGIN):
+                again[value].append(timings[value])
+        median = {value: [statistics.median(t) for t in per_workload] for value, per_workload in again.items()}
+        confirmation = {"winner": winner, "winner_ms": [float(sum(t)) for t in zip(*again[winner])],
+                        "default_ms": [float(sum(t)) for t in zip(*again[default])]}
+        if not _beats(_group_ms(workloads, median[winner]), _group_ms(workloads, median[default])):
             winner = default
         confirmation["kept"] = winner != default
         if progress:
@@ -225,11 +277,34 @@ def tune_field(device, field: str, base: Capabilities, workloads: list[Workload]
     return winner, rows, confirmation
 
 
+def _group_ms(workloads: list[Workload], times: list[float]) -> dict[str, float]:
+    """The summed time of each group's workloads."""
+    groups: dict[str, float] = {}
+    for w, t in zip(workloads, times):
+        groups[w.group] = groups.get(w.group, 0.0) + float(t)
+    return groups
+
+
+def _score(groups: dict[str, float], baseline: dict[str, float]) -> float:
+    """The mean over groups of their time relative to ``baseline``'s (each model counts
+    alike, however long its products run)."""
+    return statistics.mean(groups[g] / baseline[g] if baseline[g] > 0 else 1.0 for g in baseline)
+
+
+def _beats(groups: dict[str, float], baseline: dict[str, float]) -> bool:
+    """Whether ``groups`` are faster than ``baseline`` by ``MARGIN`` on the whole
+    (``_score``) with no group slower by more than ``MARGIN``."""
+    return _score(groups, baseline) < 1 - MARGIN and all(
+        groups[g] <= baseline[g] * (1 + MARGIN) for g in baseline)
+
+
 def pick_winner(rows: list[dict], default: int) -> int:
-    """The fastest value, unless it beats ``default``'s time by less than ``MARGIN``."""
-    best = min(rows, key=lambda r: (r["ms"], r["value"] != default))
-    baseline = next(r["ms"] for r in rows if r["value"] == default)
-    return best["value"] if best["ms"] < baseline * (1 - MARGIN) else default
+    """The value with the best ``_score`` against ``default``'s times (rows without
+    ``groups`` count as one group, their ``ms``), unless it does not ``_beat`` them."""
+    groups = lambda r: r.get("groups") or {"all": r["ms"]}   # noqa: E731
+    baseline = groups(next(r for r in rows if r["value"] == default))
+    best = min(rows, key=lambda r: (_score(groups(r), baseline), r["value"] != default))
+    return best["value"] if _beats(groups(best), baseline) else default
 
 
 def measure_tuning(device=None, software: bool | None = None, fields=None, progress=None) -> dict:
@@ -260,7 +335,7 @@ def measure_tuning(device=None, software: bool | None = None, fields=None, progr
     tuned = replace(base.tuning, source="tuned")
     return {"tuning": asdict(tuned), "defaults": asdict(Tuning()), "measurements": measurements,
             "confirmations": confirmations,
-            "timing": f"gpu timestamps ({timestamp_support(device)})" if timestamp_support(device)
+            "timing": "gpu timestamps around each plan's pass" if timestamp_support(device)
             else "cpu wall time per submission",
             "seconds": time.perf_counter() - start,
             "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
