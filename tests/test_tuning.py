@@ -236,14 +236,20 @@ def test_tune_field_times_each_distinct_plan_once(monkeypatch):
                                               "kept": False}
 
 
-def test_warming_up_runs_the_plan_in_batches_and_changes_nothing(monkeypatch):
-    """``_warm_up`` records ``WARM_UP_BATCH`` steps a command encoder for as long as asked;
-    the session's results stay what one run gives."""
+def _small_session():
+    """A tuner session of a 48 x 40 x 96 matmul on this adapter, and its output after one run."""
     import numpy as np
     g = tuner._graph(tuner._matmul(48, 40, 96))
     session = tuner._session(get_device(), g, compile_plan(g, loss=None, capabilities=device_capabilities()),
                              np.random.default_rng(0))
-    before = session.read_output("c")
+    return session, session.read_output("c")
+
+
+def test_warming_up_runs_the_plan_in_batches_and_changes_nothing(monkeypatch):
+    """``_warm_up`` records ``WARM_UP_BATCH`` steps a command encoder for as long as asked;
+    the session's results stay what one run gives."""
+    import numpy as np
+    session, before = _small_session()
     encoders = []
     real_record = session.record
     monkeypatch.setattr(session, "record", lambda encoder: encoders.append(encoder) or real_record(encoder))
@@ -262,10 +268,7 @@ def test_the_tuners_clock_brackets_a_plans_runs_with_two_timestamps(monkeypatch)
     import numpy as np
     from engine import models
     from engine.train.session import build_session
-    g = tuner._graph(tuner._matmul(48, 40, 96))
-    session = tuner._session(get_device(), g, compile_plan(g, loss=None, capabilities=device_capabilities()),
-                             np.random.default_rng(0))
-    before = session.read_output("c")
+    session, before = _small_session()
     runs = []
     real = session.record_bracketed
     monkeypatch.setattr(session, "record_bracketed", lambda enc, writes, n: runs.append(n) or real(enc, writes, n))
