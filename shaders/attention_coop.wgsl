@@ -1,25 +1,25 @@
 // Attention archetype, cooperative-matrix path (flash attention forward, f16 operands on
 // the tensor cores, f32 accumulation and softmax). One workgroup of 4 subgroups (128
 // threads, subgroups of 32) per (block of BQ = 64 queries, head, batch); subgroup sg owns
-// queries q0 + 16 sg .. + 15. Its Q rows (rounded to f16) are staged once, the first 32
-// through Kh and the last through Vh, and kept as D / 16 left fragments. For each block of
-// BKV = 32 keys, K and V are staged as f16 (key-major, rows padded by 8 halves): K's
-// registers were fetched during the previous block's products, V's are fetched as the
+// queries q0 + 16 sg .. + 15. Its Q rows (rounded to f16) are staged once through Kh and
+// Vh (all 64 at once where they hold 32 rows each, else in rounds) and kept as D / 16
+// left fragments. For each block of BKV = 16 keys (32 where D is 16 or 48), K and V are
+// staged as f16 (key-major, rows padded by 8 halves): K's registers were fetched during the previous block's products, V's are fetched as the
 // block starts and stored after its softmax, so that no load's latency stands between two
 // barriers (staged as fetched, the forward ran 14% slower: run 32). Then each subgroup:
-//   S [16 x 32] = Q K^T in 2 result fragments, stored to its f32 scratch Sc;
+//   S [16 x BKV] = Q K^T in BKV / 16 result fragments, stored to its f32 scratch Sc;
 //   its lanes run the online softmax on S * scale * log2(e) in f32 (the scores are f32
 //   products of the f16-rounded q and k, rounded no further; a lane takes row lane % 16
 //   and the keys of parity lane / 16, in a rotated order so that the 32 lanes' scratch
-//   reads hit 32 banks; rows SS = 36 floats apart, 4 banks, for that and for the stores):
+//   reads hit 32 banks; rows SS = BKV + BKV / 8 floats apart, for that and for the stores):
 //   P = exp2(S - m) rounded to f16 into its Ph and the row sum of the rounded P (what P V
 //   multiplies), against a reference m per row that only moves when a block's max exceeds
 //   it by more than LAZY (P <= 2^LAZY: f16 holds it, f32 sums it);
 //   O += P V on D / 16 result fragments.
-// Blocks of 32 keys keep the workgroup's memory under 24 KiB, so that two workgroups share
-// an SM: on the H100 a workgroup of 28 KiB or more has one to itself (run 37).
+// Blocks of 16 keys keep the workgroup's memory at 12.3 KiB, so that three workgroups
+// share an SM of the H100 (32 keys: 23 KiB, two; 28 KiB or more: one; runs 37, 40, 43).
 // A result fragment cannot be scaled per row, so when a row's m moves while its O holds
-// anything, every subgroup takes O through Sc (two fragments at a time) to multiply each
+// anything, every subgroup takes O through Sc (BKV / 16 fragments at a time) to multiply each
 // row by its factor: a workgroup-uniform branch, rare after the first block (whose O is
 // still 0). At the end O / l goes through Sc the same way, so that the lanes write whole
 // rows of the output.

@@ -45,43 +45,82 @@ def test_cooperative_attention_follows_the_matmul_precision_and_head_dim():
     per_query = codegen.Capabilities(workgroup_storage=49152, dialect="tint", matmul_f16=True,
                                      knobs=Knobs(attention="per-query"))
     assert _variant(per_query, 1, 40, 40, 2, 2, 64) == "one thread per query"
-    small = codegen.Capabilities(workgroup_storage=16384, dialect="tint", matmul_f16=True)
-    assert _variant(small, 1, 40, 40, 2, 2, 64).startswith("tiled (flash)")          # 23 KiB does not fit
+    small = codegen.Capabilities(workgroup_storage=12288, dialect="tint", matmul_f16=True)
+    assert _variant(small, 1, 40, 40, 2, 2, 64).startswith("tiled (flash)")          # 12.3 KiB does not fit
     # under 24 KiB, two workgroups share an SM of the H100 (one of 28 KiB or more has it alone)
     assert all(codegen.attention_coop.coop_attention_bytes(d) <= 24576 for d in (16, 32, 48, 64))
     assert "keys split" in _variant(COOP_CAPS, 1, 1500, 1500, 6, 6, 64)             # 24 x 6 workgroups
     assert "split" not in _variant(COOP_CAPS, 8, 1500, 1500, 6, 6, 64)
 
 
+def test_forward_blocks_of_16_keys_fit_three_workgroups_an_sm():
+    """The forward streams 16 keys a block where a block's K rows are whole vec4s for each
+    of its 128 threads (D = 32, 64): 12.3 KiB at D = 64, under the 16 KiB at which three
+    workgroups share an SM of the H100 (run 43); D = 16 and 48 keep blocks of 32, under
+    24 KiB (two)."""
+    assert [codegen.attention_coop.forward_keys(d) for d in (16, 32, 48, 64)] == [32, 16, 32, 16]
+    assert codegen.attention_coop.coop_attention_bytes(64) == 12560 <= 16384
+    assert codegen.attention_coop.coop_attention_bytes(32) <= 16384
+    assert "64 queries x 16 keys" in _variant(COOP_CAPS, 8, 1500, 1500, 6, 6, 64)
+    assert "64 queries x 32 keys" in _variant(COOP_CAPS, 1, 100, 90, 3, 3, 48)
+
+
+@pytest.mark.parametrize("d", [16, 32, 48, 64])
+def test_each_subgroup_loads_its_own_query_rows(d):
+    """Q's 64 rows go through the K and V tiles (all at once for tiles of 32 rows, in two
+    rounds for 16): following the generated staging and loads in order, each subgroup's
+    fragments come from the tile rows that hold its queries 16 sg .. 16 sg + 15."""
+    import re
+    subs = codegen.attention_coop._coop_subs(d)
+    d4, holds, loaded = d // 4, {"Kh": {}, "Vh": {}}, {}
+    for line in (subs["STAGE_Q"] + "\n" + subs["LOAD_Q"]).splitlines():
+        put = re.search(r"put_(k|v)\(tid \+ (\d+)u, fetch_rows\(tid \+ (\d+)u, b, h, q0( \+ (\d+)u)?,", line)
+        if put:
+            tile, at, element, start = "Kh" if put[1] == "k" else "Vh", int(put[2]), int(put[3]), int(put[5] or 0)
+            for tid in range(128):
+                holds[tile][(at + tid) // d4] = start + (element + tid) // d4
+        branch = re.search(r"if \(sg (==|<) (\d+)u\)|\} else \{", line)
+        if branch:
+            group = [int(branch[2])] if branch[1] == "==" else [0, 1] if branch[1] == "<" else [2, 3]
+        load = re.search(r"qf0 = subgroupMatrixLoad<[^>]*>>\(&(Kh|Vh), (.+?) \* KS \+ 0u", line)
+        if load:
+            for sg in group:
+                row = eval(load[2].replace("u", "").replace("sg", str(sg)))   # "(sg - 2) * 16" or "16"
+                loaded[sg] = [holds[load[1]][row + i] for i in range(16)]
+    assert loaded == {sg: list(range(16 * sg, 16 * sg + 16)) for sg in range(4)}, d
+
+
 BANKS = 32   # 4-byte banks of workgroup memory (every GPU this runs on)
 
 
 def test_the_scratch_rows_keep_fragment_stores_and_softmax_reads_on_every_bank():
-    """A subgroup's f32 scratch (the forward's rows of 32 columns, the backward's of 64,
+    """A subgroup's f32 scratch (the forward's rows of 16 or 32 columns, the backward's of 64,
     ``scratch_row`` floats apart): storing a 16 x 16 result fragment puts 8 of its 256
     floats on each of the 32 banks (the fewest passes), and at each step the lanes'
     softmax reads (lane: row lane % 16, column 2 ((c + row) % (width / 2)) + lane / 16)
     hit 32 different banks. Rows 64 floats apart for 64 columns, as before run 37, put
     every row on the same 16 banks and fail the first."""
-    for width in (32, 64):
+    for width in (16, 32, 64):
         row = codegen.attention_coop.scratch_row(width)
         per_bank = np.bincount([(i * row + j) % BANKS for i in range(16) for j in range(16)], minlength=BANKS)
         assert per_bank.max() == 16 * 16 // BANKS, width
         for c in range(width // 2):
             banks = {(lane % 16 * row + (c + lane % 16) % (width // 2) * 2 + lane // 16) % BANKS for lane in range(32)}
-            assert len(banks) == BANKS, (width, c)
+            assert len(banks) == min(BANKS, width), (width, c)   # 16 columns: two lanes a bank
 
 
 def test_the_rescale_scales_every_column_of_each_round_once():
-    """The rescaling branch takes O through the scratch in rounds of one or two fragments:
-    for every head dim each round's lanes (row r = lane % 16, parity lane / 16) multiply
-    each of the round's columns of their row exactly once (a round of one fragment, at
-    D = 16 and 48, once scaled columns past it and left half of its own)."""
+    """The rescaling branch takes O through the scratch in rounds of as many fragments as
+    a block has keys (one at D = 32 and 64, two at 16 and 48): for every head dim each
+    round's lanes (row r = lane % 16, parity lane / 16) multiply each of the round's
+    columns of their row exactly once (a last round of one fragment, at D = 16 and 48,
+    once scaled columns past it and left half of its own)."""
     import re
     for d in (16, 32, 48, 64):
         rescale = codegen.attention_coop._coop_subs(d)["RESCALE"]
         rounds = rescale.split("subgroupMatrixLoad")[:-1]
-        widths = [16 * len(frags) for frags in codegen.attention_coop._fragment_rounds(d)]
+        per = codegen.attention_coop.forward_keys(d) // 16   # the scratch's columns: 16 or 32 (D = 16, 48)
+        widths = [16 * len(frags) for frags in codegen.attention_coop._fragment_rounds(d, per)]
         steps = [re.findall(r"Sc\[sb \+ r \* SS \+ \((\d+)u \+ r\) % (\d+)u \* 2u \+ half\] =", text)
                  for text in rescale.split("workgroupBarrier();")[1::3]]
         assert len(steps) == len(widths) and rounds, d

@@ -14,29 +14,44 @@ from .common import Capabilities, Kernel, _finish, _render, f32_bits
 from .matmul_coop import COOP_ENABLES, COOP_FRAGMENT
 
 COOP_QUERIES = 64      # queries a workgroup owns: 16 for each of its 4 subgroups
-COOP_KEYS = 32         # keys a block: the workgroup's memory stays under 24 KiB (two a SM, run 37; the
-                       # H100's Vulkan driver gives a pipeline about 48 KiB an SM, run 40)
+COOP_KEYS = 16         # keys a block: 12.3 KiB of workgroup memory, so that three workgroups share an SM
+                       # of the H100 (run 43); its Vulkan driver gives a pipeline about 48 KiB an SM (run 40)
+COOP_KEYS_WIDE = 32    # head dims whose 16-key blocks are no whole number of vec4s a thread (16, 48)
 COOP_SUBGROUPS = 4
 _HALF_PAD = 8          # halves a row of the f16 tiles is padded by (rows stay 16-byte aligned)
 
 
 def scratch_row(width: int) -> int:
-    """Floats a row of a subgroup's f32 scratch holding ``width`` columns (32 or 64), rows
+    """Floats a row of a subgroup's f32 scratch holding ``width`` columns (16, 32 or 64), rows
     ``width / 8`` banks apart: a 16 x 16 result fragment is stored in the fewest passes
     (8 of its 256 floats a bank) and the lanes' rotated reads of a row (lane: row
     lane % 16, column 2 ((c + row) % (width / 2)) + lane / 16) hit 32 banks. At 64 floats
     for 64 columns every row began on bank 0 and a fragment took twice the passes: the
-    attention kernels ran 7-10% slower (run 37)."""
+    attention kernels ran 7-10% slower (run 37). At 16 columns (18 floats) the reads hit 16
+    banks, two lanes each: no row length does better with that order of reads."""
     return width + width // 8
+
+
+def forward_keys(head_dim: int) -> int:
+    """Keys a block of the forward: ``COOP_KEYS`` where a block's K (and V) rows are a
+    whole number of vec4s for each of the workgroup's threads, else ``COOP_KEYS_WIDE``.
+    Blocks of 16 keys (12.3 KiB at D = 64, three workgroups an SM) took whisper-tiny's
+    encoder attention at batch 8 from 1600-1610 to 1267-1269 us a step, the encoder from
+    3.76-3.82 to 3.39-3.41 ms, its b8 training step from 13.17-13.32 to 12.91-12.94 ms,
+    gpt-tiny's step even (run 43): three barriers a block of half the products, but a
+    third more warps an SM and whisper's 1,152 workgroups in three full waves, not four
+    and a third."""
+    return COOP_KEYS if COOP_KEYS * head_dim // 4 % (32 * COOP_SUBGROUPS) == 0 else COOP_KEYS_WIDE
 
 
 def coop_attention_bytes(head_dim: int) -> int:
     """Workgroup memory of attention_coop.wgsl: the f16 K and V blocks (padded rows; Q is
-    staged through both), each subgroup's f16 P rows and f32 scratch of 16 x 32, the
-    rows' flags and factors."""
-    kv = 2 * 2 * COOP_KEYS * (head_dim + _HALF_PAD)
-    p = 2 * COOP_SUBGROUPS * 16 * (COOP_KEYS + _HALF_PAD)
-    return kv + p + 4 * COOP_SUBGROUPS * 16 * scratch_row(COOP_KEYS) + 4 * (COOP_SUBGROUPS + COOP_QUERIES)
+    staged through both), each subgroup's f16 P rows and f32 scratch of 16 x the block's
+    keys, the rows' flags and factors."""
+    keys = forward_keys(head_dim)
+    kv = 2 * 2 * keys * (head_dim + _HALF_PAD)
+    p = 2 * COOP_SUBGROUPS * 16 * (keys + _HALF_PAD)
+    return kv + p + 4 * COOP_SUBGROUPS * 16 * scratch_row(keys) + 4 * (COOP_SUBGROUPS + COOP_QUERIES)
 
 
 def coop_attention_supported(head_dim: int, caps: Capabilities) -> bool:
@@ -87,10 +102,38 @@ def _result(name: str) -> str:
     return f"var {name} = subgroup_matrix_result<f32, {COOP_FRAGMENT}, {COOP_FRAGMENT}>();"
 
 
-def _fragment_rounds(d: int) -> list[list[int]]:
-    """O's result fragments as they go through a subgroup's scratch of 32 columns: two at a time."""
+def _fragment_rounds(d: int, per: int = 2) -> list[list[int]]:
+    """O's result fragments as they go through a subgroup's scratch: ``per`` at a time (two
+    for a scratch of 32 columns)."""
     frags = list(range(d // COOP_FRAGMENT))
-    return [frags[i:i + 2] for i in range(0, len(frags), 2)]
+    return [frags[i:i + per] for i in range(0, len(frags), per)]
+
+
+def _staged_q(d: int, tile_rows: int, threads: int) -> tuple[list[str], list[str]]:
+    """(STAGE_Q, LOAD_Q) of the forward: Q's 64 rows (rounded to f16) staged through the K
+    and V tiles of ``tile_rows`` rows, each subgroup loading its 16 rows as D / 16 left
+    fragments. Tiles of 32 rows hold them at once (``fragments_of_two_tiles``); smaller
+    ones in rounds of 2 ``tile_rows``, a barrier before and after each round's loads."""
+    f, dk = COOP_FRAGMENT, d // COOP_FRAGMENT
+    fetch = lambda first: lambda n: f"fetch_rows(tid + {n * threads}u, b, h, {first}, T, H, 0u)"  # noqa: E731
+    per_round = 2 * tile_rows
+    if per_round >= COOP_QUERIES:
+        return (staged_in_two_tiles(("put_k", "put_v"), fetch("q0"), COOP_QUERIES * d // 4 // threads,
+                                    tile_rows * d // 4, threads), fragments_of_two_tiles("qf", ("Kh", "Vh"), dk))
+    stage = [f"    var qf{kk}: subgroup_matrix_left<f16, {f}, {f}>;" for kk in range(dk)]
+    loads = []
+    for start in range(0, COOP_QUERIES, per_round):
+        if start:
+            stage += ["    workgroupBarrier();", *loads, "    workgroupBarrier();"]
+        stage += staged_in_two_tiles(("put_k", "put_v"), fetch(f"q0 + {start}u"), per_round * d // 4 // threads,
+                                     tile_rows * d // 4, threads)
+        loads = []
+        for sg in range(start // 16, (start + per_round) // 16):
+            tile, row = ("Kh", "Vh")[(sg * 16 - start) // tile_rows], (sg * 16 - start) % tile_rows
+            loads += [f"    if (sg == {sg}u) {{"] + [
+                f"        qf{kk} = {_fragment('left', tile, f'{row}u * KS + {f * kk}u', False, 'KS')};"
+                for kk in range(dk)] + ["    }"]
+    return stage, loads
 
 
 def _coop_subs(d: int) -> dict:
@@ -103,15 +146,14 @@ def _coop_subs(d: int) -> dict:
     done), the lanes' softmax over their 16 keys of a row, P V (P row-major in Ph, V
     row-major in Vh) accumulated on O's result fragments, their rare rescaling and the
     output, both through the scratch two fragments at a time."""
-    f, dk, keys = COOP_FRAGMENT, d // COOP_FRAGMENT, COOP_KEYS // 2
+    f, dk, block = COOP_FRAGMENT, d // COOP_FRAGMENT, forward_keys(d)
+    keys = block // 2
     ind = " " * 8
     key = lambda c: f"({c}u + r) % {keys}u * 2u + half"  # noqa: E731
     col = lambda c, width: f"({c}u + r) % {width // 2}u * 2u + half"  # noqa: E731   of a round's columns
     threads = 32 * COOP_SUBGROUPS
-    elements = [f"tid + {n * threads}u" for n in range(COOP_KEYS * d // 4 // threads)]
-    stage_q = staged_in_two_tiles(("put_k", "put_v"), lambda n: f"fetch_rows(tid + {n * threads}u, b, h, q0, T, H, 0u)",
-                                  COOP_QUERIES * d // 4 // threads, COOP_KEYS * d // 4, threads)
-    load_q = fragments_of_two_tiles("qf", ("Kh", "Vh"), dk)
+    elements = [f"tid + {n * threads}u" for n in range(block * d // 4 // threads)]
+    stage_q, load_q = _staged_q(d, block, threads)
     fetch_first = [f"    var kr{n} = fetch_rows({e}, b, hk, part * per_part * BKV, S, HKV, 1u);"
                    for n, e in enumerate(elements)]
     stage = ([f"{ind}put_k({e}, kr{n});" for n, e in enumerate(elements)]
@@ -119,7 +161,7 @@ def _coop_subs(d: int) -> dict:
     fetch_next = [f"{ind}kr{n} = fetch_rows({e}, b, hk, k0 + BKV, S, HKV, 1u);" for n, e in enumerate(elements)]
     put_v = [f"{ind}put_v({e}, vr{n});" for n, e in enumerate(elements)]
     scores = []
-    for n in range(COOP_KEYS // f):
+    for n in range(block // f):
         scores.append(ind + _result(f"s{n}"))
         scores += [f"{ind}s{n} = subgroupMatrixMultiplyAccumulate(qf{kk}, "
                    f"{_fragment('right', 'Kh', f'{f * n}u * KS + {f * kk}u', True, 'KS')}, s{n});" for kk in range(dk)]
@@ -129,15 +171,15 @@ def _coop_subs(d: int) -> dict:
     probabilities = [f"{ind}{{ let p = f16(select(0.0, exp2(sv[{c}] - mx_new), sv[{c}] > NEG)); "
                      f"Ph[pb + r * PS + {key(c)}] = p; sum = sum + f32(p); }}" for c in range(keys)]
     pv = [f"{ind}let pf{kk} = {_fragment('left', 'Ph', f'pb + {f * kk}u', False, 'PS')};"
-          for kk in range(COOP_KEYS // f)]
+          for kk in range(block // f)]
     for n in range(dk):
         pv += [f"{ind}of{n} = subgroupMatrixMultiplyAccumulate(pf{kk}, "
                f"{_fragment('right', 'Vh', f'{f * kk}u * KS + {f * n}u', False, 'KS')}, of{n});"
-               for kk in range(COOP_KEYS // f)]
+               for kk in range(block // f)]
     store = lambda frags, pre: [f"{pre}subgroupMatrixStore(&Sc, sb + {f * i}u, of{n}, false, SS);"  # noqa: E731
                                 for i, n in enumerate(frags)]
     rescale, write_o = [], []
-    for frags in _fragment_rounds(d):
+    for frags in _fragment_rounds(d, block // f):
         width = f * len(frags)
         rescale += (store(frags, ind + "    ") + [f"{ind}    workgroupBarrier();"]
                     + [f"{ind}    Sc[sb + r * SS + {col(c, width)}] = Sc[sb + r * SS + {col(c, width)}] * corr;"
@@ -153,7 +195,7 @@ def _coop_subs(d: int) -> dict:
                     f"            out[base + ((b * T + row) * H + h) * D + {f * frags[0]}u + e % {width}u] = "
                     f"Sc[sb + e / {width}u * SS + e % {width}u] * Inv[16u * sg + e / {width}u];",
                     "        }", "    }", "    workgroupBarrier();"])
-    return dict(D=d, BKV=COOP_KEYS, LANE_KEYS=keys, PAD=_HALF_PAD, SS=scratch_row(COOP_KEYS),
+    return dict(D=d, BKV=block, LANE_KEYS=keys, PAD=_HALF_PAD, SS=scratch_row(block),
                 PUT_TILES=put_tiles(("k", "Kh"), ("v", "Vh")),
                 LOAD_Q="\n".join(load_q), STAGE_Q="\n".join(stage_q),
                 RESULTS="\n".join("    " + _result(f"of{n}") for n in range(dk)),
@@ -181,14 +223,14 @@ def coop_attention(graph: Graph, node: Node, bsz, t, s, h, hkv, d, causal, scale
     (``attention_splits``; the parts combined by attention_splits.wgsl, as the SIMT
     kernel's); with ``lse_at`` (attention_stats) its rows' log-sum-exp from there on."""
     blocks = -(-t // COOP_QUERIES)
-    splits = attention_splits(blocks * h * bsz, -(-s // COOP_KEYS), caps.knobs, caps.tuning)
+    splits = attention_splits(blocks * h * bsz, -(-s // forward_keys(d)), caps.knobs, caps.tuning)
     grid = _split_grid(graph, node, blocks, h, bsz, splits)
     meta = [t, s, h, hkv, causal, f32_bits(scale * math.log2(math.e)), splits, bsz]
     kernel = _finish("attention", "attention", "attention_coop.wgsl", ["q", "k", "v"], ["vec4<f32>"] * 3, "f32",
                      meta, grid, caps, enables=COOP_ENABLES + ("subgroups",),
                      SPLIT="true" if splits > 1 else "false", LSE_AT=lse_at, **_coop_subs(d))
     f = COOP_FRAGMENT
-    kernel.notes["variant"] = (f"cooperative flash {COOP_QUERIES} queries x {COOP_KEYS} keys, "
+    kernel.notes["variant"] = (f"cooperative flash {COOP_QUERIES} queries x {forward_keys(d)} keys, "
                                f"f16 {f}x{f}x{f} -> f32, {COOP_SUBGROUPS} subgroups"
                                + (", its rows' log-sum-exp kept" if lse_at else ""))
     kernel.guarded = True
