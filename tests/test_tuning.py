@@ -330,3 +330,43 @@ def test_tune_command_json(tmp_path):
     shown = json.loads(run("--reset", "--json").stdout)
     assert not shown["cached"] and shown["tuning"] == asdict(Tuning())
     assert not Path(shown["path"]).exists()
+
+
+def test_a_models_products_join_the_matmul_ladders(monkeypatch, capsys):
+    """``meganeura tune SOURCE`` adds the distinct products of SOURCE's training step (as a
+    session compiles it: q/k/v stacked, rows of every batch flattened where the weight is
+    shared) to the matmul fields' workloads, as one more model none of them may slow; each
+    workload builds the product it names. --show and --reset with SOURCE are refused."""
+    import argparse
+    import numpy as np
+    from engine import models
+    from engine.cli import tune as tune_command
+    from engine.errors import MeganeuraError
+    from engine.graph import reference
+    products = tuner.model_products(models.create("whisper-tiny", ["batch=2", "mel_len=3000"]), "mine")
+    assert {w.group for w in products} == {"mine"}
+    assert sorted(w.name for w in products) == sorted(
+        ["matmul 3 x 3000x384x384", "matmul 3000x384x384", "matmul 3000x1536x384", "matmul 3000x384x1536",
+         "matmul 1536x384x3000 (Aᵀ)", "matmul 3000x1536x384 (Bᵀ)", "matmul 384x1536x3000 (Aᵀ)",
+         "matmul 3000x384x1536 (Bᵀ)", "matmul 384x384x3000 (Aᵀ)", "matmul 3000x384x384 (Bᵀ)",
+         "matmul 3000x384x1152 (Bᵀ)", "matmul 1152x384x3000 (Aᵀ)"])
+    rng = np.random.default_rng(0)
+    for w in (tuner._matmul(24, 20, 16, batch=(1, 3)), tuner._matmul(24, 20, 16, transpose_b=True),
+              tuner._matmul(24, 20, 16, True)):
+        g = tuner._graph(w)
+        inputs = {n: rng.standard_normal(g[i].shape).astype(np.float32) for n, i in g.inputs.items()}
+        out = reference.run(g, inputs, {}, np.float64)["c"]
+        assert out.shape[-2:] == (24, 20) and out.size == 24 * 20 * (3 if "3 x" in w.name else 1), w.name
+    timed = {}
+    monkeypatch.setattr(tuner, "tune", lambda progress=None, products=(): timed.setdefault("products", products) and {
+        "tuning": asdict(Tuning()), "defaults": asdict(Tuning()), "measurements": {}, "models": ["mine"]})
+    args = argparse.Namespace(model="gpt-tiny", settings=["batch=1", "seq=8"], inference=False, loss=None,
+                              target=None, json=True, show=False, reset=False)
+    assert tune_command._tune(args) == 0
+    assert {w.group for w in timed["products"]} == {"gpt-tiny batch=1 seq=8"} and len(timed["products"]) > 4
+    assert "join the matmul fields' workloads" in capsys.readouterr().err
+    with pytest.raises(MeganeuraError, match="--show measures nothing"):
+        tune_command._tune(argparse.Namespace(**{**vars(args), "show": True}))
+    shown = {"adapter": {"name": "GPU", "backend": "Vulkan", "wgpu": "dawn"}, "tuning": asdict(Tuning()),
+             "defaults": asdict(Tuning()), "models": ["gpt-tiny b8", "mine"], "path": "tuning.json"}
+    assert "Models   gpt-tiny b8, mine (none of their products may get slower)" in format_tuning(shown)

@@ -9,11 +9,19 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from .commands import progress
+from .commands import loss_arguments, open_model, progress
 from .registry import register_command
+from ..errors import MeganeuraError
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", metavar="SOURCE", nargs="?",
+                        help="also time the products of this model's training step (a built-in model name, an "
+                             ".onnx file or a Hugging Face checkpoint folder): no tuned value may make it slower")
+    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="NAME=VALUE",
+                        help="setting of SOURCE, e.g. --set batch=8 (repeatable)")
+    parser.add_argument("--inference", action="store_true", help="time SOURCE's inference graph, not its training")
+    loss_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--show", action="store_true", help="print the tuning plans use now; measure nothing")
@@ -45,6 +53,8 @@ def format_tuning(report: dict) -> str:
     if report.get("measurements"):
         lines.append(f"Timed    {report.get('timing', '?')}, {report.get('seconds', 0):.1f} s, "
                      f"{report.get('measured_at', '')}")
+    if report.get("models"):
+        lines.append(f"Models   {', '.join(report['models'])} (none of their products may get slower)")
     lines.append("")
     measurements = report.get("measurements", {})
     for field, default in report["defaults"].items():
@@ -60,8 +70,21 @@ def format_tuning(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _model_products(args: argparse.Namespace) -> list:
+    """The products of SOURCE's training step (or inference graph), grouped under its name and settings."""
+    from ..runtime.tuner import model_products
+    model = open_model(args)
+    group = " ".join([model.name, *args.settings])
+    products = model_products(model, group, train=not args.inference)
+    progress(f"{group}: {len(products)} distinct products join the matmul fields' workloads")
+    return products
+
+
 def _tune(args: argparse.Namespace) -> int:
     from ..runtime.tuner import tune
+    if args.model and (args.reset or args.show):
+        raise MeganeuraError(f"--{'reset' if args.reset else 'show'} measures nothing: "
+                             f"SOURCE ({args.model}) only joins a tuning run")
     if args.reset:
         Path(current_tuning()["path"]).unlink(missing_ok=True)
         report = current_tuning()
@@ -70,8 +93,9 @@ def _tune(args: argparse.Namespace) -> int:
         report = current_tuning()
     else:
         adapter, _ = _adapter()
+        products = _model_products(args) if args.model else []
         progress(f"tuning {adapter['name']}: timing kernels at several workgroup counts")
-        report = {**tune(progress=progress), "adapter": adapter, "cached": True}
+        report = {**tune(progress=progress, products=products), "adapter": adapter, "cached": True}
     print(json.dumps(report, indent=2) if args.json else format_tuning(report))
     return 0
 

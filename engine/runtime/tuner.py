@@ -9,9 +9,11 @@ and a SmolLM2-135M-shaped step (``MODEL_PRODUCTS``), the others attention at bat
 Every value's plans are compiled with only that field changed; workloads whose plan no
 value changes are not timed, and values that give the same dispatches are timed once.
 The winner must beat the default by ``MARGIN`` on the mean over models of their
-products' time relative to the default's, with no model slower by more than ``MARGIN``,
-and again when both are timed a few more times in turn, so noise does not move a number. The GPU is kept busy first: an
-idle H100's clocks made the first field's kernels look up to 4x slower.
+products' time relative to the default's, with no model's products slower by more than
+``MARGIN`` (products timed alone: a step can still run slower, run 43),
+and again when both are timed a few more times in turn, so noise does not move a number.
+The GPU is kept busy first: an idle H100's clocks made the first field's kernels look up
+to 4x slower.
 A plan is timed as a model's step runs it: its dispatches back to back in one compute
 pass, between that pass's two timestamps (``Session.record_bracketed``), the median of
 ``STEPS`` (CPU wall time per submission where the adapter has no timestamps). Three other
@@ -26,6 +28,7 @@ workloads: there it checks the machinery, not speed.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
@@ -59,11 +62,50 @@ class Workload:
     group: str = "other"
 
 
-def _matmul(m: int, n: int, k: int, transpose_a: bool = False, group: str = "other") -> Workload:
+def _matmul(m: int, n: int, k: int, transpose_a: bool = False, group: str = "other", transpose_b: bool = False,
+            batch: tuple[int, int] = (1, 1)) -> Workload:
+    """An m x n product over k; ``batch``: A's and B's leading batch (1: none; a stack of
+    B's, one A: q/k/v's weights)."""
     def build(g):
-        a = g.input("a", (k, m) if transpose_a else (m, k))
-        g.output("c", g.matmul(a, g.input("b", (k, n)), transpose_a=transpose_a))
-    return Workload(f"matmul {m}x{n}x{k}{' (Aᵀ)' if transpose_a else ''}", build, group)
+        a = (k, m) if transpose_a else (m, k)
+        b = (n, k) if transpose_b else (k, n)
+        a, b = ((count, *shape) if count > 1 else shape for count, shape in zip(batch, (a, b)))
+        g.output("c", g.matmul(g.input("a", a), g.input("b", b), transpose_a=transpose_a, transpose_b=transpose_b))
+    stacked = "x".join(str(c) for c in batch if c > 1)
+    marks = "".join(mark for mark, on in ((" (Aᵀ)", transpose_a), (" (Bᵀ)", transpose_b)) if on)
+    return Workload(f"matmul {stacked + ' x ' if stacked else ''}{m}x{n}x{k}{marks}", build, group)
+
+
+def graph_products(graph: Graph, group: str) -> list[Workload]:
+    """The distinct products of ``graph`` (its matmul and fused_matmul nodes, rows of a
+    batched A flattened where B is shared) as workloads of ``group``: ``meganeura tune
+    SOURCE`` adds a user's model to those the matmul fields may not make slower.
+    Products of batched A and B beyond one leading axis are left out."""
+    seen: dict[tuple, Workload] = {}
+    for node in graph.nodes:
+        if node.op not in ("matmul", "fused_matmul"):
+            continue
+        a, b = (tuple(graph[i].shape) for i in node.inputs[:2])
+        ta, tb = bool(node.attrs.get("transpose_a")), bool(node.attrs.get("transpose_b"))
+        if len(b) == 2 and not ta:
+            a = (math.prod(a[:-1]), a[-1])                  # rows of every batch share B
+        if len(a) > 3 or len(b) > 3 or (len(a) == 3 and len(b) == 3 and a[0] != b[0]):
+            continue
+        batch = (a[0] if len(a) == 3 else 1, b[0] if len(b) == 3 else 1)
+        (k, m), (n, _) = (a[-2:] if ta else a[-2:][::-1]), (b[-2:] if tb else b[-2:][::-1])
+        key = (m, n, k, ta, tb, batch)
+        seen.setdefault(key, _matmul(m, n, k, ta, group, tb, batch))
+    return list(seen.values())
+
+
+def model_products(model, group: str, train: bool = True) -> list[Workload]:
+    """``graph_products`` of ``model``'s step as a session compiles it: its training step
+    (optimized, differentiated and optimized again, through the graph cache) where
+    ``train``, else its inference graph."""
+    from ..compile.cache import cached_optimize, cached_training_graph
+    graph = model.build(train=train)
+    graph = cached_training_graph(graph, "loss")[0] if train else cached_optimize(graph)[0]
+    return graph_products(graph, group)
 
 
 def _layer_products(group: str, tokens: int, width: int, qkv: int, ffn: int) -> list[Workload]:
@@ -140,6 +182,7 @@ LADDERS: dict[str, tuple[tuple[int, ...], list[Workload], list[Workload]]] = {
                      _attention_grads(8, 256, 6, 6, 64, True, dkdv=True)],
                     [_attention_grads(1, 64, 1, 1, 64, True, dkdv=True)]),
 }
+MATMUL_FIELDS = ("matmul_resident", "lean_k", "narrow_columns", "wide_fill")   # tuned on MODEL_PRODUCTS
 # fields that steer cooperative-matrix kernels only: tuned with f16 precision asked for, so
 # that an adapter offering them times those kernels whatever precision the run asked for
 COOPERATIVE_FIELDS = ("lean_k", "dq_long_stream", "narrow_columns", "wide_fill", "dq_prefetch")
@@ -307,9 +350,12 @@ def pick_winner(rows: list[dict], default: int) -> int:
     return best["value"] if _beats(groups(best), baseline) else default
 
 
-def measure_tuning(device=None, software: bool | None = None, fields=None, progress=None) -> dict:
+def measure_tuning(device=None, software: bool | None = None, fields=None, progress=None,
+                   products: list[Workload] = ()) -> dict:
     """Tune ``fields`` (default: all) on the process's adapter; returns the winners
-    (``tuning``), every value's time (``measurements``), how it was timed, when and how long."""
+    (``tuning``), every value's time (``measurements``), how it was timed, when and how long.
+    ``products`` (``graph_products`` of a user's model) join the matmul fields' ladders
+    on a GPU (a software adapter times its tiny workloads only)."""
     device = device if device is not None else get_device()
     software = adapter_info()["software"] if software is None else software
     base = replace(device_capabilities(device), tuning=Tuning())
@@ -321,11 +367,15 @@ def measure_tuning(device=None, software: bool | None = None, fields=None, progr
     _warm_up(_session(device, first, compile_plan(first, loss=None, capabilities=base), rng),
              0.0 if software else WARM_UP_SECONDS)
     measurements, confirmations = {}, {}
+    if software and products and progress:
+        progress("a software adapter times tiny workloads only: the model's products are not timed")
     for field in fields:
         values, gpu_work, software_work = LADDERS[field]
         if progress:
             progress(f"tuning {field}")
         field_base = replace(cooperative, tuning=base.tuning) if field in COOPERATIVE_FIELDS else base
+        if field in MATMUL_FIELDS:
+            gpu_work = [*gpu_work, *products]
         winner, rows, confirmation = tune_field(device, field, field_base, software_work if software else gpu_work,
                                                 values, rng, progress, 0.0 if software else TIMING_WARM_UP_SECONDS)
         base = replace(base, tuning=replace(base.tuning, **{field: winner}))
@@ -333,7 +383,9 @@ def measure_tuning(device=None, software: bool | None = None, fields=None, progr
         if confirmation:
             confirmations[field] = confirmation
     tuned = replace(base.tuning, source="tuned")
+    models = sorted({w.group for w in (*MODEL_PRODUCTS, *products)} - {"other"})
     return {"tuning": asdict(tuned), "defaults": asdict(Tuning()), "measurements": measurements,
+            "models": [] if software else models,
             "confirmations": confirmations,
             "timing": "gpu timestamps around each plan's pass" if timestamp_support(device)
             else "cpu wall time per submission",
@@ -341,10 +393,10 @@ def measure_tuning(device=None, software: bool | None = None, fields=None, progr
             "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 
-def tune(cache_dir=None, progress=None, fields=None) -> dict:
+def tune(cache_dir=None, progress=None, fields=None, products: list[Workload] = ()) -> dict:
     """Measure the adapter's tuning now and cache it (later plans read it); returns the
     measurement with ``key`` and ``path`` (where it was written)."""
     key = tuning_key(adapter_info())
-    result = measure_tuning(fields=fields, progress=progress)
+    result = measure_tuning(fields=fields, progress=progress, products=products)
     path = write_tuning(key, result, cache_dir)
     return {**result, "key": key, "path": str(path)}
