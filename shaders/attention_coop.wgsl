@@ -10,8 +10,9 @@
 //   S [16 x BKV] = Q K^T in BKV / 16 result fragments, stored to its f32 scratch Sc;
 //   its lanes run the online softmax on S * scale * log2(e) in f32 (the scores are f32
 //   products of the f16-rounded q and k, rounded no further; a lane takes row lane % 16
-//   and the keys of parity lane / 16, in a rotated order so that the 32 lanes' scratch
-//   reads hit 32 banks; rows SS = BKV + BKV / 8 floats apart, for that and for the stores):
+//   and the keys of parity lane / 16, in an order (codegen's lane_column) so that the 32
+//   lanes' scratch reads hit 32 banks; rows SS = BKV + BKV / 8 floats apart, for that and
+//   for the stores):
 //   P = exp2(S - m) rounded to f16 into its Ph and the row sum of the rounded P (what P V
 //   multiplies), against a reference m per row that only moves when a block's max exceeds
 //   it by more than LAZY (P <= 2^LAZY: f16 holds it, f32 sums it);

@@ -97,16 +97,20 @@ def test_the_scratch_rows_keep_fragment_stores_and_softmax_reads_on_every_bank()
     """A subgroup's f32 scratch (the forward's rows of 16 or 32 columns, the backward's of 64,
     ``scratch_row`` floats apart): storing a 16 x 16 result fragment puts 8 of its 256
     floats on each of the 32 banks (the fewest passes), and at each step the lanes'
-    softmax reads (lane: row lane % 16, column 2 ((c + row) % (width / 2)) + lane / 16)
-    hit 32 different banks. Rows 64 floats apart for 64 columns, as before run 37, put
-    every row on the same 16 banks and fail the first."""
+    softmax reads (lane: row lane % 16, column ``lane_column``) hit 32 different banks.
+    Rows 64 floats apart for 64 columns, as before run 37, put every row on the same 16
+    banks and fail the first; at 16 columns the order rotated by the row (32 and 64
+    columns) put two lanes on each bank."""
     for width in (16, 32, 64):
         row = codegen.attention_coop.scratch_row(width)
         per_bank = np.bincount([(i * row + j) % BANKS for i in range(16) for j in range(16)], minlength=BANKS)
         assert per_bank.max() == 16 * 16 // BANKS, width
         for c in range(width // 2):
-            banks = {(lane % 16 * row + (c + lane % 16) % (width // 2) * 2 + lane // 16) % BANKS for lane in range(32)}
-            assert len(banks) == min(BANKS, width), (width, c)   # 16 columns: two lanes a bank
+            column = codegen.attention_coop.lane_column(c, width)
+            banks = {(lane % 16 * row + eval(column.replace("u", ""), {"r": lane % 16, "half": lane // 16})) % BANKS
+                     for lane in range(32)}
+            assert len(banks) == BANKS, (width, c)
+    assert len({(r * 18 + r % 8 * 2 + half) % BANKS for r in range(16) for half in (0, 1)}) == 16   # rotated
 
 
 def test_the_rescale_scales_every_column_of_each_round_once():
@@ -121,13 +125,13 @@ def test_the_rescale_scales_every_column_of_each_round_once():
         rounds = rescale.split("subgroupMatrixLoad")[:-1]
         per = codegen.attention_coop.forward_keys(d) // 16   # the scratch's columns: 16 or 32 (D = 16, 48)
         widths = [16 * len(frags) for frags in codegen.attention_coop._fragment_rounds(d, per)]
-        steps = [re.findall(r"Sc\[sb \+ r \* SS \+ \((\d+)u \+ r\) % (\d+)u \* 2u \+ half\] =", text)
+        steps = [re.findall(r"Sc\[sb \+ r \* SS \+ ([^\]]+)\] =", text)
                  for text in rescale.split("workgroupBarrier();")[1::3]]
         assert len(steps) == len(widths) and rounds, d
         for width, found in zip(widths, steps):
             for r in range(16):
                 for half in (0, 1):
-                    cols = sorted((int(c) + r) % int(m) * 2 + half for c, m in found)
+                    cols = sorted(eval(c.replace("u", ""), {"r": r, "half": half}) for c in found)
                     assert cols == list(range(half, width, 2)), (d, width, r, half, cols)
 
 

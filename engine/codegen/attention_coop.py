@@ -27,8 +27,8 @@ def scratch_row(width: int) -> int:
     (8 of its 256 floats a bank) and the lanes' rotated reads of a row (lane: row
     lane % 16, column 2 ((c + row) % (width / 2)) + lane / 16) hit 32 banks. At 64 floats
     for 64 columns every row began on bank 0 and a fragment took twice the passes: the
-    attention kernels ran 7-10% slower (run 37). At 16 columns (18 floats) the reads hit 16
-    banks, two lanes each: no row length does better with that order of reads."""
+    attention kernels ran 7-10% slower (run 37). At 16 columns (18 floats) the lanes read
+    in order (``lane_column``)."""
     return width + width // 8
 
 
@@ -42,6 +42,17 @@ def forward_keys(head_dim: int) -> int:
     third more warps an SM and whisper's 1,152 workgroups in three full waves, not four
     and a third."""
     return COOP_KEYS if COOP_KEYS * head_dim // 4 % (32 * COOP_SUBGROUPS) == 0 else COOP_KEYS_WIDE
+
+
+def lane_column(c: int, width: int) -> str:
+    """The scratch column (WGSL) a lane takes at step ``c`` of its row (row r = lane % 16,
+    parity half = lane / 16) of ``width`` columns, ``scratch_row`` floats apart: rotated
+    by the row where rows are width / 8 banks apart (32 and 64 columns), so that the 32
+    lanes hit 32 banks; in order for rows of 18 floats (16 columns), whose 16 rows begin
+    on the 16 even banks once each, where the rotation put two lanes on each bank."""
+    if width > 16:
+        return f"({c}u + r) % {width // 2}u * 2u + half"
+    return f"{c}u * 2u + half"
 
 
 def coop_attention_bytes(head_dim: int) -> int:
@@ -149,8 +160,8 @@ def _coop_subs(d: int) -> dict:
     f, dk, block = COOP_FRAGMENT, d // COOP_FRAGMENT, forward_keys(d)
     keys = block // 2
     ind = " " * 8
-    key = lambda c: f"({c}u + r) % {keys}u * 2u + half"  # noqa: E731
-    col = lambda c, width: f"({c}u + r) % {width // 2}u * 2u + half"  # noqa: E731   of a round's columns
+    key = lambda c: lane_column(c, block)  # noqa: E731
+    col = lambda c, width: lane_column(c, width)  # noqa: E731   of a round's columns
     threads = 32 * COOP_SUBGROUPS
     elements = [f"tid + {n * threads}u" for n in range(block * d // 4 // threads)]
     stage_q, load_q = _staged_q(d, block, threads)

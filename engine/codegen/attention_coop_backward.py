@@ -12,7 +12,7 @@ from ..graph.ir import Graph, Node
 from ..graph.ops import attention_grad_kv_layout
 from .attention import _attention_backward, _attention_dims, _split_grid
 from .attention_coop import (_HALF_PAD, _fragment, _fragment_rounds, _result, coop_attention_supported,
-                             fragments_of_two_tiles, put_tiles, scratch_row, staged_in_two_tiles)
+                             fragments_of_two_tiles, lane_column, put_tiles, scratch_row, staged_in_two_tiles)
 from .common import Capabilities, Kernel, _finish, f32_bits
 from .matmul_coop import COOP_ENABLES, COOP_FRAGMENT
 
@@ -90,7 +90,7 @@ def _subs(d: int, mode: int, streamed: int, scores: bool = False) -> dict:
     f, dk, rows = COOP_FRAGMENT, d // COOP_FRAGMENT, streamed // 2
     kv = mode == 1
     ind = " " * 8
-    key = lambda c: f"({c}u + r) % {rows}u * 2u + half"  # noqa: E731
+    key = lambda c: lane_column(c, streamed)  # noqa: E731
     threads = 32 * COOP_BACKWARD_SUBGROUPS
     fixed_steps = range(COOP_BACKWARD_FIXED * d // 4 // threads)
     steps = range(streamed * d // 4 // threads)
