@@ -77,13 +77,16 @@ def test_kernel_rules_follow_the_tuning():
 
 def test_wide_fill_steers_the_slices_of_128_row_cooperative_tiles_only():
     """matmul_resident counts 64 x 64 workgroups; the K slices of 128 x 128 and 128 x 96
-    cooperative tiles aim for wide_fill instead, so that tuning one leaves the other's
-    products alone: gpt-tiny's weight gradients (64 x 64 tiles, K = 2048) split 3 ways
-    from wide_fill 256 up (below, their slices would be long enough for 128 x 128 tiles:
-    hence a gpt-tiny-shaped product in its ladder), whisper's at batch 8 by it."""
+    cooperative tiles taken for their slices aim for wide_fill instead, so that tuning one
+    leaves the other's products alone: gpt-tiny's weight gradients (64 x 64 tiles,
+    K = 2048) split 3 ways from wide_fill 256 up (below, their slices would be long enough
+    for 128 x 128 tiles), whisper's at batch 8 by it."""
     from engine.codegen.matmul import slice_fill
-    assert [slice_fill(v) for v in ("c128", "c128l", "c96", "c64", "c64l", "128k8u", "64")] == [256] * 3 + [512] * 4
-    assert slice_fill("c96", Tuning(wide_fill=1024)) == 1024 and slice_fill("c64", Tuning(wide_fill=1024)) == 512
+    variants = ("c128", "c128l", "c96", "c64", "c64l", "128k8u", "64")
+    assert [slice_fill(v, 36) for v in variants] == [256] * 3 + [512] * 4
+    assert slice_fill("c96", 48, Tuning(wide_fill=1024)) == 1024 and slice_fill("c64", 36, Tuning(wide_fill=1024)) == 512
+    # 128-row tiles that a quarter of matmul_resident fills by count (not for their slices) keep it
+    assert slice_fill("c128", 144) == 512 and slice_fill("c96", 127) == 256
     assert codegen.matmul_splits(36, 12000, 16, fill=256) == 7 and codegen.matmul_splits(36, 12000, 16) == 14
     caps = replace(codegen.PLAIN, subgroups=True, workgroup_storage=49152, dialect="tint", matmul_f16=True,
                    invocations=1024)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 from ..errors import DeviceError
 from ..graph.ir import Graph, Node
 from .common import Capabilities, Kernel, MAX_WORKGROUPS, PLAIN, _render
@@ -226,4 +228,4 @@ def _conv(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
                          f"implicit GEMM {m_}x{n_}x{k_}{f' in {classes} classes of positions' if classes > 1 else ''}, "
                          f"{_tile_note(preset, scaled)}", common,
                          _tile_subs(preset, fetch_a, fetch_b, gather_a, gather_b, lets, (m_, n_, k_), scaled),
-                         caps, extras=int(has_bias), fill=slice_fill(preset, caps.tuning))
+                         caps, extras=int(has_bias), fill=slice_fill(preset, math.prod(grid), caps.tuning))

@@ -171,7 +171,7 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN, sums: str = ""
     adds = _sums_plan(sums, variant, fetch_a, fetch_b, m_, n_) if nbatch <= 1 and not norm else None
     return _tiled_kernel(f"matmul:{node.op}", "matmul", names, types, meta, (gx, gy, max(nbatch, 1)), k_, note,
                          common, subs, caps, extras=len(extras), epilogue_apart=apart, sums=adds,
-                         fill=slice_fill(variant, caps.tuning))
+                         fill=slice_fill(variant, gx * gy * max(nbatch, 1), caps.tuning))
 
 
 def _sums_plan(sums: str, variant: str, fetch_a: str, fetch_b: str, m_: int, n_: int) -> dict | None:
@@ -455,15 +455,18 @@ def matmul_splits(tiles: int, k: int, bk: int, knobs: Knobs = Knobs(), tuning: T
     return split_rule(tiles, k, tuning, fill)
 
 
-def slice_fill(variant: str, tuning: Tuning = Tuning()) -> int:
-    """Workgroups a variant's K slices aim for: ``tuning.wide_fill`` for the 128-row
-    cooperative tiles, ``tuning.matmul_resident`` for the rest. One number for both split
+def slice_fill(variant: str, tiles: int, tuning: Tuning = Tuning()) -> int:
+    """Workgroups the K slices of a variant's ``tiles`` workgroups aim for:
+    ``tuning.wide_fill`` for the 128-row cooperative tiles that take them only for their
+    slices (fewer than a quarter of ``tuning.matmul_resident``: ``coop_variant``),
+    ``tuning.matmul_resident`` for the rest. One number for both split
     the H100's weight gradients at batch 8 (384 x 1536 over K = 12000) into 14 slices on
     128 x 128 tiles, four waves of those where two do: the extra slices' partials cost
     more than the fuller waves gained. matmul_resident = 256 took 0.3 ms off whisper-tiny's
     b8 f16 step but made gpt-tiny's and whisper-tiny's b1 (64 x 64 tiles, K of 1500-2048)
     0.2-0.3 ms slower (run 43), so the two are tuned apart."""
-    return tuning.wide_fill if variant in COOP and COOP[variant].bm == 128 else tuning.matmul_resident
+    wide_by_slices = variant in COOP and COOP[variant].bm == 128 and tiles < tuning.matmul_resident // 4
+    return tuning.wide_fill if wide_by_slices else tuning.matmul_resident
 
 
 def split_rule(tiles: int, k: int, tuning: Tuning = Tuning(), fill: int | None = None) -> int:
@@ -559,10 +562,11 @@ def coop_variant(m_: int, n_: int, nbatch: int, tuning: Tuning = Tuning(), k_: i
     and whisper's fc1, 1500-12000 rows) the lean 128 x 128 tile stayed 0-10% faster: the
     default 384."""
     tiles = -(-m_ // 128) * -(-n_ // 128) * nbatch
-    wide = tiles >= tuning.matmul_resident // 4 or fills_in_slices(tiles, k_, tuning, tuning.wide_fill)
+    by_count = tiles >= tuning.matmul_resident // 4
+    wide = by_count or fills_in_slices(tiles, k_, tuning, tuning.wide_fill)
     if not wide:
         tiles = -(-m_ // 64) * -(-n_ // 64) * nbatch
-    splits = split_rule(tiles, k_, tuning, tuning.wide_fill if wide else None)
+    splits = split_rule(tiles, k_, tuning, tuning.wide_fill if wide and not by_count else None)
     lean = k_ // splits <= tuning.lean_k
     narrow_lean = splits == 1 and n_ <= tuning.narrow_columns   # run 41: whisper's out projection at batch 8
     if wide and (not lean or narrow_lean) and n_ % COOP["c96"].bn == 0 \

@@ -32,8 +32,8 @@ class Tuning:
     dq_long_stream: int = 512    # keys a cooperative dq workgroup streams from which blocks of 32 win: backward_streamed
     narrow_columns: int = 384    # columns up to which a cooperative product K does not split takes 128 x 96 tiles
                                  # where they fill better, over a short K too: coop_variant
-    wide_fill: int = 256         # 128-row cooperative workgroups that a long K's slices aim for (split_rule:
-                                 # coop_variant, _conv_variant, kernel splits); matmul_resident counts 64 x 64 ones
+    wide_fill: int = 256         # 128-row cooperative workgroups that a long K's slices aim for where they
+                                 # take that tile for their slices (slice_fill); matmul_resident counts 64 x 64 ones
     dq_prefetch: int = 2         # blocks ahead that attention's dq product fetches K and dS (1 to 4):
                                  # coop_dq_from_scores
     source: str = "default"
