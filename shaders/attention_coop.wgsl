@@ -74,14 +74,7 @@ fn fetch_rows(e: u32, b: u32, hx: u32, r0: u32, n: u32, heads: u32, which: u32) 
 
 {{PUT_TILES}}
 
-@compute @workgroup_size(128) @diagnostic(off, chromium.subgroup_matrix_uniformity)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32,
-        @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
-    let T = m(0u);
-    let S = m(1u);
-    let H = m(2u);
-    let HKV = m(3u);
-    let causal = m(4u) != 0u;
+{{ENTRY}}
     let scale = mf(5u);
     let splits = m(6u);
     let B = m(7u);

@@ -94,14 +94,7 @@ fn exponent_of(top: f32) -> f32 {
 // The scales the result fragments are multiplied by are uniform across each subgroup (its
 // subgroupMax, or red's), which is what the hardware needs; Tint's analysis proves only
 // workgroup uniformity, hence the diagnostic.
-@compute @workgroup_size(128) @diagnostic(off, chromium.subgroup_matrix_uniformity)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32,
-        @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
-    let T = m(0u);
-    let S = m(1u);
-    let H = m(2u);
-    let HKV = m(3u);
-    let causal = m(4u) != 0u;
+{{ENTRY}}
     let sl2 = mf(5u);
     let scale = mf(6u);
     let group = H / HKV;

@@ -77,14 +77,7 @@ fn put_s(e: u32, w: vec4<u32>, f: f32) {
     }
 }
 
-@compute @workgroup_size({{THREADS}}) @diagnostic(off, chromium.subgroup_matrix_uniformity)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32,
-        @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
-    let T = m(0u);
-    let S = m(1u);
-    let H = m(2u);
-    let HKV = m(3u);
-    let causal = m(4u) != 0u;
+{{ENTRY}}
     let scale = mf(5u);
     let ex = m(6u);
     let h = wg.y;

@@ -80,6 +80,14 @@ def _fragment(kind: str, tile: str, offset: str, col_major: bool, stride: str) -
             f"{'true' if col_major else 'false'}, {stride})")
 
 
+def entry_point(threads: int) -> str:
+    """The cooperative attention kernels' ``{{ENTRY}}`` (attention_coop_entry.wgsl, its
+    comment left out): ``main``'s signature for ``threads`` a workgroup and the meta words
+    all three begin with."""
+    text = _render("attention_coop_entry.wgsl", THREADS=threads)
+    return "\n".join(line for line in text.splitlines() if not line.startswith("//"))
+
+
 def put_tiles(*names: tuple[str, str]) -> str:
     """The put_NAME functions (f16_tile_put.wgsl) that round staged vec4s into each
     (NAME, tile) of a cooperative attention kernel."""
@@ -239,6 +247,7 @@ def coop_attention(graph: Graph, node: Node, bsz, t, s, h, hkv, d, causal, scale
     meta = [t, s, h, hkv, causal, f32_bits(scale * math.log2(math.e)), splits, bsz]
     kernel = _finish("attention", "attention", "attention_coop.wgsl", ["q", "k", "v"], ["vec4<f32>"] * 3, "f32",
                      meta, grid, caps, enables=COOP_ENABLES + ("subgroups",),
+                     ENTRY=entry_point(32 * COOP_SUBGROUPS),
                      SPLIT="true" if splits > 1 else "false", LSE_AT=lse_at, **_coop_subs(d))
     f = COOP_FRAGMENT
     kernel.notes["variant"] = (f"cooperative flash {COOP_QUERIES} queries x {forward_keys(d)} keys, "

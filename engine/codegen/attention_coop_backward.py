@@ -12,7 +12,8 @@ from ..graph.ir import Graph, Node
 from ..graph.ops import attention_grad_kv_layout
 from .attention import _attention_backward, _attention_dims, _split_grid
 from .attention_coop import (_HALF_PAD, _fragment, _fragment_rounds, _result, coop_attention_supported,
-                             fragments_of_two_tiles, lane_column, put_tiles, scratch_row, staged_in_two_tiles)
+                             entry_point, fragments_of_two_tiles, lane_column, put_tiles, scratch_row,
+                             staged_in_two_tiles)
 from .common import Capabilities, Kernel, _finish, f32_bits
 from .matmul_coop import COOP_ENABLES, COOP_FRAGMENT
 
@@ -243,7 +244,8 @@ def coop_attention_backward(graph: Graph, node: Node, bsz, t, s, h, hkv, d, caus
     names = ("q", "k", "v", "dout", "lse", "delta")
     types = ["f32" if n in ("lse", "delta") else "vec4<f32>" for n in names]
     kernel = _finish(node.op, "attention", "attention_coop_backward.wgsl", list(names), types, "f32", meta, grid,
-                     caps, enables=COOP_ENABLES + ("subgroups",), **_subs(d, mode, block, scores_at is not None))
+                     caps, enables=COOP_ENABLES + ("subgroups",), ENTRY=entry_point(32 * COOP_BACKWARD_SUBGROUPS),
+                     **_subs(d, mode, block, scores_at is not None))
     f = COOP_FRAGMENT
     fixed_rows, streamed = ("queries", "keys") if mode == 0 else ("keys", "queries")
     kernel.notes["variant"] = (f"cooperative backward: {COOP_BACKWARD_FIXED} {fixed_rows} a workgroup, {streamed} "
@@ -350,7 +352,7 @@ def coop_dq_from_scores(graph: Graph, node: Node, bsz, t, s, h, hkv, d, causal, 
     meta = [t, s, h, hkv, causal, f32_bits(scale), scales_at]
     kernel = _finish(node.op, "attention", "attention_coop_dq.wgsl", ["k", "scores"], ["vec4<f32>", "vec4<u32>"],
                      "f32", meta, grid, caps, enables=COOP_ENABLES + ("subgroups",), D=d, PAD=_HALF_PAD,
-                     BQ=queries, BK=keys, THREADS=threads,
+                     BQ=queries, BK=keys, THREADS=threads, ENTRY=entry_point(threads),
                      PUT_TILES=put_tiles(("k", "Kh")), RESULTS="\n".join("    " + _result(f"gf{n}") for n in range(dk)),
                      LOOP="\n".join(loop), STORE="\n".join(store), SCRATCH=256 * queries // 16)
     kernel.notes["variant"] = (f"cooperative dq as the product dS K: {queries} queries a workgroup, keys streamed "
