@@ -157,19 +157,18 @@ def _staged_q(d: int, tile_rows: int, threads: int) -> tuple[list[str], list[str
 
 def _coop_subs(d: int) -> dict:
     """attention_coop.wgsl's unrolled parts for head dim ``d``: Q's fragments (row-major,
-    its first 32 rows staged in Kh and the others in Vh: subgroups 0 and 1 load theirs from
-    one, 2 and 3 from the other), S = Q K^T (K^T a column-major view of key-major Kh), the
+    staged through Kh and Vh: ``_staged_q``), S = Q K^T (K^T a column-major view of key-major Kh), the
     staging of Q and of the key blocks (unrolled: as a loop, each thread's global loads went
     one after another and the kernel took 2.1x as long on the H100; K fetched a block ahead
     and V at the top of its block, each stored once the products that hide its loads are
-    done), the lanes' softmax over their 16 keys of a row, P V (P row-major in Ph, V
-    row-major in Vh) accumulated on O's result fragments, their rare rescaling and the
-    output, both through the scratch two fragments at a time."""
+    done), the lanes' softmax over their half of a row's keys (``lane_column``), P V (P
+    row-major in Ph, V row-major in Vh) accumulated on O's result fragments, their rare
+    rescaling and the output, both through the scratch as many fragments at a time as it
+    has columns (a block's keys: ``forward_keys``)."""
     f, dk, block = COOP_FRAGMENT, d // COOP_FRAGMENT, forward_keys(d)
     keys = block // 2
     ind = " " * 8
     key = lambda c: lane_column(c, block)  # noqa: E731
-    col = lambda c, width: lane_column(c, width)  # noqa: E731   of a round's columns
     threads = 32 * COOP_SUBGROUPS
     elements = [f"tid + {n * threads}u" for n in range(block * d // 4 // threads)]
     stage_q, load_q = _staged_q(d, block, threads)
@@ -201,7 +200,8 @@ def _coop_subs(d: int) -> dict:
     for frags in _fragment_rounds(d, block // f):
         width = f * len(frags)
         rescale += (store(frags, ind + "    ") + [f"{ind}    workgroupBarrier();"]
-                    + [f"{ind}    Sc[sb + r * SS + {col(c, width)}] = Sc[sb + r * SS + {col(c, width)}] * corr;"
+                    + [f"{ind}    Sc[sb + r * SS + {lane_column(c, width)}] = Sc[sb + r * SS + "
+                       f"{lane_column(c, width)}] * corr;"
                        for c in range(width // 2)]
                     + [f"{ind}    workgroupBarrier();"]
                     + [f"{ind}    of{n} = subgroupMatrixLoad<subgroup_matrix_result<f32, {f}, {f}>>(&Sc, sb + {f * i}u, "

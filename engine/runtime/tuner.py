@@ -270,11 +270,12 @@ def tune_field(device, field: str, base: Capabilities, workloads: list[Workload]
             _warm_up(session, warm_seconds)
         return _time_ms(session)
 
+    graphs = {w.name: _graph(w) for w in workloads}
     plans = {}
     for value in values:
         caps = replace(base, tuning=replace(base.tuning, **{field: value}))
         for w in workloads:
-            g = _graph(w)
+            g = graphs[w.name]
             plans[value, w.name] = (g, compile_plan(g, loss=None, capabilities=caps))
     # a workload whose plan no value changes adds the same time to every value: not timed
     workloads = [w for w in workloads if len({_plan_signature(plans[v, w.name][1]) for v in values}) > 1]
