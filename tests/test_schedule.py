@@ -46,5 +46,6 @@ def test_whisper_weight_gradients_run_early_with_the_same_values_and_a_lower_pea
     assert set(got) == set(want)
     for name in want:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
-    peak = lambda g: compile_plan(g, dict(pairs), "loss").peak_bytes  # noqa: E731
+    # parameters packed or not (engine.compile.plan._pack_concatenated), the same saving
+    peak = lambda g: compile_plan(g, dict(pairs), "loss", pack_parameters=False).peak_bytes  # noqa: E731
     assert peak(after) < 0.95 * peak(before)

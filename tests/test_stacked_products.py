@@ -207,3 +207,68 @@ def test_merged_gradients_are_computed_where_the_optimizer_reads_them(configure)
     for name, value in params.items():
         np.testing.assert_allclose(got[name], value - 0.5 * want[f"grad:{name}"], rtol=1e-4, atol=1e-5,
                                    err_msg=name)
+
+
+def aligned_projections() -> Graph:
+    """q, k and v of one input, weights [64, 64] and q's and v's biases [64]: whole
+    256-byte slots, so that an inference plan packs the stacks' parameters (and k's zero
+    bias, a constant) side by side."""
+    g = Graph("aligned projections")
+    x = g.input("x", (2, 40, 64))
+    for name, bias in (("q", True), ("k", False), ("v", True)):
+        w = g.parameter(f"{name}.w", (64, 64))
+        y = g.apply("fused_matmul", x, w, g.parameter(f"{name}.b", (64,)), has_add=True) if bias else g.matmul(x, w)
+        g.output(name, g.apply("relu", y))
+    return g
+
+
+def test_an_inference_plan_reads_its_stacked_parameters_where_they_lie():
+    """The stacks of weights and biases are views of parameters (and a zero constant)
+    packed side by side, not concats copied each call: four dispatches fewer here, the
+    same values on lavapipe before and after a parameter changes, and each parameter
+    reads back as set. Unpacked (a session sharing another's parameters) they copy."""
+    from engine.compile.plan import compile_plan
+    stacked, count, _ = stack_products(aligned_projections())
+    assert count == 3
+    plans = {pack: compile_plan(stacked, loss=None, pack_parameters=pack) for pack in (False, True)}
+    copies = {pack: [d.kernel for d in plan.dispatches if d.archetype == "copy"] for pack, plan in plans.items()}
+    assert len(copies[False]) == 2 and copies[True] == []
+    assert len(plans[True].dispatches) == len(plans[False].dispatches) - 2
+    packs = [b for b in plans[True].buffers if b.kind == "parameter" and len(b.names) == 3]
+    assert sorted(len(b.names) for b in packs) == [3, 3] and any(n.startswith("const%") for b in packs for n in b.names)
+    rng = np.random.default_rng(1)
+    inputs, params = feeds(stacked, rng)
+    for pack, plan in plans.items():
+        session = Session(stacked, plan)
+        session.set_inputs(inputs)
+        session.set_parameters(params)
+        for turn in range(2):
+            session.run()
+            want = reference.run(stacked, inputs, params, np.float64)
+            for name, value in want.items():
+                np.testing.assert_allclose(session.read_output(name), value, rtol=1e-5, atol=1e-5,
+                                           err_msg=f"{name}, packed {pack}, turn {turn}")
+            for name, value in params.items():
+                np.testing.assert_array_equal(session.get_parameter(name), value)
+            params = {**params, "k.w": -params["k.w"], "v.b": params["v.b"] + 1}
+            session.set_parameters(params)
+
+
+def test_a_packed_plan_refuses_parameters_shared_with_another_session(f32_kernels):
+    """Another session's parameters cannot stand for a pack that holds a constant: its
+    upload would land in the other's buffer. The session says so and how to compile."""
+    import pytest
+    from engine.compile.plan import compile_plan
+    from engine.errors import ShapeError
+    stacked, _, _ = stack_products(aligned_projections())
+    owner = Session(stacked, compile_plan(stacked, loss=None, pack_parameters=True))
+    with pytest.raises(ShapeError, match="pack_parameters=False"):
+        Session(stacked, compile_plan(stacked, loss=None, pack_parameters=True),
+                parameter_buffers=owner.parameter_buffers())
+    shared = Session(stacked, parameter_buffers=owner.parameter_buffers())   # compiled unpacked
+    inputs, params = feeds(stacked, np.random.default_rng(2))
+    owner.set_parameters(params)
+    shared.set_inputs(inputs)
+    shared.run()
+    want = reference.run(stacked, inputs, params, np.float64)
+    np.testing.assert_allclose(shared.read_output("v"), want["v"], rtol=1e-5, atol=1e-5)

@@ -118,23 +118,24 @@ def write_entry(path: Path, text: str, what: str) -> None:
 
 
 def _cache_key(graph: Graph, gradients, loss, capabilities: codegen.Capabilities,
-               optimizer: OptimizerSpec | None) -> str:
+               optimizer: OptimizerSpec | None, pack_parameters: bool = True) -> str:
     # the capabilities hold the knobs, which force kernel variants at codegen time; the
     # nodes' modules name the plan's dispatches (the structural hash leaves them out)
     key = json.dumps([graph.structural_hash(), sorted((gradients or {}).items()), loss, asdict(capabilities),
                       optimizer.to_dict() if optimizer is not None else None, _codegen_fingerprint(),
-                      [(n.id, n.modules) for n in graph.nodes if n.modules]], sort_keys=True)
+                      [(n.id, n.modules) for n in graph.nodes if n.modules], pack_parameters], sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
 def cached_plan(graph: Graph, gradients: dict[str, str] | None = None, loss: str | None = "loss",
                 cache_dir: Path | None = None, capabilities: codegen.Capabilities = codegen.PLAIN,
-                optimizer: OptimizerSpec | None = None) -> ExecutionPlan:
+                optimizer: OptimizerSpec | None = None, pack_parameters: bool = True) -> ExecutionPlan:
     """``compile_plan`` through an on-disk cache keyed by graph hash, the nodes' modules,
-    gradients, loss, capabilities, optimizer, the code that generates kernels and the engine version.
+    gradients, loss, capabilities, optimizer, ``pack_parameters``, the code that generates
+    kernels and the engine version.
     A stale or unreadable entry is ignored with a warning and rewritten."""
     path = Path(cache_dir or default_cache_dir()) / \
-        f"{_cache_key(graph, gradients, loss, capabilities, optimizer)}-v{__version__}.json"
+        f"{_cache_key(graph, gradients, loss, capabilities, optimizer, pack_parameters)}-v{__version__}.json"
 
     def decode(d: dict) -> ExecutionPlan:
         plan = ExecutionPlan.from_dict(d)
@@ -145,7 +146,7 @@ def cached_plan(graph: Graph, gradients: dict[str, str] | None = None, loss: str
 
     plan = read_entry(path, "plan", decode)
     if plan is None:
-        plan = compile_plan(graph, gradients, loss, capabilities, optimizer)
+        plan = compile_plan(graph, gradients, loss, capabilities, optimizer, pack_parameters)
         write_entry(path, plan.to_json(), "plan")
     return plan
 

@@ -516,6 +516,31 @@ def _place_pinned(b: _PlanBuilder, pinned: dict[int, tuple[str, str]]) -> None:
             b.place(i, b.new_buffer(b.graph[b.root[i]].nbytes, kind, [name]))
 
 
+def _pack_concatenated(b: _PlanBuilder, pinned: dict[int, tuple[str, str]]) -> None:
+    """Parameters and constants that a first-axis concat joins whole, placed side by side
+    in one buffer in its order, so that the concat is a view of them
+    (``_concats_in_place``) instead of a copy a call: an inference graph's stacked q/k/v
+    weights and biases (engine.optimize.stacked_products; a training plan's parameters
+    lie in its groups' arenas already). Each but the last must fill whole ``ALIGN``
+    slots, and none may have a place yet (a parameter in two such concats joins the
+    first)."""
+    g, root = b.graph, b.root
+    for n in g.nodes:
+        if n.op != "concat" or math.prod(n.shape[:n.attrs["axis"] % len(n.shape)]) != 1:
+            continue
+        roots = [root[i] for i in n.inputs]
+        whole = all(r in pinned and pinned[r][0] in ("parameter", "constant") and g[i].size == g[r].size
+                    and i not in b.within for i, r in zip(n.inputs, roots))
+        if (not whole or len(set(roots)) != len(roots) or any(r in b.storage for r in roots)
+                or any(g[r].nbytes % ALIGN for r in roots[:-1])):
+            continue
+        buffer = b.new_buffer(sum(g[r].nbytes for r in roots), "parameter", [pinned[r][1] for r in roots])
+        offset = 0
+        for r in roots:
+            b.place(r, buffer, offset, g[r].nbytes)
+            offset += g[r].nbytes
+
+
 def _schedule_graph(b: _PlanBuilder, pinned_roots: set[int], overlap: bool = False) -> int:
     """One dispatch per computed node, in order, each intermediate taking a free pooled
     buffer that fits; returns the bytes the intermediates would take without reuse.
@@ -653,8 +678,10 @@ def _concats_in_place(b: _PlanBuilder, order: list) -> set[int]:
     """Concats that need no copy: along their first axis (every axis before the joined one
     of extent 1), of parameters whose slots lie one after the other in one arena, as a
     group's do where their gradients are parts of one result (the stacked q/k/v weights,
-    engine.optimize.stacked_products). Each is placed over those slots; returns them."""
-    g, root, params = b.graph, b.root, set(b.graph.parameters.values())
+    engine.optimize.stacked_products), or as ``_pack_concatenated`` places parameters and
+    constants. Each is placed over those slots; returns them."""
+    g, root = b.graph, b.root
+    params = set(g.parameters.values()) | set(g.constants)
     found = set()
     for n in order:
         if n.op != "concat" or math.prod(n.shape[:n.attrs["axis"] % len(n.shape)]) != 1:
@@ -777,18 +804,22 @@ def _optimizer_step(b: _PlanBuilder, spec: OptimizerSpec, gradients: dict[str, s
 
 def compile_plan(graph: Graph, gradients: dict[str, str] | None = None, loss: str | None = "loss",
                  capabilities: codegen.Capabilities = codegen.PLAIN,
-                 optimizer: OptimizerSpec | None = None) -> ExecutionPlan:
+                 optimizer: OptimizerSpec | None = None, pack_parameters: bool = True) -> ExecutionPlan:
     """Schedule ``graph`` (forward, or forward and backward) into an ExecutionPlan whose
     kernels take the paths ``capabilities`` allows.
 
     ``gradients`` maps parameter name -> the output that holds its gradient (as
     returned by ``differentiate``); with ``optimizer`` the plan also holds the
-    optimizer step for those parameters. Needs no GPU.
+    optimizer step for those parameters. ``pack_parameters``: parameters that a concat
+    joins share a buffer (``_pack_concatenated``); off for a session that takes its
+    parameters from another's buffers, laid out as that one's plan put them. Needs no GPU.
     """
     b = _PlanBuilder(graph, capabilities)
     gradients = dict(gradients or {})
     groups = _place_groups(b, optimizer, gradients) if optimizer is not None else []
     pinned = _pinned(graph)
+    if pack_parameters:
+        _pack_concatenated(b, pinned)
     _place_pinned(b, pinned)
     pinned_roots = {b.root[i] for i in pinned}
     without_reuse = sum(buf.nbytes for buf in b.buffers) + _schedule_graph(b, pinned_roots,

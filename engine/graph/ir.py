@@ -324,8 +324,13 @@ class Graph:
         return self.apply("concat", *xs, axis=int(axis), name=name)
 
     def slice(self, x, axis, start, stop, name=None):
-        rank, axis = len(self.shape(x)), int(axis)
+        """x[start:stop] along ``axis``; x itself where that is all of it (whisper's
+        positional table at its full 1500 frames), which would otherwise be copied."""
+        shape = self.shape(x)
+        rank, axis = len(shape), int(axis)
         axis = axis % rank if -rank <= axis < rank else axis  # out of range: the shape rule says so
+        if 0 <= axis < rank and int(start) == 0 and int(stop) == shape[axis]:
+            return x
         return self.apply("slice", x, axis=axis, start=int(start), stop=int(stop), name=name)
 
     def embedding(self, table, ids, name=None):

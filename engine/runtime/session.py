@@ -85,7 +85,8 @@ class Session:
         self._wgpu = wgpu
         compiled = plan is None
         if compiled:
-            plan = compile_plan(graph, loss=None, capabilities=capabilities or device_capabilities(self.device))
+            plan = compile_plan(graph, loss=None, capabilities=capabilities or device_capabilities(self.device),
+                                pack_parameters=not parameter_buffers)
         self.plan = plan
         fields = {k: v for k, v in plan.capabilities.items() if k != "paths"}
         self.capabilities = codegen.Capabilities(**fields) if fields else codegen.PLAIN
@@ -142,6 +143,10 @@ class Session:
             if views.setdefault(b, (gpu, base)) != (gpu, base):
                 raise ShapeError(f"shared parameter {name!r} is not laid out like the other parameters "
                                  f"of plan buffer {b} ({', '.join(self.plan.buffers[b].names)})")
+        packed = sorted({self.plan.node_buffer[i] for i in self.graph.constants if i in self.plan.node_buffer} & set(views))
+        if packed:
+            raise ShapeError(f"plan buffer {packed[0]} ({', '.join(self.plan.buffers[packed[0]].names)}) packs shared "
+                             f"parameters with constants; compile the plan with pack_parameters=False")
         return views
 
     def _allocate(self, parameter_buffers: Mapping[str, object]) -> None:
@@ -481,7 +486,8 @@ def build_inference_session(graph: Graph, plan: ExecutionPlan | None = None, sha
     if optimize and plan is None:
         graph, _ = cached_optimize(graph)
     if plan is None:
-        plan = cached_plan(graph, loss="loss", capabilities=capabilities or device_capabilities(device))
+        plan = cached_plan(graph, loss="loss", capabilities=capabilities or device_capabilities(device),
+                           pack_parameters=share_with is None)
     prepared = time.perf_counter_ns()
     session = Session(graph, plan, device, shared)
     session.build_spans.insert(0, ("optimize and compile plan", start, prepared))
