@@ -135,7 +135,8 @@ def test_fusion_report_and_graph_show_the_passes_a_session_runs(window, qtbot):
     assert table.item(rows["stacked_products"], 1).text() == "12"
     assert passed.font().italic() and not table.item(rows["matmul_add"], 0).font().italic()
     assert "graph pass after the fusion rules" in passed.toolTip() and "one batched product" in passed.toolTip()
-    assert "then 1 graph pass (stacked_products)" in window.fusion_panel.status.text()
+    assert "then 2 graph passes (stacked_products, conv_activation)" in window.fusion_panel.status.text()
+    assert table.item(rows["conv_activation"], 1).text() == "2"   # its two convolutions' GELU
     assert f"<b>{len(opt.nodes)}</b>" in window.fusion_panel.totals.text()
     table.selectRow(rows["stacked_products"])
     hits = window.graph_view.highlighted()

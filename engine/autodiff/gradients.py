@@ -311,6 +311,8 @@ def matmul_grad(g, n, d):
 
 
 def conv_grad(g, n, d):
+    if n.attrs["activation"] != "none":   # engine.optimize.conv_activation's, on an inference graph
+        return through(conv_parts)(g, n, d)
     x, w = n.inputs[:2]
     st, pad = n.attrs["stride"], n.attrs["padding"]
     dx = g.apply("conv_input_grad", d, w, stride=st, padding=pad, input_shape=g.shape(x))
@@ -320,6 +322,11 @@ def conv_grad(g, n, d):
     out_ch, nd = g.shape(w)[0], len(st)
     db = g.reshape(g.apply("sum_to", d, shape=(1, out_ch) + (1,) * nd), (out_ch,))
     return dx, dw, db
+
+
+def conv_parts(g, node, *operands):
+    plain = g.apply(node.op, *operands, **{**node.attrs, "activation": "none"})
+    return activate(g, plain, node.attrs["activation"])
 
 
 def concat_grad(g, n, d):

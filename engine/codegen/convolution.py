@@ -11,6 +11,7 @@ from .common import Capabilities, Kernel, MAX_WORKGROUPS, PLAIN, _render
 from .matmul import (LONG_SLICE, _scaled_operands, _tile_note, _tile_of, _tile_subs, _tiled_kernel, matmul_variant,
                      slice_fill, split_rule)
 from .matmul_coop import COOP, coop_workgroup_bytes
+from .pointwise import ACTIVATION_EXPR
 from .tile_operands import operand_fetch
 
 
@@ -208,7 +209,8 @@ def _conv(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
         fetch_a, gather_a = operand_fetch([0, k_, 1], m_, k_), None
         fetch_b, gather_b = "outer-scalar", _im2col_forward
     has_bias = node.op in ("conv1d", "conv2d") and len(node.inputs) == 3
-    epilogue = ["    v = v + add_in[row];"] if has_bias else []
+    activation = node.attrs.get("activation", "none")
+    epilogue = ["    v = v + add_in[row];"] * has_bias + ["    v = act(v);"] * (activation != "none")
     meta = [m_, n_, k_, nbatch, 0, nbatch] + ops
     lets = [f"    const cv_{w} = {g[w]}u;" for w in _CONV_WORDS] + extra_lets
     # bindings follow the node's inputs: B (x or dout) comes first in all three ops
@@ -220,7 +222,8 @@ def _conv(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     if max(grid) > MAX_WORKGROUPS:
         raise DeviceError(f"{graph.format_node(node)}: convolution grid {grid} exceeds {MAX_WORKGROUPS} "
                           f"workgroups per dimension")
-    common = dict(BR=1, OPERANDS=_render("matmul_operands.wgsl", ACTIVATION="x"), EPILOGUE="\n".join(epilogue))
+    common = dict(BR=1, OPERANDS=_render("matmul_operands.wgsl", ACTIVATION=ACTIVATION_EXPR[activation]),
+                  EPILOGUE="\n".join(epilogue))
     if out_at is not None:
         common["OUT_AT"] = out_at
     scaled = _scaled_operands(graph, node, preset, node.inputs[1], node.inputs[0])   # A, B as bound

@@ -13,6 +13,7 @@ from ..graph.ops import OPS, SOURCE
 from . import cost
 from .activation_grad import fold_activation_gradients
 from .attention_stats import share_attention_statistics
+from .conv_activation import fold_conv_activations
 from .norm_residual import fold_residual_gradients
 from .preactivation import reuse_preactivations
 from .report import OptimizeReport, where
@@ -22,7 +23,7 @@ from .stacked_products import stack_products
 TRAINING = (("attention_stats", share_attention_statistics), ("preactivation", reuse_preactivations),
             ("norm_residual", fold_residual_gradients), ("stacked_products", stack_products),
             ("activation_grad", fold_activation_gradients), ("outputs_early", outputs_early))
-INFERENCE = (("stacked_products", stack_products),)
+INFERENCE = (("stacked_products", stack_products), ("conv_activation", fold_conv_activations))
 WHY = {   # what each pass buys, where the cost model's bytes and dispatches do not show it
     "attention_stats": "the attention forward also writes the log-sum-exp its backward needs, "
                        "instead of a second kernel computing the scores again",
@@ -35,6 +36,8 @@ WHY = {   # what each pass buys, where the cost model's bytes and dispatches do 
                      "norm's backward kernel writes its result, not by a pass of their own",
     "activation_grad": "an activation's gradient is applied by the product computing the gradient that "
                        "arrives at it, as it writes its result, not by a pass of its own",
+    "conv_activation": "a convolution's activation is applied as its kernel writes the result, "
+                       "not by a pass of its own over it",
     "outputs_early": "nodes that only lead to outputs (weight and bias gradients) run as soon as "
                      "their operands are ready, so the tensors they read are freed sooner",
 }

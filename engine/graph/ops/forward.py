@@ -679,7 +679,7 @@ def _conv_shape(nd):
     return rule
 
 
-def conv_ref(x, w, b=None, stride=(1,), padding=(0,)):
+def conv_ref(x, w, b=None, stride=(1,), padding=(0,), activation="none"):
     """N-d cross-correlation as im2col + matmul (float64-exact, no loops over pixels)."""
     nd = x.ndim - 2
     xp = np.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in padding])
@@ -693,14 +693,15 @@ def conv_ref(x, w, b=None, stride=(1,), padding=(0,)):
     y = np.einsum(f"nc{letters}{kl},oc{kl}->no{letters}", win, w, optimize=True)
     if b is not None:
         y = y + b.reshape((1, -1) + (1,) * nd)
-    return np.ascontiguousarray(y)
+    return np.ascontiguousarray(ACTIVATIONS[activation](y))
 
 
 defop("conv1d", CONV, _conv_shape(1), conv_ref,
-      doc="x [N, C, L] * w [O, C, K] (+ b [O]) with stride and zero padding", stride=(1,), padding=(0,))
+      doc="x [N, C, L] * w [O, C, K] (+ b [O]) with stride and zero padding, then an activation "
+          "(fused: engine.optimize.conv_activation)", stride=(1,), padding=(0,), activation="none")
 defop("conv2d", CONV, _conv_shape(2), conv_ref,
-      doc="x [N, C, H, W] * w [O, C, KH, KW] (+ b [O]) with stride and zero padding",
-      stride=(1, 1), padding=(0, 0))
+      doc="x [N, C, H, W] * w [O, C, KH, KW] (+ b [O]) with stride and zero padding, then an activation "
+          "(fused: engine.optimize.conv_activation)", stride=(1, 1), padding=(0, 0), activation="none")
 
 
 # ---------------------------------------------------------------- data movement
