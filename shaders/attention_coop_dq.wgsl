@@ -13,6 +13,10 @@
 // than dS transposed as it is staged, run 42) by K on D / 16 result fragments; at the
 // end those are scaled by scale / c and leave through a scratch, a fragment at a time.
 // K and dS are fetched into registers blocks ahead (codegen writes the loop: tuning.dq_prefetch).
+// Each key group's factor c / s for each query block is worked out once, before the blocks,
+// into fs where the key groups are few enough (codegen's FACTORS slots), else read with each
+// staged element (whisper-tiny's at batch 8 on the H100: 262 us a layer read so, 228 staged
+// once; run 44).
 // Causal: keys past the workgroup's last query are skipped; dkdv wrote zeros for those
 // past a query inside the blocks it reads.
 // k: [B, S, HKV*D]; out: dq [B, T, H*D].
@@ -29,11 +33,14 @@ const BK: u32 = {{BK}}u;            // keys a block
 const SUBGROUPS: u32 = BQ / 16u;
 const KS: u32 = D + {{PAD}}u;       // halves a row of Kh
 const QS: u32 = BQ + {{PAD}}u;      // halves a row of Sh
+const QB: u32 = BQ / 32u;           // query blocks of a common scale
+const FACTORS: u32 = {{FACTORS}}u;  // slots of fs (0: the factors are read as elements are staged)
 
 var<workgroup> Kh: array<f16, BK * KS>;
 var<workgroup> Sh: array<f16, BK * QS>;    // the block's dS^T: a row a key, the workgroup's queries
 var<workgroup> Sc: array<f32, {{SCRATCH}}u>;   // fragments on their way out
 var<workgroup> cs: array<f32, SUBGROUPS>;  // the common scale of each subgroup's 32-query block
+{{FACTORS_TILE}}
 
 {{PUT_TILES}}
 
@@ -56,14 +63,19 @@ fn fetch_s(e: u32, bh: u32, k0: u32, q0: u32, T: u32, S: u32) -> vec4<u32> {
     return select(vec4<u32>(0u), scores[at], ok);
 }
 
+// The scale dkdv gave key group g's dS for query block qb of this workgroup's (clamped in range).
+fn scale_of(bh: u32, g: u32, qb: u32, q0: u32, T: u32, S: u32, ex: u32) -> f32 {
+    let blocks = (T + 63u) / 64u * 2u;
+    return bitcast<f32>(scores[ex + (bh * ((S + 15u) / 16u) + min(g, (S + 15u) / 16u - 1u)) * blocks
+                               + min(q0 / 32u + qb, blocks - 1u)].x);
+}
+
 // What brings element e of fetch_s to its query block's common scale: c / s (0 past S or T).
 fn factor_s(e: u32, bh: u32, k0: u32, q0: u32, T: u32, S: u32, ex: u32) -> f32 {
     let qb = e % (BQ / 8u) / 4u;
     let ok = k0 + e / (BQ / 8u) < S && q0 + qb * 32u < T;
     let key = select(0u, k0 + e / (BQ / 8u), ok);
-    let blocks = (T + 63u) / 64u * 2u;
-    let s = bitcast<f32>(scores[ex + (bh * ((S + 15u) / 16u) + key / 16u) * blocks + min(q0 / 32u + qb, blocks - 1u)].x);
-    return select(0.0, cs[2u * qb] / s, ok);
+{{FACTOR}}
 }
 
 // Staged element e of fetch_s times its factor f, rounded to f16 into Sh (zeros where f is:
@@ -99,6 +111,7 @@ fn put_s(e: u32, w: vec4<u32>, f: f32) {
         cs[sg] = subgroupMin(c);    // every lane: the same value
     }
     workgroupBarrier();
+{{FACTORS_PUT}}
 {{RESULTS}}
     let blocks = (end + BK - 1u) / BK;
 {{LOOP}}

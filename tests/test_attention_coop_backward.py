@@ -128,15 +128,34 @@ TINT_CHECK = """
                 tuned = dataclasses.replace(caps, tuning=Tuning(dq_prefetch=ahead))
                 for kernel in codegen.scores_pair(g, kv, q, tuned)[:2]:
                     check(f"scores, blocks of {block} D={d}, {ahead} ahead", kernel)
+        g, _ = grad_graph(1, 70, 4200, 2, 2, 32)   # dq's factors read as it stages, not staged once
+        kv, q = (next(n for n in g.nodes if n.op == op) for op in ("attention_grad_kv", "attention_grad_q"))
+        check(f"scores of 4,200 keys, blocks of {block}", codegen.scores_pair(g, kv, q, caps)[1])
 """
 
 
 def test_every_cooperative_backward_kernel_passes_tint():
     """dq and dkdv in blocks of 32 and 64 streamed rows at D = 32 and 64, grouped-query,
     causal or not (causality is a meta word: one source each), and dkdv writing dS with dq
-    as its product (fetching 1 to 4 blocks ahead) at D = 16, 48 and 64, are valid WGSL for
-    Tint."""
-    assert tint_check(TINT_CHECK) == (26, 26)
+    as its product (fetching 1 to 4 blocks ahead) at D = 16, 48 and 64, and that product over
+    4,200 keys (its factors read as it stages), are valid WGSL for Tint."""
+    assert tint_check(TINT_CHECK) == (27, 27)
+
+
+def test_the_dq_product_stages_its_factors_once_where_they_fit():
+    """A factor for each 16 keys and 32 queries, in whole rounds of the workgroup's 128
+    threads, worked out before the blocks up to DQ_FACTORS slots (4,096 keys); past that,
+    read as each element is staged."""
+    from engine.codegen.attention_coop_backward import DQ_FACTORS, dq_factors
+    assert dq_factors(1500, 128) == 256 and dq_factors(130, 128) == 128 and dq_factors(4096, 128) == DQ_FACTORS
+    assert dq_factors(4097, 128) == 0
+    for keys, staged in ((1500, True), (4200, False)):
+        g, _ = grad_graph(1, 70, keys, 2, 2, 32)
+        kv, q = (next(n for n in g.nodes if n.op == op) for op in ("attention_grad_kv", "attention_grad_q"))
+        kernel = codegen.scores_pair(g, kv, q, BIG_BINDINGS)[1]
+        assert ("its factors staged once" in kernel.notes["variant"]) == staged
+        assert ("fs[i] = select(" in kernel.source) == staged
+        assert ("cs[2u * qb] / scale_of(" in kernel.source) == (not staged)
 
 
 def test_the_dq_product_fetches_as_many_blocks_ahead_as_the_tuning_says():
@@ -251,6 +270,8 @@ CASES = {
     # dq's dS, lowers the scale the result fragments hold
     "dout-spanning": ((1, 130, 130, 6, 2, 64, False, None), np.logspace(-4.0, 4.0, 130)[None, :, None]),
     "dout-shrinking": ((1, 130, 130, 6, 2, 64, False, None), np.logspace(4.0, -4.0, 130)[None, :, None]),
+    # keys past DQ_FACTORS' 4,096: dq's product reads each factor as it stages an element
+    "long-keys": ((1, 70, 4200, 2, 2, 32, False, None), np.logspace(-3.0, 3.0, 70)[None, :, None]),
 }
 
 

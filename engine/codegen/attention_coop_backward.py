@@ -293,6 +293,39 @@ DQ_QUERIES = COOP_BACKWARD_FIXED   # queries a workgroup of the dq product, 16 a
                                    # a workgroup, so that under causality every dS it reads was written
 DQ_KEYS = 32                       # keys a block it streams
 DQ_PREFETCH = (1, 4)               # the blocks ahead it may fetch (``tuning.dq_prefetch``, clamped)
+DQ_FACTORS = 512                   # most slots of its factors tile (2 KiB): key groups x query blocks
+
+
+def dq_factors(keys: int, threads: int) -> int:
+    """Slots of attention_coop_dq.wgsl's factors tile for ``keys`` keys: a factor for each
+    16 keys and each of the workgroup's 32-query blocks, padded to whole rounds of its
+    ``threads`` (so that no lane branches filling it); 0 (the factors read as the elements
+    are staged) where that passes ``DQ_FACTORS``."""
+    slots = -(-keys // 16) * (DQ_QUERIES // 32)
+    slots = -(-slots // threads) * threads
+    return slots if slots <= DQ_FACTORS else 0
+
+
+def _dq_factor_subs(factors: int) -> dict:
+    """attention_coop_dq.wgsl's factors: a tile filled once (``factors`` slots), or read
+    from the scales with each staged element (0)."""
+    if not factors:
+        return dict(FACTORS_TILE="", FACTORS_PUT="",
+                    FACTOR="    return select(0.0, cs[2u * qb] / scale_of(bh, key / 16u, qb, q0, T, S, ex), ok);")
+    fill = ["    {   // each key group's factor c / s for each query block, for every block's staging",
+            "        let groups = (end + 15u) / 16u;",
+            "        for (var i0 = 0u; i0 < FACTORS; i0 = i0 + 32u * SUBGROUPS) {   // no branch on the lane: see fetch_k",
+            "            let i = i0 + tid;",
+            "            let g = i / QB;",
+            "            let qb = i % QB;",
+            "            let s = scale_of(bh, g, qb, q0, T, S, ex);",
+            "            fs[i] = select(0.0, cs[2u * qb] / s, g < groups && q0 + qb * 32u < T);",
+            "        }",
+            "    }",
+            "    workgroupBarrier();"]
+    return dict(FACTORS_TILE="var<workgroup> fs: array<f32, FACTORS>;   // each key group's factor, QB a group",
+                FACTORS_PUT="\n".join(fill),
+                FACTOR="    return select(0.0, fs[min(key / 16u * QB + qb, FACTORS - 1u)], ok);")
 
 
 def coop_dq_from_scores(graph: Graph, node: Node, bsz, t, s, h, hkv, d, causal, scale, scales_at: int,
@@ -306,9 +339,12 @@ def coop_dq_from_scores(graph: Graph, node: Node, bsz, t, s, h, hkv, d, causal, 
     block ahead, 261 two (the default), 394 three, 344 four (the registers spill). Its
     step: 128 queries a workgroup (which would also need dS that dkdv skips under
     causality) 0.15 ms slower, blocks of 64 keys 1.5 ms slower; storing the results
-    straight to dq where a tile's rows all lie below T ran even with the scratch."""
+    straight to dq where a tile's rows all lie below T ran even with the scratch. Run 44:
+    each staged element's factor read from the scales (a load and a division each) took
+    262 us a layer there, worked out once into a tile (``dq_factors``) 228."""
     queries, keys = DQ_QUERIES, DQ_KEYS
     f, dk, threads = COOP_FRAGMENT, d // COOP_FRAGMENT, 32 * (queries // 16)
+    factors = dq_factors(s, threads)
     k_steps = [f"tid + {n * threads}u" for n in range(keys * d // 4 // threads)]
     s_steps = [f"tid + {n * threads}u" for n in range(keys * queries // 8 // threads)]
 
@@ -354,10 +390,11 @@ def coop_dq_from_scores(graph: Graph, node: Node, bsz, t, s, h, hkv, d, causal, 
                      "f32", meta, grid, caps, enables=COOP_ENABLES + ("subgroups",), D=d, PAD=_HALF_PAD,
                      BQ=queries, BK=keys, THREADS=threads, ENTRY=entry_point(threads),
                      PUT_TILES=put_tiles(("k", "Kh")), RESULTS="\n".join("    " + _result(f"gf{n}") for n in range(dk)),
-                     LOOP="\n".join(loop), STORE="\n".join(store), SCRATCH=256 * queries // 16)
+                     LOOP="\n".join(loop), STORE="\n".join(store), SCRATCH=256 * queries // 16,
+                     FACTORS=factors, **_dq_factor_subs(factors))
     kernel.notes["variant"] = (f"cooperative dq as the product dS K: {queries} queries a workgroup, keys streamed "
                                f"{keys} at a time, K and dS fetched {len(sets)} block{'s' * (len(sets) > 1)} ahead, "
-                               f"dS from attention_grad_kv, "
+                               f"dS from attention_grad_kv{', its factors staged once' if factors else ''}, "
                                f"f16 {f}x{f}x{f} -> f32")
     kernel.guarded = True
     return kernel
