@@ -99,14 +99,12 @@ fn put_s(e: u32, w: vec4<u32>, f: f32) {
     let q0 = wg.x * BQ;
     let end = select(S, min(S, q0 + BQ), causal);
     {   // the common scale of this subgroup's query block: the least over the keys read
-        let blocks = (T + 63u) / 64u * 2u;
-        let qb = q0 / 32u + sg / 2u;
+        let qb = sg / 2u;
         let groups = (end + 15u) / 16u;
         var c = 3.0e38;
         for (var k0 = 0u; k0 < groups; k0 = k0 + 32u) {   // no branch on the lane: see fetch_k
             let kg = k0 + lane;
-            let s = bitcast<f32>(scores[ex + (bh * ((S + 15u) / 16u) + min(kg, groups - 1u)) * blocks + min(qb, blocks - 1u)].x);
-            c = min(c, select(3.0e38, s, kg < groups && qb * 32u < T));
+            c = min(c, select(3.0e38, scale_of(bh, kg, qb, q0, T, S, ex), kg < groups && q0 + qb * 32u < T));
         }
         cs[sg] = subgroupMin(c);    // every lane: the same value
     }

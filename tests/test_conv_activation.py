@@ -9,7 +9,8 @@ from engine import Graph, models
 from engine.autodiff.gradients import differentiate
 from engine.codegen import kernel_for
 from engine.graph import reference
-from engine.optimize.conv_activation import activation_name, fold_conv_activations
+from engine.graph.ops import ACTIVATION_OPS, entry_of
+from engine.optimize.conv_activation import fold_conv_activations
 from engine.optimize.passes import optimize_inference
 from engine.runtime.session import Session
 
@@ -44,7 +45,7 @@ def feeds(g: Graph, seed: int = 0):
 def test_an_activation_after_a_convolution_is_its_epilogue(op, attrs, two_d, channels):
     g = conv_then(op, attrs, two_d, channels=channels)
     out, count, _ = fold_conv_activations(g)
-    name = activation_name(g[g.outputs["y"]])
+    name = entry_of(ACTIVATION_OPS, g[g.outputs["y"]])
     assert count == 1 and name == {"gelu": "gelu_tanh" if attrs else "gelu"}.get(op, op)
     conv = out[out.outputs["y"]]
     assert conv.op == ("conv2d" if two_d else "conv1d") and conv.attrs["activation"] == name

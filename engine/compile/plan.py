@@ -516,6 +516,12 @@ def _place_pinned(b: _PlanBuilder, pinned: dict[int, tuple[str, str]]) -> None:
             b.place(i, b.new_buffer(b.graph[b.root[i]].nbytes, kind, [name]))
 
 
+def _first_axis_concat(n) -> bool:
+    """A concat along its first axis (every axis before the joined one of extent 1): its
+    operands lie one after the other in its result."""
+    return n.op == "concat" and math.prod(n.shape[:n.attrs["axis"] % len(n.shape)]) == 1
+
+
 def _pack_concatenated(b: _PlanBuilder, pinned: dict[int, tuple[str, str]]) -> None:
     """Parameters and constants that a first-axis concat joins whole, placed side by side
     in one buffer in its order, so that the concat is a view of them
@@ -525,9 +531,7 @@ def _pack_concatenated(b: _PlanBuilder, pinned: dict[int, tuple[str, str]]) -> N
     slots, and none may have a place yet (a parameter in two such concats joins the
     first)."""
     g, root = b.graph, b.root
-    for n in g.nodes:
-        if n.op != "concat" or math.prod(n.shape[:n.attrs["axis"] % len(n.shape)]) != 1:
-            continue
+    for n in filter(_first_axis_concat, g.nodes):
         roots = [root[i] for i in n.inputs]
         whole = all(r in pinned and pinned[r][0] in ("parameter", "constant") and g[i].size == g[r].size
                     and i not in b.within for i, r in zip(n.inputs, roots))
@@ -675,17 +679,15 @@ def _dispatch_scored(b: _PlanBuilder, n, pair: tuple[int, codegen.Kernel, int], 
 
 
 def _concats_in_place(b: _PlanBuilder, order: list) -> set[int]:
-    """Concats that need no copy: along their first axis (every axis before the joined one
-    of extent 1), of parameters whose slots lie one after the other in one arena, as a
+    """Concats that need no copy: along their first axis (``_first_axis_concat``), of
+    parameters whose slots lie one after the other in one arena, as a
     group's do where their gradients are parts of one result (the stacked q/k/v weights,
     engine.optimize.stacked_products), or as ``_pack_concatenated`` places parameters and
     constants. Each is placed over those slots; returns them."""
     g, root = b.graph, b.root
     params = set(g.parameters.values()) | set(g.constants)
     found = set()
-    for n in order:
-        if n.op != "concat" or math.prod(n.shape[:n.attrs["axis"] % len(n.shape)]) != 1:
-            continue
+    for n in filter(_first_axis_concat, order):
         slots = [b.storage.get(root[i]) if root[i] in params and g[i].size == g[root[i]].size
                  and not b.within.get(i) else None for i in n.inputs]
         if None in slots or len({buf for buf, _, _ in slots}) != 1:

@@ -15,13 +15,7 @@ Run after autodiff, the training graph's ``optimize`` and the passes that stack 
 from __future__ import annotations
 
 from ..graph.ir import Graph, Node
-from ..graph.ops import GRADIENT_OF, OPS
-
-
-def _gradient_of(n: Node) -> str | None:
-    """The activation (a ``gradient_of`` value) whose gradient op ``n`` is, or None."""
-    return next((name for name, (op, attrs) in GRADIENT_OF.items()
-                 if n.op == op and n.attrs == {**OPS[op].attrs, **attrs}), None)
+from ..graph.ops import GRADIENT_OF, entry_of
 
 
 def _fold(graph: Graph, n: Node, users: list[list[int]], outputs: set[int]) -> tuple[int, int, str] | None:
@@ -29,7 +23,7 @@ def _fold(graph: Graph, n: Node, users: list[list[int]], outputs: set[int]) -> t
     folds, or None: its first operand a product read by it alone and not an output (a
     ``matmul``, or a ``fused_matmul`` without a gradient of its own), the activation input
     of the product's shape."""
-    gradient = _gradient_of(n)
+    gradient = entry_of(GRADIENT_OF, n)   # the activation whose gradient op n is
     if gradient is None:
         return None
     d, h = graph[n.inputs[0]], graph[n.inputs[1]]

@@ -12,18 +12,9 @@ decomposition, like any fused op.
 from __future__ import annotations
 
 from ..graph.ir import Graph, Node
-from ..graph.ops import ACTIVATION_OPS, OPS
+from ..graph.ops import ACTIVATION_OPS, entry_of
 
 CONVOLUTIONS = ("conv1d", "conv2d")
-
-
-def activation_name(n: Node) -> str | None:
-    """The ``ACTIVATION_OPS`` name of what node ``n`` computes, or None where it is no activation."""
-    for name, (op, attrs) in ACTIVATION_OPS.items():
-        defaults = OPS[op].attrs
-        if n.op == op and n.attrs == {k: attrs.get(k, v) for k, v in defaults.items()}:
-            return name
-    return None
 
 
 def fold_conv_activations(graph: Graph) -> tuple[Graph, int, dict[int, int]]:
@@ -35,7 +26,7 @@ def fold_conv_activations(graph: Graph) -> tuple[Graph, int, dict[int, int]]:
         if n.op not in CONVOLUTIONS or n.attrs["activation"] != "none" or n.id in outputs or len(users[n.id]) != 1:
             continue
         reader = graph[users[n.id][0]]
-        name = activation_name(reader)
+        name = entry_of(ACTIVATION_OPS, reader)
         if name is not None:
             folded[reader.id] = (n.id, name)
     if not folded:

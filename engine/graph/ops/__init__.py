@@ -22,7 +22,7 @@ from .forward import (  # noqa: F401
     ACTIVATION_OPS, ACTIVATIONS, BINARY, GRADIENT_OF, PART_ALIGN, UNARY, attention_grad_kv_layout, attention_grad_kv_ref,
     attention_grad_q_ref,
     attention_lse_ref, attention_ref, attention_scores, attention_stats_layout, attention_stats_ref, bce_ref,
-    check_index_range, conv_ref,
+    check_index_range, conv_ref, entry_of,
     cross_entropy_ref, embedding_ref, fused_matmul_ref, gelu_ref, group_norm_ref, layer_norm_ref,
     log_softmax_ref, matmul_ref, merge_heads, norm_matmul_ref, packed_layout, pad_ref, part_ref, rms_norm_ref, rope_ref,
     rope_tables, run_program, sigmoid_ref, slice_ref, soft_cross_entropy_ref, softmax_ref,

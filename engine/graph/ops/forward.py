@@ -345,6 +345,13 @@ ACTIVATION_OPS = {"relu": ("relu", {}), "silu": ("silu", {}), "gelu": ("gelu", {
 GRADIENT_OF = {"relu": ("relu_grad", {}), "gelu": ("gelu_grad", {}), "gelu_tanh": ("gelu_grad", {"approximate": "tanh"})}
 
 
+def entry_of(table: dict, node) -> str | None:
+    """The name under which ``table`` (ACTIVATION_OPS, GRADIENT_OF: name -> (op, attrs))
+    lists what ``node`` computes, or None."""
+    return next((name for name, (op, attrs) in table.items()
+                 if node.op == op and node.attrs == {**OPS[op].attrs, **attrs}), None)
+
+
 def _fused_matmul_shape(ts, a):
     out = _mm_dims(ts[0], ts[1], a.get("transpose_a", False), a.get("transpose_b", False))
     if a.get("activation", "none") not in ACTIVATIONS:
