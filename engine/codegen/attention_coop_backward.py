@@ -314,7 +314,8 @@ def _dq_factor_subs(factors: int) -> dict:
                     FACTOR="    return select(0.0, cs[2u * qb] / scale_of(bh, key / 16u, qb, q0, T, S, ex), ok);")
     fill = ["    {   // each key group's factor c / s for each query block, for every block's staging",
             "        let groups = (end + 15u) / 16u;",
-            "        for (var i0 = 0u; i0 < FACTORS; i0 = i0 + 32u * SUBGROUPS) {   // no branch on the lane: see fetch_k",
+            "        for (var i0 = 0u; i0 < FACTORS; i0 = i0 + 32u * SUBGROUPS) {"
+            "   // no branch on the lane: see fetch_k",
             "            let i = i0 + tid;",
             "            let g = i / QB;",
             "            let qb = i % QB;",

@@ -143,7 +143,8 @@ class Session:
             if views.setdefault(b, (gpu, base)) != (gpu, base):
                 raise ShapeError(f"shared parameter {name!r} is not laid out like the other parameters "
                                  f"of plan buffer {b} ({', '.join(self.plan.buffers[b].names)})")
-        packed = sorted({self.plan.node_buffer[i] for i in self.graph.constants if i in self.plan.node_buffer} & set(views))
+        constant_buffers = {self.plan.node_buffer[i] for i in self.graph.constants if i in self.plan.node_buffer}
+        packed = sorted(constant_buffers & set(views))
         if packed:
             raise ShapeError(f"plan buffer {packed[0]} ({', '.join(self.plan.buffers[packed[0]].names)}) packs shared "
                              f"parameters with constants; compile the plan with pack_parameters=False")
