@@ -114,9 +114,12 @@ def test_no_adapter_through_dawn_says_how_to_run_without_it(monkeypatch, configu
     from engine.errors import DeviceError
 
     configure(wgpu="dawn")
-    monkeypatch.setattr(wgpudawn.gpu, "request_adapter_sync", lambda **kw: None)
+    device._wgpu()   # loading Dawn's backend replaces wgpudawn.gpu: patch the one it installs
+    asked = []
+    monkeypatch.setattr(wgpudawn.gpu, "request_adapter_sync", lambda **kw: asked.append(kw))
     with pytest.raises(DeviceError, match="through Dawn .*unset MEGANEURA_WGPU"):
         device.request_adapter()
+    assert asked, "the patched request was not the one asked (on lavapipe Dawn finds no adapter anyway)"
 
 
 def test_device_is_cached_and_has_features():

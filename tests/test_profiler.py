@@ -58,7 +58,13 @@ def check_timings(report, session):
         span = max(d.end_ns for d in ds) - min(d.begin_ns for d in ds)
         total = sum(d.gpu_ns for d in ds)
         assert report.gpu_step_ns[step] > 0
-        assert abs(total - report.gpu_step_ns[step]) <= 0.2 * report.gpu_step_ns[step], (total, report.gpu_step_ns)
+        if report.mode == profiler.MODE_PER_PASS:
+            # a pass each, run in order; between passes the GPU idles, on the H100 longer than these
+            # tiny dispatches run (13.6 us of a 20.7 us step): their sum is bounded by the step, not near it
+            assert all(a.end_ns <= b.begin_ns for a, b in zip(ds, ds[1:])), [(d.begin_ns, d.end_ns) for d in ds]
+            assert total <= span, (total, span)
+        else:
+            assert abs(total - report.gpu_step_ns[step]) <= 0.2 * report.gpu_step_ns[step], (total, report.gpu_step_ns)
         assert abs(span - report.gpu_step_ns[step]) <= 0.01 * span + 1000
 
 
