@@ -7,11 +7,17 @@
 // more than one chunk these are partials that a second dispatch (sum_to.wgsl) adds up.
 // Reading the rows once for both sums replaces a pass writing dout * x_hat in full and
 // two passes adding its rows and dout's.
+// With INPUT_GRADIENT (codegen's norm_gradients: the norm's norm_grad on the same dout and
+// x) the chunk's rows also get the norm's input gradient, from the same statistics:
+// dx = r (g - mean(g) - x_hat mean(g x_hat)), g = dout w (no mean(g): RMS norm), plus a
+// residual gradient where norm_residual gave one, written to dx_out; its own row kernel
+// read dout and x again.
 // meta: [rows, NV (N in VT), eps, N, NP (padded N in VT)]
 
 {{PRELUDE}}
 
 {{BINDINGS}}
+{{DX_BINDING}}
 
 alias VT = {{VT}};
 
@@ -78,6 +84,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         for (var i = g; i < NV; i = i + GROUP) { let c = x[row * NV + i] - VT(mu); q = q + hsum(c * c); }
     }
     let r = inverseSqrt(group_sum(q, t) / n + eps);
+{{INPUT_GRADIENT}}
     if (g == 0u) { stats[t / GROUP] = vec2<f32>(mu, r); }
     workgroupBarrier();
     let held = min(CHUNK, rows - first);

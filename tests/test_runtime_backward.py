@@ -110,21 +110,34 @@ def test_norm_gradient_kernels(center, fill):
     workgroup and shorter, as vec4s (300, 36, 600 wide) and as floats (7, 301), with lanes
     sharing a column (padded rows under 128 vectors) and without (600, 301); 3 rows make
     one chunk (no second dispatch), 15 and 74 several, with a partial last one, in chunks
-    of 8 and 32 where the adapter fills with one workgroup, else of 4."""
+    of 8 and 32 where the adapter fills with one workgroup, else of 4. One norm's dx and
+    parameter gradients come from one kernel (with a residual gradient added to dx too);
+    a norm_grad or norm_param_grad alone keeps its own."""
     g = Graph("norm-grad")
     shapes = (([3, 5], 300), ([3, 5], 7), ([2, 37], 7), ([2, 37], 36), ([2, 37], 600), ([2, 37], 301), ([1, 3], 36))
+    attrs = dict(eps=1e-5, center=center)
     for lead, n in shapes:
         name = f"{'x'.join(map(str, lead))}_{n}"
         x, d = g.input(f"x{name}", lead + [n]), g.input(f"d{name}", lead + [n])
         w = g.parameter(f"w{name}", [n])
-        g.output(f"dx{name}", g.apply("norm_grad", d, x, w, eps=1e-5, center=center))
-        g.output(f"dp{name}", g.apply("norm_param_grad", d, x, eps=1e-5, center=center))
+        g.output(f"dx{name}", g.apply("norm_grad", d, x, w, **attrs))
+        g.output(f"dp{name}", g.apply("norm_param_grad", d, x, **attrs))
+    x, d, r = (g.input(f"{v}_res", [2, 37, 36]) for v in "xdr")
+    w = g.parameter("w_res", [36])
+    g.output("dx_res", g.apply("norm_grad", d, x, w, r, **attrs))
+    g.output("dp_res", g.apply("norm_param_grad", d, x, **attrs))
+    x, d = g.input("x_alone", [2, 37, 36]), g.input("d_alone", [2, 37, 36])
+    g.output("dp_alone", g.apply("norm_param_grad", d, x, **attrs))
+    g.output("dx_alone", g.apply("norm_grad", d, g.input("x_other", [2, 37, 36]), g.parameter("w_alone", [36]),
+                                 **attrs))
     caps = device_capabilities(get_device())
     if fill is not None:
         caps = dataclasses.replace(caps, tuning=Tuning(sum_workgroups=fill))
     s = check(g, capabilities=caps)
-    variants = [d.variant for d in s.plan.dispatches if d.kernel == "norm_param_grad"]
-    assert len(variants) == len(shapes) and sum("chunks" in v for v in variants) == len(shapes) - 1
+    variants = [d.variant for d in s.plan.dispatches if " rows a workgroup" in d.variant]
+    assert len(variants) == len(shapes) + 2 and sum("chunks" in v for v in variants) == len(shapes) + 1
+    assert sum("and the input gradient" in v for v in variants) == len(shapes) + 1, variants
+    assert sum(d.kernel.endswith("norm_grad") for d in s.plan.dispatches) == len(shapes) + 2   # paired, alone
     assert {v.split(" rows")[0] for v in variants} == ({"32", "8", "4"} if fill == 1 else {"4"})
     assert any("vec4s" in v for v in variants) and any("floats" in v for v in variants)
 

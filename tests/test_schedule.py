@@ -46,6 +46,8 @@ def test_whisper_weight_gradients_run_early_with_the_same_values_and_a_lower_pea
     assert set(got) == set(want)
     for name in want:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
-    # parameters packed or not (engine.compile.plan._pack_concatenated), the same saving
+    # parameters packed or not (engine.compile.plan._pack_concatenated), the same saving: 84.4 -> 79.6 MB
+    # while each norm's parameter gradients ran late in their own kernel, 81.9 -> 79.7 MB since they come
+    # from their input gradient's (engine.compile.plan._norm_gradient_pairs), which already runs early
     peak = lambda g: compile_plan(g, dict(pairs), "loss", pack_parameters=False).peak_bytes  # noqa: E731
-    assert peak(after) < 0.95 * peak(before)
+    assert peak(after) < 0.98 * peak(before)

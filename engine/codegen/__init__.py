@@ -19,6 +19,7 @@ from .dispatch import describe_paths, kernel_for, supported_ops, unsupported_ops
 from .matmul import (MATMUL_KERNELS, MATMUL_MAX_SPLITS, TILED, matmul_splits, matmul_variant,
                      narrow_tiles_fill_better, split_rule)
 from .matmul_coop import COOP, coop_workgroup_bytes
+from .reduction import norm_gradients, norm_gradients_kernel
 from .tile_operands import operand_fetch
 from .tuning import TUNED_FIELDS, Tuning
 from .training import (gradient_copy_kernel, norm_partials, norm_total_kernel, optimizer_kernel,

@@ -430,11 +430,47 @@ def norm_param_chunk(rows: int, fill: int) -> int:
     return chunk
 
 
-def _norm_param_grad(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+_INPUT_GRADIENT = """    {   // the norm's input gradient of this thread's row (norm_grad's, from the same statistics)
+        var sg = 0.0;
+        var sgx = 0.0;
+        if (live) {
+            for (var i = g; i < NV; i = i + GROUP) {
+                let gv = dout[row * NV + i] * w[i];
+                sg = sg + hsum(gv);
+                sgx = sgx + hsum(gv * (x[row * NV + i] - VT(mu)) * r);
+            }
+        }
+        let mean_g = select(0.0, group_sum(sg, t) / n, {{CENTER}});
+        let mean_gx = group_sum(sgx, t) / n;
+        if (live) {
+            for (var i = g; i < NV; i = i + GROUP) {
+                let at = row * NV + i;
+                dx_out[at] = {{RESIDUAL}}r * (dout[at] * w[i] - VT(mean_g) - (x[at] - VT(mu)) * r * VT(mean_gx));
+            }
+        }
+    }"""
+
+
+def norm_gradients(graph: Graph, grad: Node, params: Node) -> bool:
+    """Whether ``params`` (a ``norm_param_grad``) and ``grad`` (a ``norm_grad``) are one
+    norm's gradients: the same dout and x, eps and centring, so that one kernel computes
+    both (``_norm_param_grad`` with ``input_gradient``)."""
+    return (grad.op == "norm_grad" and params.op == "norm_param_grad"
+            and tuple(grad.inputs[:2]) == tuple(params.inputs) and grad.attrs == params.attrs)
+
+
+def _norm_param_grad(graph: Graph, node: Node, caps: Capabilities = PLAIN,
+                     input_gradient: Node | None = None) -> Kernel:
     """``norm_param_grad`` in two dispatches: norm_param_grad.wgsl sums a chunk of rows a
     workgroup (each row's statistics, then each column's sums), as vec4s where the rows
     are a multiple of 4 wide; ``sum_to_kernel`` adds the chunks' sums (a single chunk
-    writes the result itself)."""
+    writes the result itself). With ``input_gradient`` (the same norm's ``norm_grad``:
+    ``norm_gradients``) the first dispatch also writes that node's value, bound after the
+    sums (the plan's ``_norm_gradient_pairs``): its own row kernel read dout and x again
+    (35-39 us a norm of whisper-tiny's [12000, 384] on the H100, beside 23-25 for the
+    sums). Run 45, f16 on the H100, the norms' gradients a step: whisper-tiny at batch 8
+    643-645 -> 536 us (27 -> 18 dispatches), at batch 1 356-359 -> 250-252, gpt-tiny at
+    batch 8 493-494 -> 344 (39 -> 26)."""
     x = graph[node.inputs[1]]
     n, (k, padded) = x.shape[-1], node.shape
     rows = x.size // n
@@ -442,15 +478,30 @@ def _norm_param_grad(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Ke
     lanes = max(1, NORM_PARAM_THREADS // (padded // width))
     chunk = norm_param_chunk(rows, caps.tuning.sum_workgroups)
     chunks = -(-rows // chunk)
-    kernel = _finish("reduce:norm_param_grad", "reduction", "norm_param_grad.wgsl", ["dout", "x"], [vt, vt], vt,
+    names, dx = ["dout", "x"], {"DX_BINDING": "", "INPUT_GRADIENT": ""}
+    center = str(node.attrs["center"]).lower()
+    if input_gradient is not None:
+        residual = len(input_gradient.inputs) == 4   # engine.optimize.norm_residual
+        names += ["w"] + ["res"] * residual
+        dx = {"DX_BINDING": f"@group(0) @binding({len(names) + 2}) var<storage, read_write> dx_out: array<{vt}>;",
+              "INPUT_GRADIENT": _INPUT_GRADIENT.replace("{{CENTER}}", center)
+              .replace("{{RESIDUAL}}", "res[at] + " if residual else "")}
+    kernel = _finish("reduce:norm_param_grad", "reduction", "norm_param_grad.wgsl", names, [vt] * len(names), vt,
                      [rows, n // width, f32_bits(node.attrs["eps"]), n, padded // width], grid_1d(chunks), caps,
                      THREADS=NORM_PARAM_THREADS, CHUNK=chunk, LANES=lanes, K=k, VT=vt, HSUM=hsum,
-                     CENTER=str(node.attrs["center"]).lower(), COLUMNS=_NORM_PARAM_COLUMNS[lanes > 1])
+                     CENTER=center, COLUMNS=_NORM_PARAM_COLUMNS[lanes > 1], **dx)
     kernel.guarded = True
-    kernel.notes["variant"] = f"{chunk} rows a workgroup, {'vec4s' if width == 4 else 'floats'}"
+    kernel.notes["variant"] = (f"{chunk} rows a workgroup, {'vec4s' if width == 4 else 'floats'}"
+                               + (", and the input gradient" if input_gradient is not None else ""))
     if chunks > 1:
         add_copies(kernel, chunks, k * padded, caps, "reduce:norm_param_grad:chunks", f"{chunks} chunks")
     return kernel
+
+
+def norm_gradients_kernel(graph: Graph, grad: Node, params: Node, caps: Capabilities = PLAIN) -> Kernel:
+    """One norm's ``norm_grad`` and ``norm_param_grad`` (``norm_gradients``) in one kernel:
+    the parameter gradients' kernel, also writing the input gradient."""
+    return _norm_param_grad(graph, params, caps, input_gradient=grad)
 
 
 # The column sums of norm_param_grad.wgsl: rows at least THREADS / 2 vectors wide take a

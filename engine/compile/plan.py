@@ -559,11 +559,13 @@ def _schedule_graph(b: _PlanBuilder, pinned_roots: set[int], overlap: bool = Fal
     live = g.live_nodes() | set(g.inputs.values()) | set(g.parameters.values())
     order = [n for n in g.nodes if n.id in live and OPS[n.op].archetype not in (SOURCE, VIEW)]
     summed = _products_with_sums(b, order)
+    paired = _norm_gradient_pairs(b, order)
     scored, order = _dq_from_scores(b, order)
     held: dict[int, tuple[int, int, int]] = {}   # attention_grad_q -> the scores its dkdv wrote
     in_place = _concats_in_place(b, order)
     pinned_roots = pinned_roots | in_place   # they lie over parameters: never the pool's
-    computed_beside = in_place | {s for s, _ in summed.values()}   # no dispatch of their own
+    # no dispatch of their own
+    computed_beside = in_place | {s for s, _ in summed.values()} | {p for p, _ in paired.values()}
     order = [n for n in order if n.id not in computed_beside]
     last_use: dict[int, int] = {}
     for step, n in enumerate(order):
@@ -573,13 +575,16 @@ def _schedule_graph(b: _PlanBuilder, pinned_roots: set[int], overlap: bool = Fal
     without_reuse = 0
     for step, n in enumerate(order):
         fresh = overlap and step > 0 and root[order[step - 1].id] not in {root[i] for i in n.inputs}
-        for m in [n] + ([g[summed[n.id][0]]] if n.id in summed else []):
+        beside = summed.get(n.id) or paired.get(n.id)
+        for m in [n] + ([g[beside[0]]] if beside else []):
             if root[m.id] not in b.storage:
                 size = _aligned(m.nbytes)
                 without_reuse += size
                 b.place(m.id, _pooled_buffer(b, free, size, fresh))
         if n.id in scored:
             _dispatch_scored(b, n, scored[n.id], free, held)
+        elif n.id in paired:
+            _dispatch_norm_pair(b, n, paired[n.id], free, fresh)
         else:
             _dispatch_node(b, n, free, fresh, summed.get(n.id))
         for r in {root[i] for i in n.inputs}:   # two views of one storage (parts of a packed result) free it once
@@ -634,6 +639,54 @@ def _dispatch_node(b: _PlanBuilder, n, free: list[int], fresh: bool = False, sum
     extra = [inputs[i] for i in kernel.finish_operands]
     b.dispatch(kernel.finish, f"{name}:total", [scratch, *extra, b.slot_of(n.id), *beside],
                [READ] * (1 + len(extra)) + [READ_WRITE] * (1 + len(beside)), n.size, nodes=nodes)
+    free.append(buffer)
+
+
+def _norm_gradient_pairs(b: _PlanBuilder, order: list) -> dict[int, tuple[int, codegen.Kernel]]:
+    """One norm's input gradient and parameter gradients (codegen's ``norm_gradients``)
+    from one kernel, dispatched where the ``norm_grad`` is, where nothing reads the
+    ``norm_param_grad`` before. Returns norm_grad -> (its norm_param_grad, the kernel)."""
+    g = b.graph
+    position = {n.id: i for i, n in enumerate(order)}
+    grads = {tuple(n.inputs[:2]): n for n in order if n.op == "norm_grad"}
+    readers = _first_readers(g, position, len(order))
+    found = {}
+    for p in order:
+        q = grads.get(tuple(p.inputs)) if p.op == "norm_param_grad" else None
+        if q is not None and q.id not in found and codegen.norm_gradients(g, q, p) and readers(p.id) > position[q.id]:
+            found[q.id] = (p.id, codegen.norm_gradients_kernel(g, q, p, b.caps))
+    return found
+
+
+def _first_readers(g: Graph, position: dict[int, int], end: int):
+    """first_reader(i): the position of the first dispatch reading node i (through views;
+    ``end`` where none does)."""
+    users = g.users()
+
+    def first_reader(i: int) -> int:
+        return min((first_reader(u) if OPS[g[u].op].archetype == VIEW else position.get(u, end)
+                    for u in users[i]), default=end)
+    return first_reader
+
+
+def _dispatch_norm_pair(b: _PlanBuilder, n, pair: tuple[int, codegen.Kernel], free: list[int], fresh: bool) -> None:
+    """A ``_norm_gradient_pairs`` dispatch: norm_grad ``n``'s operands, the parameter
+    gradients' sums (their slot, or a pooled scratch of the chunks' partials that a second
+    dispatch adds up into it) and n's value."""
+    params, kernel = pair
+    name, nodes = _kernel_name(b.graph, n), [n.id, params]
+    inputs = [b.slot_of(i) for i in n.inputs]
+    reads = [READ] * len(inputs)
+    if kernel.finish is None:
+        b.dispatch(kernel, name, inputs + [b.slot_of(params), b.slot_of(n.id)], reads + [READ_WRITE] * 2,
+                   n.size, nodes=nodes)
+        return
+    buffer = _pooled_buffer(b, free, _aligned(4 * kernel.partials), fresh)
+    scratch = (buffer, 0, 4 * kernel.partials)
+    b.dispatch(kernel, name, inputs + [scratch, b.slot_of(n.id)], reads + [READ_WRITE] * 2, kernel.partials,
+               nodes=nodes)
+    b.dispatch(kernel.finish, f"{name}:total", [scratch, b.slot_of(params)], [READ, READ_WRITE],
+               b.graph[params].size, nodes=[params])
     free.append(buffer)
 
 
@@ -707,16 +760,12 @@ def _products_with_sums(b: _PlanBuilder, order: list) -> dict[int, tuple[int, co
     where it can. Returns product -> (sum node, the product's kernel)."""
     g, within = b.graph, b.within
     position = {n.id: i for i, n in enumerate(order)}
-    users = g.users()
+    first_reader = _first_readers(g, position, len(order))
 
     def value(i: int) -> int:   # the node whose value i views
         while OPS[g[i].op].archetype == VIEW:
             i = g[i].inputs[0]
         return i
-
-    def first_reader(i: int) -> int:   # position of the first dispatch reading i (through views)
-        return min((first_reader(u) if OPS[g[u].op].archetype == VIEW else position.get(u, len(order))
-                    for u in users[i]), default=len(order))
 
     whole = lambda i: within.get(i, 0) == 0 and g[i].size == g[value(i)].size   # noqa: E731
     sums_of: dict[int, list[int]] = {}
