@@ -119,7 +119,10 @@ def test_whisper_training_plans_have_no_bias_sums_left():
         left = [d.name for d in plan.dispatches if d.kernel.startswith("sum_to")]
         assert len(left) == 2 and all("conv" in name for name in left), left
         paired = [d for d in plan.dispatches if len(d.nodes) == 2 and not d.kernel.endswith(":total")]
-        assert len(paired) == 16, [d.name for d in paired]   # out_proj, fc1, fc2 and the stacked q/k/v, 4 layers
+        products = [d for d in paired if d.archetype == "matmul"]
+        assert len(products) == 16, [d.name for d in products]   # out_proj, fc1, fc2 and the stacked q/k/v, 4 layers
+        norms = [d for d in paired if d.kernel == "norm_grad"]   # each norm's dx with its parameter gradients
+        assert len(norms) == 9 and len(paired) == 25, [d.name for d in paired]
 
 
 def test_every_preset_adding_up_an_operand_passes_tint():
