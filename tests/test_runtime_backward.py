@@ -142,6 +142,20 @@ def test_norm_gradient_kernels(center, fill):
     assert any("vec4s" in v for v in variants) and any("floats" in v for v in variants)
 
 
+def test_a_norms_gradients_stay_apart_where_its_sums_are_read_before_its_dx():
+    """The plan computes a norm's dx in its parameter gradients' kernel at dx's place: where
+    a dispatch before that reads the sums, each keeps its own kernel (and the values)."""
+    g = Graph("norm-grad-apart")
+    x, d = g.input("x", [2, 37, 36]), g.input("d", [2, 37, 36])
+    sums = g.apply("norm_param_grad", d, x, eps=1e-5, center=True)
+    g.output("twice", g.add(sums, sums))
+    g.output("dx", g.apply("norm_grad", d, x, g.parameter("w", [36]), eps=1e-5, center=True))
+    s = check(g)
+    kinds = [(d.kernel, d.variant) for d in s.plan.dispatches if "norm" in d.kernel and "total" not in d.kernel]
+    assert [k for k, _ in kinds] == ["norm_param_grad", "norm_grad"], kinds
+    assert not any("input gradient" in v for _, v in kinds), kinds
+
+
 def test_row_dot():
     """Dot products of rows: a head dimension of 64 (vec4s, 16 threads a row), rows of 300
     (vec4s, 64 threads looping), of 7 and of 1 (floats), row counts that leave the last
