@@ -451,7 +451,7 @@ _INPUT_GRADIENT = """    {   // the norm's input gradient of this thread's row (
     }"""
 
 
-def norm_gradients(graph: Graph, grad: Node, params: Node) -> bool:
+def norm_gradients(grad: Node, params: Node) -> bool:
     """Whether ``params`` (a ``norm_param_grad``) and ``grad`` (a ``norm_grad``) are one
     norm's gradients: the same dout and x, eps and centring, so that one kernel computes
     both (``_norm_param_grad`` with ``input_gradient``)."""

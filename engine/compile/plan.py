@@ -653,7 +653,7 @@ def _norm_gradient_pairs(b: _PlanBuilder, order: list) -> dict[int, tuple[int, c
     found = {}
     for p in order:
         q = grads.get(tuple(p.inputs)) if p.op == "norm_param_grad" else None
-        if q is not None and q.id not in found and codegen.norm_gradients(g, q, p) and readers(p.id) > position[q.id]:
+        if q is not None and q.id not in found and codegen.norm_gradients(q, p) and readers(p.id) > position[q.id]:
             found[q.id] = (p.id, codegen.norm_gradients_kernel(g, q, p, b.caps))
     return found
 
