@@ -87,17 +87,18 @@ def matmul_graph(m, n, k, ta, tb, batch):
     return g
 
 
-def back_to_back_ms(sess, gpu_ms: float, trials: int = 3) -> float:
+def back_to_back_ms(sess, gpu_ms: float, least: int = 10, trials: int = 3) -> float:
     """GPU ms of one step of ``sess`` run back to back: ``r`` and ``2 r`` steps recorded
     into one command buffer each, timed from submit to a 4-byte read, and the difference
     divided by ``r`` (so submit and read cancel out). It includes the barriers between
     dispatches and leaves out the timestamps, which add about 8 us to every dispatch on
     the H100 (a split kernel's second dispatch would pay it); ``gpu_ms`` (the
-    timestamped time) sizes ``r`` to about 10 ms of work, and is the answer where the
+    timestamped time) sizes ``r`` to about 10 ms of work, at least ``least`` steps (fewer
+    under --quick, where lavapipe takes tens of ms a kernel), and is the answer where the
     difference is lost in the host's noise (tiny kernels on lavapipe)."""
     q = sess.device.queue
     sync = sess.buffers[sess.plan.outputs[next(iter(sess.graph.outputs))]]
-    reps = int(min(400, max(10, 10.0 / max(gpu_ms, 1e-3))))
+    reps = int(min(400, max(least, 10.0 / max(gpu_ms, 1e-3))))
 
     def wall(n):
         enc = sess.device.create_command_encoder()
@@ -130,7 +131,7 @@ def time_ours(g, inputs, caps, steps):
     err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
     rep = s.profile(steps=steps, measure_overhead=False, include_build_spans=False)
     stamped = statistics.median(rep.gpu_step_ns) / 1e6
-    return back_to_back_ms(s, stamped), err, s.plan.dispatches[0].variant, stamped
+    return back_to_back_ms(s, stamped, least=min(steps, 10)), err, s.plan.dispatches[0].variant, stamped
 
 
 def time_torch(inputs, ta, tb, timer, steps):
@@ -209,7 +210,7 @@ def _timed_session(g, inputs, knobs, steps):
     sess.set_inputs(inputs)
     sess.run()
     rep = sess.profile(steps=steps, measure_overhead=False, include_build_spans=False)
-    return sess, back_to_back_ms(sess, statistics.median(rep.gpu_step_ns) / 1e6), rep
+    return sess, back_to_back_ms(sess, statistics.median(rep.gpu_step_ns) / 1e6, least=min(steps, 10)), rep
 
 
 def _torch_heads(timer, inputs, b, d, h, hkv):
@@ -302,7 +303,7 @@ def independent_rows(counts, rng, quick):
         sess.set_inputs({nm: rng.standard_normal(g[j].shape, dtype=np.float32) for nm, j in g.inputs.items()})
         sess.run()
         rep = sess.profile(steps=3, measure_overhead=False, include_build_spans=False)
-        ms = back_to_back_ms(sess, statistics.median(rep.gpu_step_ns) / 1e6)
+        ms = back_to_back_ms(sess, statistics.median(rep.gpu_step_ns) / 1e6, least=3 if quick else 10)
         single = single or ms / n
         rows.append([f"{n} matmuls {m}x{k}x{k}", str(len(sess.plan.dispatches)), fmt(ms, " ms"),
                      fmt(ms / n * 1e3, " us"), fmt(ms / (n * single))])

@@ -94,10 +94,10 @@ QUICK = {
     "matmul": [(64, 64, 64), (128, 128, 128), (8, 128, 128)],
     "mlp": ["batch=8"],
     "whisper-tiny": ["batch=1", "mel_len=16"],
-    "gpt-tiny": ["batch=1", "seq=8"],
+    "gpt-tiny": ["batch=1", "seq=8", "depth=2"],
     "whisper-tiny b8": ["batch=2", "mel_len=16"],
     "infer whisper-tiny b8": ["batch=2", "mel_len=16"],
-    "audio-align": ["mel_len=16", "seq=4", "batch=2"], "smoke_steps": 1,
+    "audio-align": ["mel_len=16", "seq=4", "batch=2", "depth=2"], "smoke_steps": 1,
     "steps": 1, "mm_steps": 2, "warmup": 0, "rounds": 2,
 }
 

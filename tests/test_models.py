@@ -120,6 +120,26 @@ def test_gpt_forward_and_loss_match_torch():
     assert abs(float(out["loss"]) - loss.item()) < REL_TOL * loss.item()
 
 
+@pytest.mark.parametrize("name", ["gpt-tiny", "audio-align"])
+def test_decoder_depth_is_a_setting_and_weights_of_another_depth_are_refused_by_name(name):
+    """``--set depth=N`` builds N decoder layers (the torch reference reads its depth from
+    the weights); a file of the default 6 layers names the 32 tensors depth 2 lacks."""
+    m = models.create(name, **SMALL[name], depth=2)
+    prefix = "gpt." if name == "audio-align" else ""
+    layers = {k.removeprefix(prefix).split(".")[1] for k in m.parameter_shapes() if k.startswith(prefix + "layers.")}
+    assert layers == {"0", "1"}
+    params = jittered_params(m)
+    data = m.example_inputs(train=True)
+    out = reference.run(m.build(train=True), data, params)["logits"]
+    file = m.to_file_layout(params)
+    theirs = (tr.gpt_logits(data["tokens"], file).numpy() if name == "gpt-tiny"
+              else tr.audio_align_logits(data["mel"], data["tokens"], file))
+    assert rel_err(out, theirs) < REL_TOL
+    deeper = models.create(name, **SMALL[name])
+    with pytest.raises(WeightsMismatchError, match=rf"32 unexpected: {prefix}layers\.2\.attn_norm\.weight"):
+        m.bind(deeper.to_file_layout(deeper.init_params(0)))
+
+
 def test_training_graphs_add_a_scalar_loss_and_share_parameter_names():
     for name in models.names():
         m = models.create(name, **SMALL[name])

@@ -7,8 +7,8 @@ import pytest
 
 from engine.cli import main
 
-SMALL = {"mlp": ["batch=4"], "whisper-tiny": ["mel_len=16", "batch=1"], "gpt-tiny": ["seq=8", "batch=1"],
-         "audio-align": ["mel_len=16", "seq=6", "batch=2"]}
+SMALL = {"mlp": ["batch=4"], "whisper-tiny": ["mel_len=16", "batch=1"], "gpt-tiny": ["seq=8", "batch=1", "depth=2"],
+         "audio-align": ["mel_len=16", "seq=6", "batch=2", "depth=2"]}
 
 
 @pytest.mark.parametrize("name", list(SMALL))

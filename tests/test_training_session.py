@@ -112,8 +112,8 @@ def test_nan_loss_stops_at_its_step_and_keeps_the_weights():
         assert np.array_equal(after[k], kept[k]), k
 
 
-SMALL = {"mlp": ["batch=4"], "whisper-tiny": ["mel_len=16", "batch=1"], "gpt-tiny": ["seq=8", "batch=1"],
-         "audio-align": ["mel_len=16", "seq=6", "batch=2"]}
+SMALL = {"mlp": ["batch=4"], "whisper-tiny": ["mel_len=16", "batch=1"], "gpt-tiny": ["seq=8", "batch=1", "depth=2"],
+         "audio-align": ["mel_len=16", "seq=6", "batch=2", "depth=2"]}
 
 
 def small_model(name, seed, noise):
@@ -313,12 +313,14 @@ def test_gradient_norm_past_the_range_of_its_square():
 
 def test_audio_align_trains_on_the_gpu_like_the_reference():
     """The default model's recipe on the GPU (its zero-initialised projector gives a
-    first gradient norm of ~1e21): the same losses and norms as the reference."""
+    first gradient norm of ~1e21, which takes all 6 decoder layers: each multiplies it by
+    about 1e3): the same losses and norms as the reference, at the overflowing step and
+    the one after."""
     model = models.create("audio-align", mel_len=16, seq=4, batch=2)
-    config = TrainConfig(**model.TRAIN_DEFAULTS, steps=3, batch_size=2, seed=0)
+    config = TrainConfig(**model.TRAIN_DEFAULTS, steps=2, batch_size=2, seed=0)
     params = model.init_params(0)
     loader = DataLoader(model.dataset(0), 2, shuffle=True, seed=0, drop_last=True)
-    batches = [b for epoch in range(3) for b in loader.batches(epoch)][:3]
+    batches = [b for epoch in range(2) for b in loader.batches(epoch)][:2]
     gpu = Trainer(model.build(train=True), params, config, backend="gpu").fit(batches)
     ref = Trainer(model.build(train=True), params, config, backend="reference").fit(batches)
     assert ref.grad_norms[0] > 1e19

@@ -15,6 +15,7 @@ Two levels:
 
 from __future__ import annotations
 
+import re
 from typing import Mapping
 
 import numpy as np
@@ -111,8 +112,10 @@ def whisper_loss(mel, target, w) -> torch.Tensor:
     return F.mse_loss(whisper_forward(mel, w), target)
 
 
-def gpt_decode(x: torch.Tensor, w: dict, prefix="", depth=6, heads=6) -> torch.Tensor:
-    """Embeddings [b, t, 384] -> logits, for the gpt-tiny weights under ``prefix``."""
+def gpt_decode(x: torch.Tensor, w: dict, prefix="", heads=6) -> torch.Tensor:
+    """Embeddings [b, t, 384] -> logits, for the gpt-tiny weights under ``prefix`` (as many
+    layers as the weights hold)."""
+    depth = sum(1 for name in w if re.fullmatch(rf"{re.escape(prefix)}layers\.\d+\.attn_norm\.weight", name))
     for i in range(depth):
         lp = f"{prefix}layers.{i}"
         x = x + self_attention(rms_norm(x, w, f"{lp}.attn_norm"), w, f"{lp}.attn", heads, causal=True,

@@ -4,7 +4,7 @@ mel [batch, 80, mel_len] -> whisper-tiny encoder (frozen: parameters not trainab
 output behind stop_gradient) -> ``projector`` (fc1 384->384, GELU, fc2 384->384 with
 fc2 zero-initialised, so the model starts by ignoring the audio) -> ``audio_norm``
 (RMSNorm) -> audio soft tokens [batch, mel_len/2, 384], prepended to the text
-embeddings of gpt-tiny (RoPE positions run over audio, then text) -> output
+embeddings of gpt-tiny (``depth`` layers, 6 by default) (RoPE positions run over audio, then text) -> output
 ``logits`` [batch, seq, 257] over the text positions only; the training graph's
 ``loss`` is the cross-entropy on those (audio positions never enter it).
 
@@ -25,7 +25,7 @@ import numpy as np
 from ..graph import nn
 from ..data.audio import HOP, clip_features, log_mel_spectrogram, pad_or_trim, tone, write_wav
 from ..graph.ir import Graph
-from .base import BuiltinModel, Setting, positive
+from .base import BuiltinModel, Setting, at_most, positive
 from .gpt import GPT, IGNORE, RMS_EPS, encode, next_token_row
 from .whisper import MAX_MEL_LEN, N_MELS, WIDTH, WhisperEncoder
 
@@ -45,6 +45,7 @@ class AudioAlign(BuiltinModel):
     # The nanochat-omni audio smoke's recipe (issue 7).
     TRAIN_DEFAULTS = {"optimizer": "adamw", "lr": 3e-3, "betas": (0.9, 0.95), "clip_norm": 1.0}
     SETTINGS = {
+        "depth": Setting(6, "decoder layers", at_most(64)),
         "batch": Setting(5, "clips per step", positive),
         "mel_len": Setting(500, "mel frames per clip (even, at most 3000; 5 s = 500)",
                            lambda v: None if 2 <= v <= MAX_MEL_LEN and v % 2 == 0
@@ -56,7 +57,7 @@ class AudioAlign(BuiltinModel):
         encoder = WhisperEncoder().freeze()
         projector = nn.MLP(WIDTH, WIDTH, WIDTH, activation="gelu", init=nn.normal(0.02), out_init=nn.zeros())
         return nn.Container(model=nn.Container(encoder=encoder), projector=projector,
-                            audio_norm=nn.RMSNorm(WIDTH, RMS_EPS), gpt=GPT())
+                            audio_norm=nn.RMSNorm(WIDTH, RMS_EPS), gpt=GPT(depth=self.settings["depth"]))
 
     def input_names(self, train):
         return ["mel", "tokens", "targets"] if train else ["mel", "tokens"]

@@ -1,6 +1,7 @@
-"""``gpt-tiny``: a depth-6, width-384 decoder over a byte-level vocabulary of 257.
+"""``gpt-tiny``: a width-384 decoder (6 layers unless ``--set depth=N``) over a byte-level
+vocabulary of 257.
 
-tokens [batch, seq] i32 -> ``embed`` -> 6 pre-norm blocks (RMSNorm -> 6-head causal
+tokens [batch, seq] i32 -> ``embed`` -> ``depth`` pre-norm blocks (RMSNorm -> 6-head causal
 self-attention with RoPE on q and k, no biases -> residual; RMSNorm -> GELU MLP
 384 -> 1536 -> 384, no biases -> residual) -> RMSNorm ``norm`` -> ``lm_head`` ->
 output ``logits`` [batch, seq, 257].
@@ -114,6 +115,7 @@ class GPTTiny(BuiltinModel):
     name = "gpt-tiny"
     description = "depth-6 decoder with RoPE, RMSNorm, causal attention, byte-level vocab 257"
     SETTINGS = {
+        "depth": Setting(6, "decoder layers", at_most(64)),
         "batch": Setting(8, "sequences per step", positive),
         "seq": Setting(256, "tokens per sequence", at_most(4096)),
         "samples": Setting(256, "dataset size (sequences)", at_most(1_000_000)),
@@ -124,7 +126,7 @@ class GPTTiny(BuiltinModel):
     context_length = 4096
 
     def make_module(self):
-        return GPT()
+        return GPT(depth=self.settings["depth"])
 
     def causal_logits(self, g, ids):
         return self.module(g, ids)
