@@ -60,7 +60,8 @@ def test_doctor_paths_follow_the_device_features(doctor_json):
     from engine.runtime.device import device_capabilities
     caps = device_capabilities()   # the doctor's process has this one's environment
     assert paths["matmul"] == codegen.describe_paths(caps)["matmul"]
-    assert paths["matmul"].startswith("cooperative matrices" if caps.matmul_f16 else "register-blocked f32")
+    assert paths["matmul"].startswith("cooperative matrices" if caps.matmul_f16 or caps.matmul_split
+                                      else "register-blocked f32")
     from engine.cli.doctor import _has_feature
     offered = _has_feature("cooperative-matrix", doctor_json["all_features"])   # Dawn: chromium-experimental-subgroup-matrix
     assert ("cooperative_matrix" in paths) == offered

@@ -63,16 +63,32 @@ def _rounded_reference(g, inputs, params):
     return reference.run(g, inputs, params, np.float64)
 
 
-def _run_f16(g, monkeypatch, configure):
+def _run_f16(g, monkeypatch, configure, precision="f16"):
     """(session, inputs, params, float64 reference) of ``g`` run once on the device with
-    MEGANEURA_PRECISION=f16 (cooperative kernels where the device has them)."""
-    configure(precision="f16")
+    MEGANEURA_PRECISION=f16 (cooperative kernels where the device has them), or ``precision``."""
+    configure(precision=precision)
     inputs, params = feeds(g)
     s = build_inference_session(g, optimize=False, capabilities=device_capabilities())
     s.set_inputs(inputs)
     s.set_parameters(params)
     s.run()
     return s, inputs, params, reference.run(g, inputs, params, np.float64)
+
+
+def test_f32_precision_splits_products_onto_the_cooperative_units_where_offered(monkeypatch, configure):
+    """MEGANEURA_PRECISION=f32 on a device with subgroup matrices: every product and
+    convolution takes a split kernel (each operand as two f16 parts, both scaled, three
+    products) and matches the exact reference to f32's order, not f16's (3e-4 here);
+    without them (lavapipe) the f32 kernels."""
+    g = _matmul_graph()
+    s, inputs, params, exact = _run_f16(g, monkeypatch, configure, precision="f32")
+    variants = [d.variant for d in s.plan.dispatches if not d.kernel.endswith(":total")]
+    if s.capabilities.matmul_split:
+        assert all("f32 as 3 f16 products" in v and "A and B scaled" in v for v in variants), variants
+    else:
+        assert not any("cooperative" in v for v in variants), variants
+    for name in g.outputs:
+        assert rel_err(s.read_output(name), exact[name]) < 2e-5, (name, rel_err(s.read_output(name), exact[name]))
 
 
 def test_f16_precision_runs_cooperative_kernels_where_offered_and_f32_elsewhere(monkeypatch, configure):
@@ -112,9 +128,10 @@ def test_every_cooperative_tile_matches_the_rounded_reference(variant, monkeypat
         tile = codegen.COOP[variant]
         assert all(v.startswith(f"{tile.bm}x{tile.bn} tile, cooperative") and f"BK {tile.bk}" in v
                    for v in forced), forced
-        rounded = _rounded_reference(g, inputs, params)
+        # a split preset's three products come within f32's reach of the exact ones
+        want = exact if tile.split else _rounded_reference(g, inputs, params)
         for name in g.outputs:
-            assert rel_err(s.read_output(name), rounded[name]) < 2e-5, (variant, name)
+            assert rel_err(s.read_output(name), want[name]) < 2e-5, (variant, name)
     else:
         assert not any("cooperative" in v for v in forced), forced
         for name in g.outputs:
@@ -210,6 +227,45 @@ def test_cooperative_kernels_are_chosen_by_output_size_and_workgroup_memory():
     assert dawn.matmul_f16 and dawn.subgroups
     assert not codegen.Capabilities.from_features(["subgroups", "shader-f16"], dialect="tint",
                                                   precision="f16").matmul_f16
+
+
+def test_f32_on_cooperative_units_takes_the_split_tiles_and_f16_wins_where_both_are_asked():
+    """``matmul_split`` (f32 on a device with subgroup matrices) maps each f16 tile the
+    rule picks to its split preset (128 x 128 stays, the others take 64 x 64), falls back
+    where the memory is short, and leaves products thinner than a fragment to the f32
+    kernels; with ``matmul_f16`` set too (offered_capabilities) the f16 tiles win."""
+    split = dataclasses.replace(COOP_CAPS, matmul_f16=False, matmul_split=True)
+    for shape in [(12000, 1536, 1, 384), (12000, 384, 1, 1536), (384, 384, 1, 12000), (4096, 4096, 1, 4096)]:
+        f16 = codegen.matmul_variant(*shape, caps=COOP_CAPS)
+        want = "c128x3" if f16 in ("c128", "c128l") else "c64x3"
+        assert codegen.matmul_variant(*shape, caps=split) == want, (shape, f16)
+        assert codegen.matmul_variant(*shape, caps=dataclasses.replace(split, matmul_f16=True)) == f16
+    assert codegen.matmul_variant(4096, 4096, 1, 4096, caps=dataclasses.replace(split, workgroup_storage=28672)) \
+        == "c64x3"                                                                      # 32 KiB over 28
+    assert codegen.matmul_variant(8, 4096, 1, 4096, caps=split) not in codegen.COOP
+    assert codegen.coop_workgroup_bytes("c128x3") == 2 * codegen.coop_workgroup_bytes("c128l") - 8192  # one scratch
+
+
+def test_split_operands_keep_21_bits():
+    """The split kernels' arithmetic in numpy: hi is x rounded to f16's 10 mantissa bits
+    on its bits (exact in f16), lo = f16(x - hi); hi hi + hi lo + lo hi, summed in float64,
+    is within 2^-21 of x y where one f16 product is within 2^-10, for values of the
+    magnitudes a scaled operand's largest ones take ([2^-3, 2^15): the scale puts a
+    workgroup's largest in [2^11, 2^15); far smaller ones keep an absolute error of 2^-25)."""
+    rng = np.random.default_rng(0)
+    x, y = ((rng.choice([-1.0, 1.0], 100_000) * 2.0 ** rng.uniform(-3, 15, 100_000)).astype(np.float32)
+            for _ in range(2))
+
+    def parts(v):
+        hi = ((v.view(np.uint32) + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+        assert np.array_equal(hi.astype(np.float16).astype(np.float32), hi)
+        return hi.astype(np.float16).astype(np.float64), (v - hi).astype(np.float16).astype(np.float64)
+
+    (xh, xl), (yh, yl), exact = parts(x), parts(y), x.astype(np.float64) * y
+    three = xh * yh + xh * yl + xl * yh
+    one = x.astype(np.float16).astype(np.float64) * y.astype(np.float16)
+    assert np.max(np.abs(three - exact) / np.abs(exact)) < 2.0 ** -20.9
+    assert 2.0 ** -12 < np.max(np.abs(one - exact) / np.abs(exact)) < 2.0 ** -10
 
 
 def test_long_convolution_weight_gradients_take_the_wide_tile():
@@ -396,8 +452,9 @@ TINT_CHECK = """
     from engine.optimize import optimize
     from engine.train import TrainConfig
     capabilities = [codegen.Capabilities(subgroups=s, workgroup_storage=w, dialect="tint", matmul_f16=f,
-                                          invocations=1024)
-                    for s, w, f in ((True, 49152, True), (True, 49152, False), (False, 32768, False))]
+                                          matmul_split=x, invocations=1024)
+                    for s, w, f, x in ((True, 49152, True, False), (True, 49152, False, True),
+                                       (True, 49152, False, False), (False, 32768, False, False))]
     for name in models.names():
         model = models.create(name, ["mel_len=200"] if name in ("whisper-tiny", "audio-align") else [])
         for train in (False, True):

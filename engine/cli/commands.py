@@ -34,7 +34,8 @@ def _model_arguments(parser: argparse.ArgumentParser, required: bool = True) -> 
     parser.add_argument("--precision", choices=("f32", "f16"),
                         help="matmul operands: f32 (default) or f16 on the GPU's cooperative-matrix units, "
                              "accumulating in f32 (needs MEGANEURA_WGPU=dawn and a GPU that has them; "
-                             "elsewhere f32); overrides MEGANEURA_PRECISION")
+                             "elsewhere f32; there f32 runs on those units too, as three f16 products); "
+                             "overrides MEGANEURA_PRECISION")
 
 
 def open_model(args) -> models.BuiltinModel:

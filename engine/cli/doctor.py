@@ -62,6 +62,9 @@ def kernel_paths() -> dict:
                                            "features (MEGANEURA_WGPU=dawn can)")
         elif caps.matmul_f16:
             paths["cooperative_matrix"] = "used: matmuls take f16 operands and accumulate in f32"
+        elif caps.matmul_split:
+            paths["cooperative_matrix"] = ("used: matmuls take each f32 operand as two f16 parts, three products "
+                                           "accumulating in f32 (--precision f16: one product of f16 operands)")
         else:
             paths["cooperative_matrix"] = (f"offered, not used at precision {codegen.precision()}: "
                                            "--precision f16 (MEGANEURA_PRECISION=f16) uses them")

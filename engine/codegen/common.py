@@ -41,7 +41,10 @@ class Capabilities:
     requires it. ``matmul_f16``: matmuls and convolutions multiply f16 copies of their
     operands on the cooperative-matrix units, accumulating in f32 (Dawn's subgroup
     matrices; wgpu-native cannot enable them); asked for with ``MEGANEURA_PRECISION=f16``
-    where the device offers them (``engine.runtime.device_capabilities``). ``tuning``:
+    where the device offers them (``engine.runtime.device_capabilities``). ``matmul_split``:
+    in f32 on such a device, matmuls multiply each f32 operand as two f16 parts on those
+    units, three products accumulating in f32 (``CoopPreset.split``: about 21 bits, where
+    torch's fp32 attention runs three TF32 products and its convolutions one). ``tuning``:
     how many workgroups fill the adapter (``meganeura tune``'s, or the defaults).
     """
 
@@ -51,6 +54,7 @@ class Capabilities:
     storage_binding: int = 1 << 27   # bytes one storage binding may span (WebGPU's least)
     dialect: str = field(default_factory=lambda: default_dialect())   # "naga" or "tint"
     matmul_f16: bool = False
+    matmul_split: bool = False
     knobs: Knobs = field(default_factory=Knobs)   # choices forced for benchmarks and tests (engine.config)
     tuning: Tuning = field(default_factory=Tuning)
 
@@ -74,7 +78,8 @@ class Capabilities:
                    workgroup_storage=int(workgroup_storage or cls.workgroup_storage),
                    invocations=int(invocations or cls.invocations),
                    storage_binding=int(storage_binding or cls.storage_binding), dialect=dialect,
-                   matmul_f16=coop and precision == "f16", knobs=knobs or Knobs(), tuning=tuning or Tuning())
+                   matmul_f16=coop and precision == "f16", matmul_split=coop and precision == "f32",
+                   knobs=knobs or Knobs(), tuning=tuning or Tuning())
 
 
 SUBGROUP_MATRIX_FEATURE = "chromium-experimental-subgroup-matrix"

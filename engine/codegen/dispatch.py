@@ -92,6 +92,10 @@ def describe_paths(caps: Capabilities) -> dict:
                        "accumulation, for products of at least 16 x 16 x 16, their lean tiles where a "
                        f"workgroup runs K <= {caps.tuning.lean_k}; the rest register-blocked f32"
                        if caps.matmul_f16 else
+                       "cooperative matrices: each f32 operand as two f16 parts (scaled into f16's range), three "
+                       "products accumulating in f32, for products of at least 16 x 16 x 16; the rest "
+                       "register-blocked f32"
+                       if caps.matmul_split else
                        "register-blocked f32 (vec4 loads where the layout allows)"),
             "attention": ("flash on cooperative matrices (f16 q, k, v and P, f32 scores and softmax) at head "
                           "dims of whole fragments up to 64; the backward's dq, dk, dv "

@@ -343,9 +343,12 @@ def _scaled_operands(graph: Graph, node: Node, variant: str, a: int, b: int) -> 
     gradients, scaled into f16's range before they are rounded (``_coop_scales``): those
     outside ``forward_nodes``, in a product outside them. Gradients leave f16's range
     where activations do not: audio-align's first gradient norm is 7.8e21, and its
-    training on unscaled f16 gradients stopped at step 0 with an infinite norm (run 18)."""
+    training on unscaled f16 gradients stopped at step 0 with an infinite norm (run 18).
+    A split product's operands are f32 values of any size: both are scaled."""
     if variant not in COOP:
         return False, False
+    if COOP[variant].split:
+        return True, True
     forward = forward_nodes(graph)
     if node.id in forward:
         return False, False
@@ -358,7 +361,8 @@ def _tile_note(variant: str, scaled=(False, False)) -> str:
     if variant in COOP:
         c = COOP[variant]
         which = " and ".join(n for n, on in zip("AB", scaled) if on)
-        return (f"{tile_m}x{tile_n} tile, cooperative f16 {COOP_FRAGMENT}x{COOP_FRAGMENT}x{COOP_FRAGMENT} -> f32, "
+        kind = "f32 as 3 f16 products" if c.split else "f16"
+        return (f"{tile_m}x{tile_n} tile, cooperative {kind} {COOP_FRAGMENT}x{COOP_FRAGMENT}x{COOP_FRAGMENT} -> f32, "
                 f"{c.wm * c.wn} subgroups, BK {c.bk}" + (f", {which} scaled" if which else ""))
     tm, tn, bk, unroll, ty = TILED[variant]
     return (f"{tile_m}x{tile_n} tile, {tm}x{tn}/thread{'' if ty == 16 else f', {16 * ty} threads'}, BK {bk}"
@@ -521,17 +525,20 @@ def matmul_variant(m_: int, n_: int, nbatch: int, k_: int = 0, transpose_a: bool
     the 16 x 16 kernel unless K is long enough to split (run 15: 32 x 4096 x 4096 in
     0.206 ms on it, 0.115 ms on the 64 tile with K in 4 slices).
     With ``caps.matmul_f16`` every product of at least 16 x 16 x 16 takes a
-    cooperative-matrix kernel (``coop_variant``).
+    cooperative-matrix kernel (``coop_variant``), with ``caps.matmul_split`` a split one
+    (``split_variant``).
     ``caps.knobs.matmul`` (``MEGANEURA_MATMUL``) forces one of ``MATMUL_KERNELS``
     (benchmarks and tests; a cooperative one only where ``caps`` allow it)."""
     caps = caps or PLAIN
     forced = caps.knobs.matmul
     if forced != "auto" and forced not in MATMUL_KERNELS:
         raise DeviceError(f"MEGANEURA_MATMUL={forced!r} is not one of auto, {', '.join(MATMUL_KERNELS)}")
-    if forced in MATMUL_KERNELS and (forced not in COOP or caps.matmul_f16):
+    if forced in MATMUL_KERNELS and (forced not in COOP or caps.matmul_f16 or caps.matmul_split):
         return forced
-    if caps.matmul_f16 and min(m_, n_, k_) >= COOP_FRAGMENT:
-        for variant in (coop_variant(m_, n_, nbatch, caps.tuning, k_), "c128l", "c64l"):
+    if (caps.matmul_f16 or caps.matmul_split) and min(m_, n_, k_) >= COOP_FRAGMENT:
+        first = coop_variant(m_, n_, nbatch, caps.tuning, k_)
+        order = (first, "c128l", "c64l") if caps.matmul_f16 else (split_variant(first), "c64x3")
+        for variant in order:
             if coop_workgroup_bytes(variant) <= caps.workgroup_storage and COOP[variant].threads <= caps.invocations:
                 return variant
     tiles = lambda t: -(-m_ // t) * -(-n_ // t) * nbatch
@@ -573,6 +580,16 @@ def coop_variant(m_: int, n_: int, nbatch: int, tuning: Tuning = Tuning(), k_: i
             and narrow_tiles_fill_better(m_, n_, nbatch, tuning):
         return "c96"
     return {(True, True): "c128l", (True, False): "c128", (False, True): "c64l", (False, False): "c64"}[wide, lean]
+
+
+def split_variant(variant: str) -> str:
+    """The split preset (f32 as three f16 products) for the f16 tile ``coop_variant``
+    chose: 128 x 128 where that tile is, else 64 x 64, whose workgroups two share an SM.
+    On the H100 (run 46) whisper's b8 products ran so at 49-65 TFLOP/s where the f32 tiles
+    ran 27-40 (both operands scaled): fc1 0.221 ms against 0.356, q/k/v 0.176 against
+    0.292, fc2 on 64 x 64 0.238 against 0.517 (on 128 x 128 0.266), the out projection
+    0.073 against 0.129, a [384, 384] weight gradient over K = 12000 0.094 against 0.171."""
+    return "c128x3" if COOP[variant].bm == 128 and COOP[variant].bn == 128 else "c64x3"
 
 
 def narrow_tiles_fill_better(m_: int, n_: int, nbatch: int, tuning: Tuning = Tuning()) -> bool:

@@ -18,7 +18,14 @@ class CoopPreset(NamedTuple):
     16 x 16 f32 accumulator fragments. The results leave through a 16 x 16 f32 scratch a
     subgroup, for at most ``scratch`` subgroups at a time. ``buffers``: workgroup
     buffers of each operand tile; with 2 the next step's operands are stored while this
-    step's are multiplied, with 1 the memory halves for a second barrier a step."""
+    step's are multiplied, with 1 the memory halves for a second barrier a step.
+    ``split``: each f32 operand is kept as two f16 tiles, hi (x rounded to f16's 10
+    mantissa bits on its bits: on the H100, lo = x - f32(f16(x)) came out 0, f16's error)
+    and lo = x - hi, and multiplied three times (hi hi + hi lo + lo hi: about 21 of f32's
+    24 bits, lo lo's 2^-22 left out), so that f32 products run on the f16 units, as torch's
+    "fp32" attention runs three TF32 products; twice the workgroup memory. Both operands
+    are scaled by a power of two a workgroup (``_coop_scales``), so that hi stays inside
+    f16's range and lo above its subnormals."""
 
     bm: int
     bn: int
@@ -27,6 +34,7 @@ class CoopPreset(NamedTuple):
     wn: int
     buffers: int = 2
     scratch: int = 8
+    split: bool = False
 
     @property
     def threads(self) -> int:
@@ -57,7 +65,9 @@ class CoopPreset(NamedTuple):
 # 24 KiB by a scratch for 2 or 4 subgroups at a time ran 15-160% slower (its turns).
 COOP = {"c128": CoopPreset(128, 128, 32, 4, 4), "c128l": CoopPreset(128, 128, 16, 4, 2, buffers=1),
         "c64": CoopPreset(64, 64, 32, 2, 2), "c64l": CoopPreset(64, 64, 32, 2, 2, buffers=1),
-        "c96": CoopPreset(128, 96, 48, 4, 3, buffers=1, scratch=12)}
+        "c96": CoopPreset(128, 96, 48, 4, 3, buffers=1, scratch=12),
+        "c128x3": CoopPreset(128, 128, 16, 4, 2, buffers=1, split=True),
+        "c64x3": CoopPreset(64, 64, 32, 2, 2, buffers=1, split=True)}
 COOP_FRAGMENT = 16   # the subgroup-matrix shape used: f16 16 x 16 x 16 -> f32
 COOP_ENABLES = ("f16", "chromium_experimental_subgroup_matrix")
 
@@ -93,26 +103,33 @@ def _absmax(fetch: str, regs) -> list[str]:
             else f"abs({r})" for r, _, _ in regs]
 
 
-def _store_coop(name: str, fetch: str, regs, scale: str = "") -> list[str]:
+def _store_coop(name: str, fetch: str, regs, scale: str = "", split: bool = False) -> list[str]:
     """Stores of the fetched registers, times ``scale`` (a WGSL expression) if given and
     rounded to f16, into buffer ``buf`` of the cooperative kernel's f16 tile
-    (``_coop_layout``); a scaled operand's registers also raise ``amax_{name}``."""
+    (``_coop_layout``); a scaled operand's registers also raise ``amax_{name}``. ``split``:
+    what rounding left out goes to the lo tile (``CoopPreset.split``)."""
     times = f" * {scale}" if scale else ""
     p = _TILE_OPERANDS[name]
-    tile, slots = f"{p['smem'][0]}h", p["slots"]
-    one = "ABUF" if name == "a" else "BBUF"
+    slots, one = p["slots"], "ABUF" if name == "a" else "BBUF"
     if _coop_layout(fetch) == "k-major":
-        at = lambda k, o: f"{tile}[buf * {one} + ({k}) * {slots} + {o}]"
+        at = lambda part, k, o: f"{p['smem'][0]}{part}[buf * {one} + ({k}) * {slots} + {o}]"
     else:
-        at = lambda k, o: f"{tile}[buf * {one} + ({o}) * {slots} + {k}]"
+        at = lambda part, k, o: f"{p['smem'][0]}{part}[buf * {one} + ({o}) * {slots} + {k}]"
+    parts = "hl" if split else "h"
     out = []
     for r, o, k in regs:
         if fetch.endswith("vec4"):
             place = (lambda j: (k, f"{o} + {j}u")) if fetch.startswith("outer") else (lambda j: (f"{k} + {j}u", o))
-            out.append(f"        {{ let h = vec4<f16>({r}{times}); " +
-                       " ".join(f"{at(*place(j))} = h.{c};" for j, c in enumerate("xyzw")) + " }")
+            hi = (" let t = bitcast<vec4<f32>>((bitcast<vec4<u32>>(x) + vec4<u32>(0x1000u)) & vec4<u32>(0xffffe000u));"
+                  " let h = vec4<f16>(t); let l = vec4<f16>(x - t);") if split else " let h = vec4<f16>(x);"
+            out.append(f"        {{ let x = {r}{times};{hi} " +
+                       " ".join(f"{at(v, *place(j))} = {v}.{c};" for v in parts for j, c in enumerate("xyzw"))
+                       + " }")
         else:
-            out.append(f"        {at(k, o)} = f16({r}{times});")
+            hi = (" let t = bitcast<f32>((bitcast<u32>(x) + 0x1000u) & 0xffffe000u); let h = f16(t); let l = f16(x - t);"
+                  if split else " let h = f16(x);")
+            out.append(f"        {{ let x = {r}{times};{hi} " +
+                       " ".join(f"{at(v, k, o)} = {v};" for v in parts) + " }")
     if scale:
         out += [f"        amax_{name} = max(amax_{name}, {m});" for m in _absmax(fetch, regs)]
     return out
@@ -167,11 +184,13 @@ def _coop_scales(names, accumulators, warps: int) -> dict[str, str]:
     return dict(KEPT_SCALES="\n".join(pre), ATTEMPT_BEGIN="\n".join(begin), ATTEMPT_END="\n".join(end), back=back)
 
 
-def _coop_fragment(name: str, fetch: str, outer: str, kk: int) -> str:
+def _coop_fragment(name: str, fetch: str, outer: str, kk: int, part: str = "h") -> str:
     """subgroupMatrixLoad of one 16 x 16 f16 fragment: A's (left, rows m) or B's
-    (right, columns n) at outer offset ``outer`` and k step ``kk`` of the current buffer."""
+    (right, columns n) at outer offset ``outer`` and k step ``kk`` of the current buffer,
+    from its hi tile (``part`` "h") or a split operand's lo tile ("l")."""
     f = COOP_FRAGMENT
-    kind, tile, base, slots = (("left", "Ah", "ab", "AS") if name == "a" else ("right", "Bh", "bb", "BS"))
+    kind, tile, base, slots = (("left", "A", "ab", "AS") if name == "a" else ("right", "B", "bb", "BS"))
+    tile += part
     if _coop_layout(fetch) == "k-major":
         offset, along_k = f"{base} + {kk * f}u * {slots} + {outer}", name == "a"
     else:
@@ -202,10 +221,15 @@ def _coop_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=
     decl += [f"    let wrow = sg / {c.wn}u * {c.bm // c.wm}u;", f"    let wcol = sg % {c.wn}u * {c.bn // c.wn}u;"]
     comp = []
     for kk in range(c.bk // f):
-        comp += [f"        let l{kk}_{i} = {_coop_fragment('a', fetch_a, f'wrow + {i * f}u', kk)};" for i in range(fm)]
-        comp += [f"        let r{kk}_{j} = {_coop_fragment('b', fetch_b, f'wcol + {j * f}u', kk)};" for j in range(fn)]
-        comp += [f"        acc{i}_{j} = subgroupMatrixMultiplyAccumulate(l{kk}_{i}, r{kk}_{j}, acc{i}_{j});"
-                 for i, j in frags]
+        for part in "hl" if c.split else "h":
+            comp += [f"        let l{part}{kk}_{i} = {_coop_fragment('a', fetch_a, f'wrow + {i * f}u', kk, part)};"
+                     for i in range(fm)]
+            comp += [f"        let r{part}{kk}_{j} = {_coop_fragment('b', fetch_b, f'wcol + {j * f}u', kk, part)};"
+                     for j in range(fn)]
+        # a split operand's small terms first (hi lo, lo hi), then hi hi
+        terms = ("hl", "lh", "hh") if c.split else ("hh",)
+        comp += [f"        acc{i}_{j} = subgroupMatrixMultiplyAccumulate(l{x}{kk}_{i}, r{y}{kk}_{j}, acc{i}_{j});"
+                 for x, y in terms for i, j in frags]
     edges = [mode or "tiles" for mode in edges]
     ca, da, la, ra = _fetch_operand("a", fetch_a, c.bm, c.bk, gather_a, c.threads, edges[0])
     cb, db, lb, rb = _fetch_operand("b", fetch_b, c.bn, c.bk, gather_b, c.threads, edges[1])
@@ -230,9 +254,9 @@ def _coop_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=
     # f16 slots per row of each tile, padded by 8 against bank conflicts (rows stay 16-byte aligned)
     (a_slots, a_buf), (b_slots, b_buf) = (_coop_tile(fetch, tile, c.bk) for fetch, tile in ((fetch_a, c.bm),
                                                                                            (fetch_b, c.bn)))
-    smem = (f"var<workgroup> Ah: array<f16, {c.buffers * a_buf}>;\n"
-            f"var<workgroup> Bh: array<f16, {c.buffers * b_buf}>;\n"
-            f"var<workgroup> Cs: array<f32, {scratch * f * f}>;")
+    smem = "".join(f"var<workgroup> A{part}: array<f16, {c.buffers * a_buf}>;\n"
+                   f"var<workgroup> B{part}: array<f16, {c.buffers * b_buf}>;\n" for part in ("hl" if c.split else "h"))
+    smem += f"var<workgroup> Cs: array<f32, {scratch * f * f}>;"
     one = c.buffers == 1   # buffer 1 is buffer 0: the products must be done before the next step is stored
     args = (",\n        @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32,"
             " @builtin(subgroup_size) sg_size: u32")
@@ -245,8 +269,8 @@ def _coop_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=
                 ENABLES=COOP_ENABLES + (("subgroups",) if picked else ()),
                 ACC_DECL="\n".join(decl), COMPUTE="\n".join(comp), STORE_OUT="\n".join(store),
                 LOAD_DECL="\n".join([*lets, *ca, *cb, *da, *db]), LOAD="\n".join(la + lb),
-                STORE="\n".join(_store_coop("a", fetch_a, ra, "scale_a" if scaled[0] else "")
-                                + _store_coop("b", fetch_b, rb, "scale_b" if scaled[1] else "")))
+                STORE="\n".join(_store_coop("a", fetch_a, ra, "scale_a" if scaled[0] else "", c.split)
+                                + _store_coop("b", fetch_b, rb, "scale_b" if scaled[1] else "", c.split)))
 
 
 def _coop_tile(fetch: str, tile: int, bk: int) -> tuple[int, int]:
@@ -267,4 +291,4 @@ def coop_workgroup_bytes(preset: str) -> int:
     buffers of each operand tile and the subgroups' f32 scratch."""
     c = COOP[preset]
     buf = lambda tile: max(_coop_tile(fetch, tile, c.bk)[1] for fetch in ("outer-vec4", "k-vec4"))
-    return 2 * c.buffers * (buf(c.bm) + buf(c.bn)) + 4 * coop_scratch_floats(preset)
+    return 2 * c.buffers * (buf(c.bm) + buf(c.bn)) * (2 if c.split else 1) + 4 * coop_scratch_floats(preset)

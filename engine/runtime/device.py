@@ -390,8 +390,10 @@ def offered_capabilities(device=None) -> Capabilities:
     """What ``device`` can run: ``device_capabilities`` with f16 asked for, so that
     cooperative matrices are in wherever the device has them, whatever precision the
     process's configuration gives (a session's check of its plan, the tuner's and the
-    peaks' f16 kernels)."""
-    return device_capabilities(device, replace(current(), precision="f16"))
+    peaks' f16 kernels), and with them the split f32 products (``matmul_split``), which
+    use the same units; kernels choose f16's where both are set."""
+    caps = device_capabilities(device, replace(current(), precision="f16"))
+    return replace(caps, matmul_split=caps.matmul_f16)
 
 
 def adapter_summary() -> dict:
