@@ -56,6 +56,9 @@ def test_roofline_without_peaks_and_the_f16_roof():
     assert compute_peak(PEAKS, "reduction", "f16") == 10e12
     assert compute_peak(PEAKS, "matmul", "f32") == 10e12
     assert compute_peak({**PEAKS, "flop_per_s_f16": None}, "matmul", "f16") == 10e12
+    # f32 as three f16 products: a third of the f16 roof for products, attention in f32
+    assert compute_peak(PEAKS, "conv", "f32x3") == pytest.approx(100e12 / 3)
+    assert compute_peak(PEAKS, "attention", "f32x3") == compute_peak(PEAKS, "reduction", "f32x3") == 10e12
 
 
 # ---------------------------------------------------------------- peaks and their cache

@@ -398,10 +398,12 @@ def offered_capabilities(device=None) -> Capabilities:
 
 def adapter_summary() -> dict:
     """The adapter as the JSON outputs (train, profile) give it: name, backend, software,
-    the wgpu implementation (native or dawn) and the precision matmuls run in on it."""
+    the wgpu implementation (native or dawn) and the precision matmuls run in on it: f16,
+    f32, or f32x3 (f32 operands as three f16 products: ``Capabilities.matmul_split``)."""
     info = adapter_info()
+    caps = device_capabilities()
     return {**{k: info[k] for k in ("name", "backend", "software", "wgpu")},
-            "matmul_precision": "f16" if device_capabilities().matmul_f16 else "f32"}
+            "matmul_precision": "f16" if caps.matmul_f16 else "f32x3" if caps.matmul_split else "f32"}
 
 
 def choose_backend(requested: str) -> tuple[str, str | None]:

@@ -17,9 +17,11 @@ null, ``bytes_per_s``). Per call, with ``t`` the kernel's average duration:
 achieved bytes/s over the bandwidth; for latency, ``t_roof / t`` (how much of the
 attainable speed it reaches), all in percent. The compute peak is the f16 one for
 matmul, convolution and attention kernels of a profile whose matmuls ran in f16
-(cooperative matrices; attention's forward and backward take them too), the f32 one
-otherwise: against the f32 roof the cooperative attention kernels read as 85-98% of
-peak on the H100 where they run at 35-40% of the f16 one.
+(cooperative matrices; attention's forward and backward take them too), a third of it
+for matmul and convolution kernels of one whose matmuls ran in f32x3 (three f16
+products a product; its attention runs in f32), the f32 one otherwise: against the f32
+roof the cooperative attention kernels read as 85-98% of peak on the H100 where they
+run at 35-40% of the f16 one, and the split products as 100-140%.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ SHORT_NS = 2_000      # shorter dispatches are launch-bound on any GPU
 SMALL_NS = 10_000     # work that takes less than this at the roofs cannot fill the device...
 FAR_BELOW = 0.25      # ...when the kernel takes four times longer than that or more
 COOP_ARCHETYPES = ("matmul", "conv", "attention")
+SPLIT_ARCHETYPES = ("matmul", "conv")
 
 BOUNDS = ("compute", "memory", "latency")
 
@@ -36,6 +39,8 @@ def compute_peak(peaks: dict, archetype: str, precision: str = "f32") -> float:
     """The FLOP/s roof of a kernel of ``archetype`` in a profile whose matmuls ran in ``precision``."""
     if precision == "f16" and archetype in COOP_ARCHETYPES and peaks.get("flop_per_s_f16"):
         return float(peaks["flop_per_s_f16"])
+    if precision == "f32x3" and archetype in SPLIT_ARCHETYPES and peaks.get("flop_per_s_f16"):
+        return float(peaks["flop_per_s_f16"]) / 3
     return float(peaks["flop_per_s_f32"])
 
 
