@@ -15,7 +15,8 @@ SMALL = {"mlp": ["batch=4"], "whisper-tiny": ["mel_len=16", "batch=1"], "gpt-tin
 def test_profile_each_builtin_model(name, capsys):
     sets = [arg for s in SMALL[name] for arg in ("--set", s)]
     for train in ([], ["--train"]):
-        code = main(["profile", name, *sets, "--steps", "1", "--json", *train])
+        # no warm-up step: lavapipe takes seconds a training step of audio-align
+        code = main(["profile", name, *sets, "--steps", "1", "--warmup", "0", "--json", *train])
         out, err = capsys.readouterr()
         assert code == 0, err
         r = json.loads(out)
@@ -24,3 +25,16 @@ def test_profile_each_builtin_model(name, capsys):
         assert all(d["gpu_ns"] > 0 for d in r["dispatches"])
         if train:
             assert r["step_details"][0]["loss"] > 0
+
+
+def test_warmup_steps_run_untimed_before_the_profiled_ones(capsys):
+    """``--warmup N``: N steps in a "warmup" span before the profiled ones (none at 0);
+    a negative count is a usage error."""
+    spans = {}
+    for warmup in (0, 2):
+        assert main(["profile", "mlp", "--set", "batch=4", "--steps", "1", "--warmup", str(warmup), "--json"]) == 0
+        spans[warmup] = [s["name"] for s in json.loads(capsys.readouterr().out)["cpu_spans"]]
+    assert "warmup" not in spans[0] and spans[2].count("warmup") == 1
+    assert spans[0].count("step 0") == spans[2].count("step 0") == 1
+    assert main(["profile", "mlp", "--warmup", "-1"]) == 2
+    assert "--warmup must be 0 or more, found -1" in capsys.readouterr().err

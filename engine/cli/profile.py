@@ -23,6 +23,9 @@ from ..train.generation import step_inputs
 def _profile_arguments(parser: argparse.ArgumentParser) -> None:
     _model_arguments(parser)
     parser.add_argument("--steps", type=int, default=10, help="profiled steps (default 10)")
+    parser.add_argument("--warmup", type=int, default=1, metavar="N",
+                        help="untimed steps before the profiled ones, forward or training (default 1; 0 "
+                             "profiles the first step, which pays for first-use costs)")
     parser.add_argument("--train", action="store_true",
                         help="profile training steps (forward, backward, optimizer) instead of the forward pass")
     parser.add_argument("--generate", type=int, metavar="N",
@@ -46,6 +49,8 @@ def profile_model(args, spans=None):
 
     if args.steps < 1:
         raise MeganeuraError(f"--steps must be at least 1, found {args.steps}")
+    if args.warmup < 0:
+        raise MeganeuraError(f"--warmup must be 0 or more, found {args.warmup}")
     rec = spans if spans is not None else SpanRecorder()
     with rec.span(f"meganeura profile {args.model}"):
         with rec.span("load model"):
@@ -57,15 +62,15 @@ def profile_model(args, spans=None):
             report = profile_generation(model, params, args.generate, mode=mode, spans=rec, progress=progress)
         else:
             report, _ = profile_built_model(model, params, args.steps, train=bool(args.train), seed=args.seed,
-                                            mode=mode, spans=rec, progress=progress)
+                                            mode=mode, spans=rec, progress=progress, warmup=args.warmup)
     report.spans = list(rec.spans)  # the outer span closed after the report was made
     return report
 
 
 def profile_built_model(model, params, steps: int, *, train: bool = False, graph=None, seed: int = 0,
-                        mode: str | None = None, spans=None, progress=None):
-    """Profile ``steps`` steps of a configured built-in model on the GPU; returns
-    ``(ProfileReport, session)``. The CLI and the Studio share it. ``graph``: the already
+                        mode: str | None = None, spans=None, progress=None, warmup: int = 1):
+    """Profile ``steps`` steps of a configured built-in model on the GPU, after ``warmup``
+    untimed ones; returns ``(ProfileReport, session)``. The CLI and the Studio share it. ``graph``: the already
     optimized forward graph to run (inference only; by default the model's graph is built
     and optimized here). ``progress`` gets one line per phase and per step (raising in it
     cancels the run)."""
@@ -108,7 +113,7 @@ def profile_built_model(model, params, steps: int, *, train: bool = False, graph
         inputs = model.example_inputs(train=bool(train), seed=seed)
         session.set_inputs({k: v for k, v in inputs.items() if k in graph.inputs})
     report = profile_session(session, steps, train=bool(train), model=model.name, mode=mode,
-                             spans=rec, include_build_spans=False, progress=progress)
+                             spans=rec, include_build_spans=False, progress=progress, warmup=warmup)
     report.build_seconds = build_seconds
     with rec.span("adapter peaks (roofline)"):
         report.peaks = adapter_peaks(session.device, progress=say)
