@@ -45,12 +45,12 @@ class AudioAlign(BuiltinModel):
     # The nanochat-omni audio smoke's recipe (issue 7).
     TRAIN_DEFAULTS = {"optimizer": "adamw", "lr": 3e-3, "betas": (0.9, 0.95), "clip_norm": 1.0}
     SETTINGS = {
-        "depth": Setting(6, "decoder layers", at_most(64)),
         "batch": Setting(5, "clips per step", positive),
         "mel_len": Setting(500, "mel frames per clip (even, at most 3000; 5 s = 500)",
                            lambda v: None if 2 <= v <= MAX_MEL_LEN and v % 2 == 0
                            else f"must be an even number from 2 to {MAX_MEL_LEN}"),
         "seq": Setting(16, "text tokens per clip (BOS + transcript, padded)", positive),
+        "depth": Setting(6, "decoder layers", at_most(64)),
     }
 
     def make_module(self):

@@ -113,12 +113,12 @@ def next_token_row(ids: list[int], seq: int) -> tuple[np.ndarray, np.ndarray]:
 
 class GPTTiny(BuiltinModel):
     name = "gpt-tiny"
-    description = "depth-6 decoder with RoPE, RMSNorm, causal attention, byte-level vocab 257"
+    description = "decoder of 6 layers (setting depth) with RoPE, RMSNorm, causal attention, byte-level vocab 257"
     SETTINGS = {
-        "depth": Setting(6, "decoder layers", at_most(64)),
         "batch": Setting(8, "sequences per step", positive),
         "seq": Setting(256, "tokens per sequence", at_most(4096)),
         "samples": Setting(256, "dataset size (sequences)", at_most(1_000_000)),
+        "depth": Setting(6, "decoder layers", at_most(64)),
     }
 
     token_input = "tokens"
