@@ -63,9 +63,9 @@ def _rounded_reference(g, inputs, params):
     return reference.run(g, inputs, params, np.float64)
 
 
-def _run_f16(g, monkeypatch, configure, precision="f16"):
+def _run_on_device(g, monkeypatch, configure, precision="f16"):
     """(session, inputs, params, float64 reference) of ``g`` run once on the device with
-    MEGANEURA_PRECISION=f16 (cooperative kernels where the device has them), or ``precision``."""
+    MEGANEURA_PRECISION=``precision`` (f16: cooperative kernels where the device has them)."""
     configure(precision=precision)
     inputs, params = feeds(g)
     s = build_inference_session(g, optimize=False, capabilities=device_capabilities())
@@ -81,7 +81,7 @@ def test_f32_precision_splits_products_onto_the_cooperative_units_where_offered(
     products) and matches the exact reference to f32's order, not f16's (3e-4 here);
     without them (lavapipe) the f32 kernels."""
     g = _matmul_graph()
-    s, inputs, params, exact = _run_f16(g, monkeypatch, configure, precision="f32")
+    s, inputs, params, exact = _run_on_device(g, monkeypatch, configure, precision="f32")
     variants = [d.variant for d in s.plan.dispatches if not d.kernel.endswith(":total")]
     if s.capabilities.matmul_split:
         assert all("f32 as 3 f16 products" in v and "A and B scaled" in v for v in variants), variants
@@ -97,7 +97,7 @@ def test_f16_precision_runs_cooperative_kernels_where_offered_and_f32_elsewhere(
     exact one to f16's); without them (lavapipe) the plan keeps the f32 kernels and the
     f32 tolerance."""
     g = _matmul_graph()
-    s, inputs, params, exact = _run_f16(g, monkeypatch, configure)
+    s, inputs, params, exact = _run_on_device(g, monkeypatch, configure)
     caps = s.capabilities
     variants = [d.variant for d in s.plan.dispatches if not d.kernel.endswith(":total")]
     if caps.matmul_f16:
@@ -122,7 +122,7 @@ def test_every_cooperative_tile_matches_the_rounded_reference(variant, monkeypat
     falls back to the f32 kernels, with their tolerance."""
     configure(matmul=variant)
     g = _matmul_graph()
-    s, inputs, params, exact = _run_f16(g, monkeypatch, configure)
+    s, inputs, params, exact = _run_on_device(g, monkeypatch, configure)
     forced = [d.variant for d in s.plan.dispatches if not d.kernel.endswith(":total") and "matmul" in d.kernel]
     if s.capabilities.matmul_f16:
         tile = codegen.COOP[variant]
@@ -335,7 +335,7 @@ def test_gradients_past_f16s_range_come_out_right(monkeypatch, configure):
     y = g.matmul(x, w)
     g.output("loss", g.mean(g.mul(y, g.constant(np.full([96, 48], 1e20, np.float32), name="c"))))
     train, _ = differentiate(g, "loss")
-    s, _, _, ref = _run_f16(train, monkeypatch, configure)
+    s, _, _, ref = _run_on_device(train, monkeypatch, configure)
     got = s.read_output("grad:w")
     assert np.isfinite(got).all() and np.abs(ref["grad:w"]).max() > 1e15
     assert any("scaled" in d.variant for d in s.plan.dispatches) == s.capabilities.matmul_f16

@@ -70,9 +70,9 @@ def profile_model(args, spans=None):
 def profile_built_model(model, params, steps: int, *, train: bool = False, graph=None, seed: int = 0,
                         mode: str | None = None, spans=None, progress=None, warmup: int = 1):
     """Profile ``steps`` steps of a configured built-in model on the GPU, after ``warmup``
-    untimed ones; returns ``(ProfileReport, session)``. The CLI and the Studio share it. ``graph``: the already
-    optimized forward graph to run (inference only; by default the model's graph is built
-    and optimized here). ``progress`` gets one line per phase and per step (raising in it
+    untimed ones; returns ``(ProfileReport, session)``. The CLI and the Studio share it.
+    ``graph``: the already optimized forward graph to run (inference only; by default the
+    model's graph is built and optimized here). ``progress`` gets one line per phase and per step (raising in it
     cancels the run)."""
     from ..compile.cache import cached_optimize, cached_plan
     from ..runtime import session as runtime

@@ -4,8 +4,8 @@ mel [batch, 80, mel_len] -> whisper-tiny encoder (frozen: parameters not trainab
 output behind stop_gradient) -> ``projector`` (fc1 384->384, GELU, fc2 384->384 with
 fc2 zero-initialised, so the model starts by ignoring the audio) -> ``audio_norm``
 (RMSNorm) -> audio soft tokens [batch, mel_len/2, 384], prepended to the text
-embeddings of gpt-tiny (``depth`` layers, 6 by default) (RoPE positions run over audio, then text) -> output
-``logits`` [batch, seq, 257] over the text positions only; the training graph's
+embeddings of gpt-tiny of ``depth`` layers, 6 by default (RoPE positions run over audio,
+then text) -> output ``logits`` [batch, seq, 257] over the text positions only; the training graph's
 ``loss`` is the cross-entropy on those (audio positions never enter it).
 
 Names: the encoder keeps HuggingFace's ``model.encoder.*`` (a Whisper file binds);
@@ -25,8 +25,8 @@ import numpy as np
 from ..graph import nn
 from ..data.audio import HOP, clip_features, log_mel_spectrogram, pad_or_trim, tone, write_wav
 from ..graph.ir import Graph
-from .base import BuiltinModel, Setting, at_most, positive
-from .gpt import GPT, IGNORE, RMS_EPS, encode, next_token_row
+from .base import BuiltinModel, Setting, positive
+from .gpt import DEPTH, GPT, IGNORE, RMS_EPS, encode, next_token_row
 from .whisper import MAX_MEL_LEN, N_MELS, WIDTH, WhisperEncoder
 
 CLIPS = ((220.0, "low tone"), (330.0, "mid low tone"), (440.0, "middle tone"),
@@ -50,7 +50,7 @@ class AudioAlign(BuiltinModel):
                            lambda v: None if 2 <= v <= MAX_MEL_LEN and v % 2 == 0
                            else f"must be an even number from 2 to {MAX_MEL_LEN}"),
         "seq": Setting(16, "text tokens per clip (BOS + transcript, padded)", positive),
-        "depth": Setting(6, "decoder layers", at_most(64)),
+        "depth": DEPTH,
     }
 
     def make_module(self):

@@ -26,6 +26,7 @@ from .base import BuiltinModel, Setting, at_most, positive
 
 VOCAB, BOS, IGNORE = 257, 256, -100
 RMS_EPS = 1e-6
+DEPTH = Setting(6, "decoder layers", at_most(64))   # gpt-tiny's, and audio-align's decoder
 
 
 def encode(text: str) -> list[int]:
@@ -118,7 +119,7 @@ class GPTTiny(BuiltinModel):
         "batch": Setting(8, "sequences per step", positive),
         "seq": Setting(256, "tokens per sequence", at_most(4096)),
         "samples": Setting(256, "dataset size (sequences)", at_most(1_000_000)),
-        "depth": Setting(6, "decoder layers", at_most(64)),
+        "depth": DEPTH,
     }
 
     token_input = "tokens"
