@@ -536,8 +536,8 @@ def matmul_variant(m_: int, n_: int, nbatch: int, k_: int = 0, transpose_a: bool
     if forced in MATMUL_KERNELS and (forced not in COOP or caps.matmul_f16 or caps.matmul_split):
         return forced
     if (caps.matmul_f16 or caps.matmul_split) and min(m_, n_, k_) >= COOP_FRAGMENT:
-        first = coop_variant(m_, n_, nbatch, caps.tuning, k_)
-        order = (first, "c128l", "c64l") if caps.matmul_f16 else (split_variant(first), "c64x3")
+        order = ((coop_variant(m_, n_, nbatch, caps.tuning, k_), "c128l", "c64l") if caps.matmul_f16
+                 else (split_variant(m_, n_, nbatch, k_, caps.tuning), "c64x3"))
         for variant in order:
             if coop_workgroup_bytes(variant) <= caps.workgroup_storage and COOP[variant].threads <= caps.invocations:
                 return variant
@@ -582,14 +582,29 @@ def coop_variant(m_: int, n_: int, nbatch: int, tuning: Tuning = Tuning(), k_: i
     return {(True, True): "c128l", (True, False): "c128", (False, True): "c64l", (False, False): "c64"}[wide, lean]
 
 
-def split_variant(variant: str) -> str:
-    """The split preset (f32 as three f16 products) for the f16 tile ``coop_variant``
-    chose: 128 x 128 where that tile is, else 64 x 64, whose workgroups two share an SM.
-    On the H100 (run 46) whisper's b8 products ran so at 49-65 TFLOP/s where the f32 tiles
-    ran 27-40 (both operands scaled): fc1 0.221 ms against 0.356, q/k/v 0.176 against
-    0.292, fc2 on 64 x 64 0.238 against 0.517 (on 128 x 128 0.266), the out projection
-    0.073 against 0.129, a [384, 384] weight gradient over K = 12000 0.094 against 0.171."""
-    return "c128x3" if COOP[variant].bm == 128 and COOP[variant].bn == 128 else "c64x3"
+SPLIT_64_COST = 2.2   # a 64 x 64 split workgroup's K step against a 128 x 128 one's 4 (run 46)
+
+
+def split_variant(m_: int, n_: int, nbatch: int, k_: int, tuning: Tuning = Tuning()) -> str:
+    """The split preset (f32 as three f16 products) whose workgroups finish an m x n
+    output over ``k_`` first: waves of them (a 128 x 128 one an SM, its 32 KiB; two
+    64 x 64 ones, 24 KiB each; an SM a quarter of ``tuning.matmul_resident``'s workgroups)
+    times a workgroup's K slice (``split_rule``) times a K step's cost, 4 on 128 x 128
+    and ``SPLIT_64_COST`` on 64 x 64 (a quarter of the work at about half the speed a
+    FLOP). On the H100 (run 46) it picks the faster of the two for all eight products timed
+    both ways, where the f16 rule's tile picked six: whisper's b8 fc1 (0.217 against
+    0.248 ms) and q/k/v and 4096^3 on 128 x 128; fc2 (0.234 against 0.266), the out
+    projection, fc1's input gradient and a [384, 384] weight gradient over K = 12000
+    (0.067 against 0.083) on 64 x 64; fc1's weight gradient (0.194 against 0.243) on
+    128 x 128 in 7 slices. Against the f32 tiles the split ones ran 1.6-2.2x as fast. Over
+    whole f32 steps this rule took whisper's b8 from 45.55-45.62 to 44.12-44.21 ms and
+    gpt-tiny's from 7.08-7.18 to 7.02-7.07 against the f16 tile's split twin."""
+    def cost(variant: str, edge: int, per_step: float) -> float:
+        tiles = -(-m_ // edge) * -(-n_ // edge) * nbatch
+        splits = split_rule(tiles, k_, tuning, slice_fill(variant, tiles, tuning))
+        slots = max(1, tuning.matmul_resident // 4) * (1 if edge == 128 else 2)
+        return -(-tiles * splits // slots) * per_step * -(-k_ // splits)
+    return "c128x3" if cost("c128x3", 128, 4) <= cost("c64x3", 64, SPLIT_64_COST) else "c64x3"
 
 
 def narrow_tiles_fill_better(m_: int, n_: int, nbatch: int, tuning: Tuning = Tuning()) -> bool:
