@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from engine import Graph, codegen
+from engine.codegen.tuning import Tuning
 from engine.config import Knobs
 from engine.graph import reference
 from engine.runtime.session import build_inference_session
@@ -243,6 +244,10 @@ def test_f32_on_cooperative_units_takes_the_split_tiles_and_f16_wins_where_both_
         assert codegen.matmul_variant(*shape, caps=split) == want, shape
         f16 = codegen.matmul_variant(*shape, caps=COOP_CAPS)
         assert codegen.matmul_variant(*shape, caps=dataclasses.replace(split, matmul_f16=True)) == f16
+    # the tuned cost of a 64 x 64 split K step (16ths of a 128 x 128 one's) moves the choice
+    costing = lambda c: dataclasses.replace(split, tuning=Tuning(split_small_cost=c))  # noqa: E731
+    assert codegen.matmul_variant(12000, 1536, 1, 384, caps=costing(4)) == "c64x3"
+    assert codegen.matmul_variant(384, 384, 1, 12000, caps=costing(16)) == "c128x3"
     assert codegen.matmul_variant(4096, 4096, 1, 4096, caps=dataclasses.replace(split, workgroup_storage=28672)) \
         == "c64x3"                                                                      # 32 KiB over 28
     assert codegen.matmul_variant(8, 4096, 1, 4096, caps=split) not in codegen.COOP

@@ -39,7 +39,8 @@ def test_tuning_fields_are_checked():
     with pytest.raises(ValueError, match="positive whole number"):
         Tuning(matmul_resident=0)
     assert set(codegen.TUNED_FIELDS) == {"matmul_resident", "attention_fill", "sum_workgroups", "lean_k",
-                                         "dq_long_stream", "narrow_columns", "wide_fill", "dq_prefetch"}
+                                         "dq_long_stream", "narrow_columns", "wide_fill", "dq_prefetch",
+                                         "split_small_cost"}
     assert set(tuner.LADDERS) == set(codegen.TUNED_FIELDS)
 
 

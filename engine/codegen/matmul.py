@@ -582,29 +582,28 @@ def coop_variant(m_: int, n_: int, nbatch: int, tuning: Tuning = Tuning(), k_: i
     return {(True, True): "c128l", (True, False): "c128", (False, True): "c64l", (False, False): "c64"}[wide, lean]
 
 
-SPLIT_64_COST = 2.2   # a 64 x 64 split workgroup's K step against a 128 x 128 one's 4 (run 46)
-
-
 def split_variant(m_: int, n_: int, nbatch: int, k_: int, tuning: Tuning = Tuning()) -> str:
     """The split preset (f32 as three f16 products) whose workgroups finish an m x n
     output over ``k_`` first: waves of them (a 128 x 128 one an SM, its 32 KiB; two
     64 x 64 ones, 24 KiB each; an SM a quarter of ``tuning.matmul_resident``'s workgroups)
-    times a workgroup's K slice (``split_rule``) times a K step's cost, 4 on 128 x 128
-    and ``SPLIT_64_COST`` on 64 x 64 (a quarter of the work at about half the speed a
-    FLOP). On the H100 (run 46) it picks the faster of the two for all eight products timed
-    both ways, where the f16 rule's tile picked six: whisper's b8 fc1 (0.217 against
-    0.248 ms) and q/k/v and 4096^3 on 128 x 128; fc2 (0.234 against 0.266), the out
-    projection, fc1's input gradient and a [384, 384] weight gradient over K = 12000
-    (0.067 against 0.083) on 64 x 64; fc1's weight gradient (0.194 against 0.243) on
-    128 x 128 in 7 slices. Against the f32 tiles the split ones ran 1.6-2.2x as fast. Over
-    whole f32 steps this rule took whisper's b8 from 45.55-45.62 to 44.12-44.21 ms and
-    gpt-tiny's from 7.08-7.18 to 7.02-7.07 against the f16 tile's split twin."""
-    def cost(variant: str, edge: int, per_step: float) -> float:
+    times a workgroup's K slice (``split_rule``) times a K step's cost, 16 on 128 x 128
+    and ``tuning.split_small_cost`` on 64 x 64 (a quarter of the work at about half the
+    speed a FLOP: 8 by default, where 8-9 fit the H100's). On the H100 (run 46) it picks
+    the faster of the two for all eight products timed both ways, where the f16 rule's
+    tile picked six: whisper's b8 fc1 (0.217 against 0.248 ms), q/k/v and 4096^3 on
+    128 x 128; fc2 (0.234 against 0.266), the out projection, fc1's input gradient and a
+    [384, 384] weight gradient over K = 12000 (0.067 against 0.083) on 64 x 64; fc1's
+    weight gradient (0.194 against 0.243) on 128 x 128 in 7 slices. Against the f32 tiles
+    the split ones ran 1.6-2.2x as fast. Over whole f32 steps this rule (at 8.8 sixteenths,
+    whose choices 8 repeats for every product of the built-in models' training plans)
+    took whisper's b8 from 45.55-45.62 to 44.12-44.21 ms and gpt-tiny's from 7.08-7.18 to
+    7.02-7.07 against the f16 tile's split twin."""
+    def cost(variant: str, edge: int, per_step: int) -> int:
         tiles = -(-m_ // edge) * -(-n_ // edge) * nbatch
         splits = split_rule(tiles, k_, tuning, slice_fill(variant, tiles, tuning))
         slots = max(1, tuning.matmul_resident // 4) * (1 if edge == 128 else 2)
         return -(-tiles * splits // slots) * per_step * -(-k_ // splits)
-    return "c128x3" if cost("c128x3", 128, 4) <= cost("c64x3", 64, SPLIT_64_COST) else "c64x3"
+    return "c128x3" if cost("c128x3", 128, 16) <= cost("c64x3", 64, tuning.split_small_cost) else "c64x3"
 
 
 def narrow_tiles_fill_better(m_: int, n_: int, nbatch: int, tuning: Tuning = Tuning()) -> bool:

@@ -36,6 +36,8 @@ class Tuning:
                                  # take that tile for their slices (slice_fill); matmul_resident counts 64 x 64 ones
     dq_prefetch: int = 2         # blocks ahead that attention's dq product fetches K and dS (1 to 4):
                                  # coop_dq_from_scores
+    split_small_cost: int = 8    # a 64 x 64 split product workgroup's K step, in 16ths of a 128 x 128
+                                 # one's (f32 as three f16 products): split_variant
     source: str = "default"
 
     def __post_init__(self):

@@ -177,15 +177,18 @@ LADDERS: dict[str, tuple[tuple[int, ...], list[Workload], list[Workload]]] = {
     "narrow_columns": ((1, 384, 768, 1536), [*MODEL_PRODUCTS, _matmul(12000, 768, 384)],
                        [_matmul(192, 192, 2048, True)]),
     "wide_fill": ((128, 256, 512, 1024), MODEL_PRODUCTS, [_matmul(192, 192, 2048, True)]),
+    "split_small_cost": ((4, 6, 8, 12, 16), MODEL_PRODUCTS, [_matmul(192, 192, 2048, True)]),
     "dq_prefetch": ((1, 2, 3),
                     [_attention_grads(2, 1500, 6, 6, 64, False, dkdv=True),
                      _attention_grads(8, 256, 6, 6, 64, True, dkdv=True)],
                     [_attention_grads(1, 64, 1, 1, 64, True, dkdv=True)]),
 }
-MATMUL_FIELDS = ("matmul_resident", "lean_k", "narrow_columns", "wide_fill")   # tuned on MODEL_PRODUCTS
+MATMUL_FIELDS = ("matmul_resident", "lean_k", "narrow_columns", "wide_fill", "split_small_cost")   # on MODEL_PRODUCTS
 # fields that steer cooperative-matrix kernels only: tuned with f16 precision asked for, so
 # that an adapter offering them times those kernels whatever precision the run asked for
 COOPERATIVE_FIELDS = ("lean_k", "dq_long_stream", "narrow_columns", "wide_fill", "dq_prefetch")
+# fields that steer the split f32 products only: tuned with f32 on the cooperative units
+SPLIT_FIELDS = ("split_small_cost",)
 
 
 def _plan_signature(plan) -> tuple:
@@ -374,7 +377,9 @@ def measure_tuning(device=None, software: bool | None = None, fields=None, progr
         values, gpu_work, software_work = LADDERS[field]
         if progress:
             progress(f"tuning {field}")
-        field_base = replace(cooperative, tuning=base.tuning) if field in COOPERATIVE_FIELDS else base
+        field_base = (replace(cooperative, tuning=base.tuning) if field in COOPERATIVE_FIELDS
+                      else replace(cooperative, matmul_f16=False, tuning=base.tuning) if field in SPLIT_FIELDS
+                      else base)
         if field in MATMUL_FIELDS:
             gpu_work = [*gpu_work, *products]
         winner, rows, confirmation = tune_field(device, field, field_base, software_work if software else gpu_work,
