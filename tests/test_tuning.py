@@ -167,7 +167,8 @@ def test_the_lean_tiles_follow_the_tuning():
 
 def test_cooperative_fields_are_tuned_with_f16_asked_for(monkeypatch):
     """``lean_k`` steers cooperative kernels only: the tuner times it with f16 precision
-    asked for, whatever the run's, and the other fields with the run's."""
+    asked for, whatever the run's; ``split_small_cost`` with f32 on the cooperative units
+    (the offered capabilities without f16); the other fields with the run's."""
     asked = {}
 
     def fake_tune_field(device, field, base, workloads, values, rng, progress=None, warm_seconds=0.0):
@@ -182,11 +183,13 @@ def test_cooperative_fields_are_tuned_with_f16_asked_for(monkeypatch):
     real = device_module.device_capabilities
     monkeypatch.setattr(device_module, "device_capabilities", lambda device, config=None: (
         precisions.append(config and config.precision), real(device, config))[1])   # offered_capabilities' call
-    tuner.measure_tuning(software=True, fields=["sum_workgroups", "lean_k"])
+    tuner.measure_tuning(software=True, fields=["sum_workgroups", "lean_k", "split_small_cost"])
     assert "f16" in precisions
     f16 = real(None, replace(current(), precision="f16"))
     # offered: the split f32 products come with the f16 units (their kernels take f16's)
-    assert asked["lean_k"] == replace(f16, tuning=Tuning(), matmul_split=f16.matmul_f16)
+    offered = replace(f16, tuning=Tuning(), matmul_split=f16.matmul_f16)
+    assert asked["lean_k"] == offered
+    assert asked["split_small_cost"] == replace(offered, matmul_f16=False)
     assert asked["sum_workgroups"] == replace(real(None), tuning=Tuning())
 
 

@@ -558,8 +558,10 @@ def _schedule_graph(b: _PlanBuilder, pinned_roots: set[int], overlap: bool = Fal
     g, root = b.graph, b.root
     live = g.live_nodes() | set(g.inputs.values()) | set(g.parameters.values())
     order = [n for n in g.nodes if n.id in live and OPS[n.op].archetype not in (SOURCE, VIEW)]
-    summed = _products_with_sums(b, order)
-    paired = _norm_gradient_pairs(b, order)
+    position = {n.id: i for i, n in enumerate(order)}
+    first_reader = _first_readers(g, position, len(order))
+    summed = _products_with_sums(b, order, position, first_reader)
+    paired = _norm_gradient_pairs(b, order, position, first_reader)
     scored, order = _dq_from_scores(b, order)
     held: dict[int, tuple[int, int, int]] = {}   # attention_grad_q -> the scores its dkdv wrote
     in_place = _concats_in_place(b, order)
@@ -642,18 +644,18 @@ def _dispatch_node(b: _PlanBuilder, n, free: list[int], fresh: bool = False, sum
     free.append(buffer)
 
 
-def _norm_gradient_pairs(b: _PlanBuilder, order: list) -> dict[int, tuple[int, codegen.Kernel]]:
+def _norm_gradient_pairs(b: _PlanBuilder, order: list, position: dict[int, int],
+                         first_reader) -> dict[int, tuple[int, codegen.Kernel]]:
     """One norm's input gradient and parameter gradients (codegen's ``norm_gradients``)
     from one kernel, dispatched where the ``norm_grad`` is, where nothing reads the
-    ``norm_param_grad`` before. Returns norm_grad -> (its norm_param_grad, the kernel)."""
+    ``norm_param_grad`` before (``first_reader``: ``_first_readers`` of ``order``'s
+    ``position``s). Returns norm_grad -> (its norm_param_grad, the kernel)."""
     g = b.graph
-    position = {n.id: i for i, n in enumerate(order)}
     grads = {tuple(n.inputs[:2]): n for n in order if n.op == "norm_grad"}
-    readers = _first_readers(g, position, len(order))
     found = {}
     for p in order:
         q = grads.get(tuple(p.inputs)) if p.op == "norm_param_grad" else None
-        if q is not None and q.id not in found and codegen.norm_gradients(q, p) and readers(p.id) > position[q.id]:
+        if q is not None and q.id not in found and codegen.norm_gradients(q, p) and first_reader(p.id) > position[q.id]:
             found[q.id] = (p.id, codegen.norm_gradients_kernel(g, q, p, b.caps))
     return found
 
@@ -752,15 +754,15 @@ def _concats_in_place(b: _PlanBuilder, order: list) -> set[int]:
     return found
 
 
-def _products_with_sums(b: _PlanBuilder, order: list) -> dict[int, tuple[int, codegen.Kernel]]:
+def _products_with_sums(b: _PlanBuilder, order: list, position: dict[int, int],
+                        first_reader) -> dict[int, tuple[int, codegen.Kernel]]:
     """Bias gradients computed by their weight gradient's product: a ``sum_to`` of a
     tensor over all its leading axes, where a transposed-A product (dᵀ x or xᵀ d) reads
     that same tensor whole as an operand, and nothing reads the sum before the product
     runs. Its kernel adds the operand up as it fetches it (engine/codegen/product_sums.py)
-    where it can. Returns product -> (sum node, the product's kernel)."""
+    where it can (``first_reader`` as for ``_norm_gradient_pairs``). Returns product ->
+    (sum node, the product's kernel)."""
     g, within = b.graph, b.within
-    position = {n.id: i for i, n in enumerate(order)}
-    first_reader = _first_readers(g, position, len(order))
 
     def value(i: int) -> int:   # the node whose value i views
         while OPS[g[i].op].archetype == VIEW:
