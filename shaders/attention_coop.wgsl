@@ -26,6 +26,15 @@
 // rows of the output.
 // q, k, v are activations: rounded to f16 without a range scan (like the matmul's forward
 // operands).
+// f32 on cooperative matrices (codegen's split_products): Q, K, V and P are each staged as
+// two f16 parts, hi and lo (Kl, Vl, Pl), and each product is three (hi lo + lo hi + hi hi,
+// as the split matmul's); Q is scaled once, and each block's K and V, by the power of two
+// that puts its largest |value| in [2^14, 2^15), so that hi stays in f16's range and lo
+// above its subnormals. The scores are multiplied back in f32; O's fragments hold O times
+// V's scale, which a block only ever lowers (they are multiplied by the ratio, exact), and
+// are divided by it at the end. The workgroup meets the blocks' largest values in `red`
+// at barriers it already has: K's at the end of the block before, V's before the scores
+// are read.
 // Causal: key blocks above the workgroup's last query are skipped; keys past a query (or
 // past S) are masked, and a row with no visible key comes out 0, not NaN.
 // Split (SPLIT): the workgroup's key blocks are shared among `splits` workgroups, each
@@ -60,6 +69,7 @@ var<workgroup> Ph: array<f16, 4u * 16u * PS>;
 var<workgroup> Sc: array<f32, 4u * 16u * SS>;
 var<workgroup> moved: array<u32, 4>;    // whether a subgroup's O needs rescaling this block
 var<workgroup> Inv: array<f32, 64>;     // 1 / l of each row, for the output
+{{SPLIT_DECLS}}
 
 // Element e of rows r0.. of q, k or v (`which`; [B, n, heads * D], head hx), row-major;
 // rows past `n` are zero. Neighbouring threads read a row's neighbouring vec4s.
@@ -105,6 +115,7 @@ fn fetch_rows(e: u32, b: u32, hx: u32, r0: u32, n: u32, heads: u32, which: u32) 
     let per_part = (blocks + splits - 1u) / splits;
     let last = min(blocks, (part + 1u) * per_part);
 {{FETCH_FIRST}}
+{{FIRST_K_SCALE}}
     for (var kb = part * per_part; kb < last; kb = kb + 1u) {
         let k0 = kb * BKV;
 {{STAGE}}
@@ -127,7 +138,9 @@ fn fetch_rows(e: u32, b: u32, hx: u32, r0: u32, n: u32, heads: u32, which: u32) 
         l = l * corr + sum;
         mx = mx_new;
 {{PUT_V}}
+{{NEXT_K_TOP}}
         let flags = workgroupUniformLoad(&moved);    // also: Ph is written and Sc's scores are read
+{{NEXT_K_SCALE}}
         if (flags[0] + flags[1] + flags[2] + flags[3] > 0u) {
 {{RESCALE}}
         }
@@ -136,6 +149,7 @@ fn fetch_rows(e: u32, b: u32, hx: u32, r0: u32, n: u32, heads: u32, which: u32) 
     let total = l + subgroupShuffleXor(l, 16u);
     var inv = select(0.0, 1.0 / total, total > 0.0);
     if (SPLIT) { inv = 1.0; }
+{{UNSCALE_O}}
     workgroupBarrier();             // the last block's Ph is read
     if (half == 0u) { Inv[16u * sg + r] = inv; }
     let base = part * B * T * H * D;

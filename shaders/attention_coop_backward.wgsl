@@ -79,15 +79,7 @@ fn fetch_rows(e: u32, b: u32, hx: u32, r0: u32, n: u32, heads: u32, which: u32) 
     }
 }
 
-fn amax4(x: vec4<f32>) -> f32 {
-    let a = abs(x);
-    return max(max(a.x, a.y), max(a.z, a.w));
-}
-
-// e such that 2^(14 - e) puts a largest magnitude `top` in [2^14, 2^15) (0 for 0).
-fn exponent_of(top: f32) -> f32 {
-    return clamp(select(0.0, floor(log2(top)), top > 0.0), -100.0, 100.0);
-}
+{{TILE_SCALES}}
 
 {{PUT_TILES}}
 

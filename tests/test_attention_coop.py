@@ -140,9 +140,9 @@ TINT_CHECK = """
     from test_attention_kernel import attention_graph
     from test_attention_stats import with_lse
     from engine.optimize.attention_stats import share_attention_statistics
-    for splits in (0, 3):
-        caps = codegen.Capabilities(subgroups=True, workgroup_storage=49152, dialect="tint", matmul_f16=True,
-                                    knobs=Knobs(attention_splits=splits))
+    for splits, f16 in ((0, True), (3, True), (0, False), (3, False)):
+        caps = codegen.Capabilities(subgroups=True, workgroup_storage=49152, dialect="tint", matmul_f16=f16,
+                                    matmul_split=not f16, knobs=Knobs(attention_splits=splits))
         for d in (16, 32, 48, 64):
             g = attention_graph(1, 70, 130, 2, 1, d, causal=True)
             (node,) = [n for n in g.nodes if n.op == "attention"]
@@ -157,10 +157,11 @@ TINT_CHECK = """
 
 
 def test_every_cooperative_attention_kernel_passes_tint():
-    """Each head dim's kernel, whole and split (and the split's combine), and at D = 64 the
-    attention_stats kernels, are valid WGSL for Tint; the models' own (D = 64) are also in
-    test_coop_matmul's check of every kernel."""
-    assert tint_check(TINT_CHECK) == (12, 10)   # 8 + 2 stats cooperative kernels, 2 combines
+    """Each head dim's kernel, f16 and f32 (split products), whole and split among
+    workgroups (and the split's combine), and at D = 64 the attention_stats kernels, are
+    valid WGSL for Tint; the models' own (D = 64) are also in test_coop_matmul's check of
+    every kernel."""
+    assert tint_check(TINT_CHECK) == (22, 20)   # (8 + 2 stats) x 2 cooperative kernels, 2 combines
 
 
 def _f16(x):
@@ -260,3 +261,50 @@ def test_f16_attention_keeps_its_log_sum_exp(splits, configure):
     for name in ("lse", "lse_again"):
         assert rel_err(got[name], want[name]) < (1e-4 if cooperative else TOL), (name, rel_err(got[name], want[name]))
     assert rel_err(got["o"], want["o"]) < (2e-3 if cooperative else TOL)
+
+
+SPLIT_TOL = 2e-5   # split products keep about 21 of f32's 24 bits (the f32 SIMT kernel: TOL)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_f32_attention_on_cooperative_matrices_matches_the_exact_reference(case, configure):
+    """In f32 on a device with subgroup matrices the forward multiplies each operand as
+    hi and lo f16 parts, three products each (split_products): it matches the exact
+    float64 reference to 2e-5 of the output's largest value, where the f16 kernel is 1e-2
+    off (q and k rounded to f16). Elsewhere the SIMT kernel runs, held to TOL."""
+    shape, splits = CASES[case]
+    configure(precision="f32", attention_splits=splits)
+    g = attention_graph(*shape)
+    inputs = random_inputs(g, seed=7)
+    s = build_inference_session(g, optimize=False, capabilities=device_capabilities())
+    s.set_inputs(inputs)
+    s.run()
+    got = s.read_output("o")
+    variant = s.plan.dispatches[0].variant
+    cooperative = s.capabilities.matmul_split
+    assert ("hi and lo f16 parts" in variant) == cooperative and ("split" in variant) == (splits > 1), variant
+    assert rel_err(got, reference.run(g, inputs, {}, np.float64)["o"]) < (SPLIT_TOL if cooperative else TOL)
+
+
+@pytest.mark.parametrize("magnitudes", [(1e6, 3e7), (1e-6, 1e-9)])
+def test_f32_attention_scales_operands_far_outside_f16s_range(magnitudes, configure):
+    """q, k and v of magnitudes f16 cannot hold (past 65504, or below its subnormals:
+    k is about 1 / q, so that the scores stay near 1), different in every key block (each
+    block's K and V get their own power of two, and O is multiplied by the ratio where a
+    block lowers V's): the split kernel still matches the exact reference to 2e-5, with
+    causality and GQA."""
+    configure(precision="f32")
+    g = attention_graph(1, 150, 200, 4, 2, 64, causal=True)
+    rng = np.random.default_rng(11)
+    mq, mv = magnitudes
+    block = np.repeat(np.exp2(rng.integers(-2, 3, size=(1, 13, 1))), 16, axis=1)[:, :200]
+    inputs = {"q": rng.standard_normal((1, 150, 256)) * mq,
+              "k": rng.standard_normal((1, 200, 128)) / mq * block,
+              "v": rng.standard_normal((1, 200, 128)) * mv * block[:, ::-1]}
+    s = build_inference_session(g, optimize=False, capabilities=device_capabilities())
+    s.set_inputs(inputs)
+    s.run()
+    got = s.read_output("o")
+    exact = reference.run(g, inputs, {}, np.float64)["o"]
+    assert np.isfinite(got).all()
+    assert rel_err(got, exact) < (SPLIT_TOL if s.capabilities.matmul_split else TOL), rel_err(got, exact)

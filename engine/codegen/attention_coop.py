@@ -1,6 +1,8 @@
 """The attention forward on cooperative matrices (attention_coop.wgsl): Q K^T and P V on
 f16 16 x 16 fragments accumulating in f32, the online softmax in f32 by the subgroups'
-lanes. Taken where the matmul takes its cooperative kernels (``caps.matmul_f16``).
+lanes. Taken where the matmul takes its cooperative kernels (``caps.matmul_f16``), and in
+f32 where it takes its split ones (``caps.matmul_split``): then each operand is two f16
+parts and each product three.
 """
 
 from __future__ import annotations
@@ -10,8 +12,8 @@ import math
 from ..graph.ir import Graph, Node
 from .attention import (_attention, _attention_dims, _combine_forward_splits, _split_grid, attention_splits,
                         attention_stats_at)
-from .common import Capabilities, Kernel, _finish, _render, f32_bits
-from .matmul_coop import COOP_ENABLES, COOP_FRAGMENT
+from .common import Capabilities, Kernel, _finish, _render, _template, f32_bits
+from .matmul_coop import COOP_ENABLES, COOP_FRAGMENT, hi_part
 
 COOP_QUERIES = 64      # queries a workgroup owns: 16 for each of its 4 subgroups
 COOP_KEYS = 16         # keys a block: 12.3 KiB of workgroup memory, so that three workgroups share an SM
@@ -55,23 +57,28 @@ def lane_column(c: int, width: int) -> str:
     return f"{c}u * 2u + half"
 
 
-def coop_attention_bytes(head_dim: int) -> int:
+def coop_attention_bytes(head_dim: int, split: bool = False) -> int:
     """Workgroup memory of attention_coop.wgsl: the f16 K and V blocks (padded rows; Q is
     staged through both), each subgroup's f16 P rows and f32 scratch of 16 x the block's
-    keys, the rows' flags and factors."""
+    keys, the rows' flags and factors; ``split``: the lo parts of K, V and P too, and the
+    subgroups' largest values."""
     keys = forward_keys(head_dim)
-    kv = 2 * 2 * keys * (head_dim + _HALF_PAD)
-    p = 2 * COOP_SUBGROUPS * 16 * (keys + _HALF_PAD)
-    return kv + p + 4 * COOP_SUBGROUPS * 16 * scratch_row(keys) + 4 * (COOP_SUBGROUPS + COOP_QUERIES)
+    parts = 2 if split else 1
+    kv = parts * 2 * 2 * keys * (head_dim + _HALF_PAD)
+    p = parts * 2 * COOP_SUBGROUPS * 16 * (keys + _HALF_PAD)
+    return (kv + p + 4 * COOP_SUBGROUPS * 16 * scratch_row(keys) + 4 * (COOP_SUBGROUPS + COOP_QUERIES)
+            + (4 * 2 * COOP_SUBGROUPS if split else 0))
 
 
 def coop_attention_supported(head_dim: int, caps: Capabilities) -> bool:
     """Whether an attention of this head dim runs on cooperative matrices: where the matmul
-    does (``caps.matmul_f16``), for head dims of whole fragments up to 64 (the scratch's
-    row) whose blocks fit the device's workgroup memory, unless
-    ``MEGANEURA_ATTENTION=per-query`` forces the SIMT per-query kernel."""
-    return (caps.matmul_f16 and caps.knobs.attention != "per-query" and head_dim % COOP_FRAGMENT == 0
-            and 0 < head_dim <= 64 and coop_attention_bytes(head_dim) <= caps.workgroup_storage)
+    does (``caps.matmul_f16``, or in f32 ``caps.matmul_split``: ``split_products``), for
+    head dims of whole fragments up to 64 (the scratch's row) whose blocks fit the
+    device's workgroup memory, unless ``MEGANEURA_ATTENTION=per-query`` forces the SIMT
+    per-query kernel."""
+    return ((caps.matmul_f16 or caps.matmul_split) and caps.knobs.attention != "per-query"
+            and head_dim % COOP_FRAGMENT == 0 and 0 < head_dim <= 64
+            and coop_attention_bytes(head_dim, split_products(caps)) <= caps.workgroup_storage)
 
 
 def _fragment(kind: str, tile: str, offset: str, col_major: bool, stride: str) -> str:
@@ -88,10 +95,24 @@ def entry_point(threads: int) -> str:
     return "\n".join(line for line in text.splitlines() if not line.startswith("//"))
 
 
-def put_tiles(*names: tuple[str, str]) -> str:
+def put_tiles(*names: tuple[str, str], split: bool = False) -> str:
     """The put_NAME functions (f16_tile_put.wgsl) that round staged vec4s into each
-    (NAME, tile) of a cooperative attention kernel."""
-    return "\n\n".join(_render("f16_tile_put.wgsl", NAME=name, TILE=tile) for name, tile in names)
+    (NAME, tile) of a cooperative attention kernel; ``split``: the hi part (``hi_part``)
+    into the tile and the lo part into its twin (Kh's: Kl)."""
+    def parts(tile: str) -> str:
+        stores = lambda t, v: " ".join(f"{t}[at{f' + {i}u' if i else ''}] = {v}.{c};"  # noqa: E731
+                                       for i, c in enumerate("xyzw"))
+        if not split:
+            return f"    let h = vec4<f16>(x);\n    {stores(tile, 'h')}"
+        return (f"    let t = {hi_part('x', True)};\n    let h = vec4<f16>(t);\n    let l = vec4<f16>(x - t);\n"
+                f"    {stores(tile, 'h')}\n    {stores(lo_tile(tile), 'l')}")
+    return "\n\n".join(_render("f16_tile_put.wgsl", NAME=name, TILES=tile + (f" and {lo_tile(tile)}" if split else ""),
+                                 PARTS=parts(tile)) for name, tile in names)
+
+
+def lo_tile(tile: str) -> str:
+    """The workgroup tile holding the lo parts of split tile ``tile`` (Kh: Kl)."""
+    return tile[:-1] + "l"
 
 
 def staged_in_two_tiles(puts: tuple[str, str], value, count: int, in_first: int, threads: int) -> list[str]:
@@ -128,34 +149,66 @@ def _fragment_rounds(d: int, per: int = 2) -> list[list[int]]:
     return [frags[i:i + per] for i in range(0, len(frags), per)]
 
 
-def _staged_q(d: int, tile_rows: int, threads: int) -> tuple[list[str], list[str]]:
+def _staged_q(d: int, tile_rows: int, threads: int, split: bool = False) -> tuple[list[str], list[str]]:
     """(STAGE_Q, LOAD_Q) of the forward: Q's 64 rows (rounded to f16) staged through the K
     and V tiles of ``tile_rows`` rows, each subgroup loading its 16 rows as D / 16 left
     fragments. Tiles of 32 rows hold them at once (``fragments_of_two_tiles``); smaller
-    ones in rounds of 2 ``tile_rows``, a barrier before and after each round's loads."""
+    ones in rounds of 2 ``tile_rows``, a barrier before and after each round's loads.
+    ``split``: Q's rows are fetched first and scaled by the power of two that puts their
+    largest |value| in [2^14, 2^15) (``ex_q``), their lo parts staged through Kl and Vl
+    and loaded as fragments ql0.."""
     f, dk = COOP_FRAGMENT, d // COOP_FRAGMENT
-    fetch = lambda first: lambda n: f"fetch_rows(tid + {n * threads}u, b, h, {first}, T, H, 0u)"  # noqa: E731
+    steps = COOP_QUERIES * d // 4 // threads
+    parts = (("qf", ("Kh", "Vh")), ("ql", ("Kl", "Vl"))) if split else (("qf", ("Kh", "Vh")),)
+    if split:
+        fetched = [f"    let qr{n} = fetch_rows(tid + {n * threads}u, b, h, q0, T, H, 0u);" for n in range(steps)]
+        stage = fetched + workgroup_top("top_q", [f"amax4(qr{n})" for n in range(steps)], 0, "    ")
+        stage += ["    workgroupBarrier();", "    let ex_q = exponent_of(red_top(0u));", "    let s_q = exp2(14.0 - ex_q);"]
+        value = lambda first: lambda n: f"qr{n + first * d // 4 // threads} * s_q"  # noqa: E731
+    else:
+        stage = []
+        value = lambda first: lambda n: f"fetch_rows(tid + {n * threads}u, b, h, q0 + {first}u, T, H, 0u)"  # noqa: E731
     per_round = 2 * tile_rows
     if per_round >= COOP_QUERIES:
-        return (staged_in_two_tiles(("put_k", "put_v"), fetch("q0"), COOP_QUERIES * d // 4 // threads,
-                                    tile_rows * d // 4, threads), fragments_of_two_tiles("qf", ("Kh", "Vh"), dk))
-    stage = [f"    var qf{kk}: subgroup_matrix_left<f16, {f}, {f}>;" for kk in range(dk)]
+        stage += staged_in_two_tiles(("put_k", "put_v"), value(0), steps, tile_rows * d // 4, threads)
+        return stage, [line for name, tiles in parts for line in fragments_of_two_tiles(name, tiles, dk)]
+    stage += [f"    var {name}{kk}: subgroup_matrix_left<f16, {f}, {f}>;" for name, _ in parts for kk in range(dk)]
     loads = []
     for start in range(0, COOP_QUERIES, per_round):
         if start:
             stage += ["    workgroupBarrier();", *loads, "    workgroupBarrier();"]
-        stage += staged_in_two_tiles(("put_k", "put_v"), fetch(f"q0 + {start}u"), per_round * d // 4 // threads,
+        stage += staged_in_two_tiles(("put_k", "put_v"), value(start), per_round * d // 4 // threads,
                                      tile_rows * d // 4, threads)
         loads = []
         for sg in range(start // 16, (start + per_round) // 16):
-            tile, row = ("Kh", "Vh")[(sg * 16 - start) // tile_rows], (sg * 16 - start) % tile_rows
+            which, row = (sg * 16 - start) // tile_rows, (sg * 16 - start) % tile_rows
             loads += [f"    if (sg == {sg}u) {{"] + [
-                f"        qf{kk} = {_fragment('left', tile, f'{row}u * KS + {f * kk}u', False, 'KS')};"
-                for kk in range(dk)] + ["    }"]
+                f"        {name}{kk} = {_fragment('left', tiles[which], f'{row}u * KS + {f * kk}u', False, 'KS')};"
+                for name, tiles in parts for kk in range(dk)] + ["    }"]
     return stage, loads
 
 
-def _coop_subs(d: int) -> dict:
+def workgroup_top(var: str, terms: list[str], at: int, ind: str) -> list[str]:
+    """WGSL that puts each subgroup's largest of ``terms`` (its threads' f32 expressions)
+    in ``red[at + sg]``, for ``red_top(at)`` to read after a barrier."""
+    return ([f"{ind}var {var} = 0.0;"] + [f"{ind}{var} = max({var}, {t});" for t in terms]
+            + [f"{ind}{{ let top = subgroupMax({var}); if (lane == 0u) {{ red[{at}u + sg] = top; }} }}"])
+
+
+def split_products(caps: Capabilities) -> bool:
+    """Whether the cooperative attention kernels multiply f32 operands as hi and lo f16
+    parts, three products each (``caps.matmul_split``, where f16 is not asked for)."""
+    return caps.matmul_split and not caps.matmul_f16
+
+
+def _three(left: tuple[str, str], right, acc: str, ind: str) -> list[str]:
+    """``acc`` plus the split product of left fragments (hi, lo) and ``right(part)``'s
+    fragment (part "h" or "l"): the small terms (hi lo, lo hi) first, then hi hi."""
+    return [f"{ind}{acc} = subgroupMatrixMultiplyAccumulate({x}, {right(y)}, {acc});"
+            for x, y in ((left[1], "h"), (left[0], "l"), (left[0], "h"))]
+
+
+def _coop_subs(d: int, split: bool = False) -> dict:
     """attention_coop.wgsl's unrolled parts for head dim ``d``: Q's fragments (row-major,
     staged through Kh and Vh: ``_staged_q``), S = Q K^T (K^T a column-major view of key-major Kh), the
     staging of Q and of the key blocks (unrolled: as a loop, each thread's global loads went
@@ -164,36 +217,58 @@ def _coop_subs(d: int) -> dict:
     done), the lanes' softmax over their half of a row's keys (``lane_column``), P V (P
     row-major in Ph, V row-major in Vh) accumulated on O's result fragments, their rare
     rescaling and the output, both through the scratch as many fragments at a time as it
-    has columns (a block's keys: ``forward_keys``)."""
+    has columns (a block's keys: ``forward_keys``).
+    ``split`` (``split_products``): Q, K, V and P as hi and lo parts (Kl, Vl, Pl beside
+    Kh, Vh, Ph), each product three; Q scaled once (``_staged_q``), each block's K and V by
+    the power of two of its largest |value| (met in ``red`` at the barriers the block
+    already has: K's at the previous block's end, V's before its scores are read), the
+    scores multiplied back in f32 and O's fragments multiplied by the ratio where a block
+    lowers V's scale (only ever lowered, as the backward's dO), divided by it at the end."""
     f, dk, block = COOP_FRAGMENT, d // COOP_FRAGMENT, forward_keys(d)
     keys = block // 2
     ind = " " * 8
     key = lambda c: lane_column(c, block)  # noqa: E731
     threads = 32 * COOP_SUBGROUPS
     elements = [f"tid + {n * threads}u" for n in range(block * d // 4 // threads)]
-    stage_q, load_q = _staged_q(d, block, threads)
+    stage_q, load_q = _staged_q(d, block, threads, split)
     fetch_first = [f"    var kr{n} = fetch_rows({e}, b, hk, part * per_part * BKV, S, HKV, 1u);"
                    for n, e in enumerate(elements)]
-    stage = ([f"{ind}put_k({e}, kr{n});" for n, e in enumerate(elements)]
-             + [f"{ind}let vr{n} = fetch_rows({e}, b, hk, k0, S, HKV, 2u);" for n, e in enumerate(elements)])
+    k_top = workgroup_top("top_k", [f"amax4(kr{n})" for n in range(len(elements))], 0, ind)
+    times_k, times_v = (" * s_k", " * s_v") if split else ("", "")
+    stage = ([f"{ind}let s_k = exp2(14.0 - ex_k);", f"{ind}let ss = scale * exp2(ex_q + ex_k - 28.0);"] if split else [])
+    stage += ([f"{ind}put_k({e}, kr{n}{times_k});" for n, e in enumerate(elements)]
+              + [f"{ind}let vr{n} = fetch_rows({e}, b, hk, k0, S, HKV, 2u);" for n, e in enumerate(elements)])
     fetch_next = [f"{ind}kr{n} = fetch_rows({e}, b, hk, k0 + BKV, S, HKV, 1u);" for n, e in enumerate(elements)]
-    put_v = [f"{ind}put_v({e}, vr{n});" for n, e in enumerate(elements)]
+    put_v = [f"{ind}put_v({e}, vr{n}{times_v});" for n, e in enumerate(elements)]
+    kh = lambda n, kk: lambda part: _fragment("right", "K" + part, f"{f * n}u * KS + {f * kk}u", True, "KS")  # noqa: E731
+    vh = lambda n, kk: lambda part: _fragment("right", "V" + part, f"{f * kk}u * KS + {f * n}u", False, "KS")  # noqa: E731
     scores = []
     for n in range(block // f):
         scores.append(ind + _result(f"s{n}"))
-        scores += [f"{ind}s{n} = subgroupMatrixMultiplyAccumulate(qf{kk}, "
-                   f"{_fragment('right', 'Kh', f'{f * n}u * KS + {f * kk}u', True, 'KS')}, s{n});" for kk in range(dk)]
+        for kk in range(dk):
+            scores += (_three((f"qf{kk}", f"ql{kk}"), kh(n, kk), f"s{n}", ind) if split else
+                       [f"{ind}s{n} = subgroupMatrixMultiplyAccumulate(qf{kk}, {kh(n, kk)('h')}, s{n});"])
         scores.append(f"{ind}subgroupMatrixStore(&Sc, sb + {f * n}u, s{n}, false, SS);")
-    read = [f"{ind}sv[{c}] = select(NEG, Sc[sb + r * SS + {key(c)}] * scale, k0 + {key(c)} < key_end);"
+    score_scale = "ss" if split else "scale"
+    read = [f"{ind}sv[{c}] = select(NEG, Sc[sb + r * SS + {key(c)}] * {score_scale}, k0 + {key(c)} < key_end);"
             for c in range(keys)]
-    probabilities = [f"{ind}{{ let p = f16(select(0.0, exp2(sv[{c}] - mx_new), sv[{c}] > NEG)); "
-                     f"Ph[pb + r * PS + {key(c)}] = p; sum = sum + f32(p); }}" for c in range(keys)]
-    pv = [f"{ind}let pf{kk} = {_fragment('left', 'Ph', f'pb + {f * kk}u', False, 'PS')};"
-          for kk in range(block // f)]
+    if split:
+        fetch_next += workgroup_top("top_v", [f"amax4(vr{n})" for n in range(len(elements))], 4, ind)
+        read = [f"{ind}let s_vb = min(s_v, exp2(14.0 - exponent_of(red_top(4u))));",
+                f"{ind}let ratio_v = s_vb / s_v;", f"{ind}s_v = s_vb;"] + read
+        probabilities = [f"{ind}{{ let p = select(0.0, exp2(sv[{c}] - mx_new), sv[{c}] > NEG); "
+                         f"let t = {hi_part('p', False)}; Ph[pb + r * PS + {key(c)}] = f16(t); "
+                         f"Pl[pb + r * PS + {key(c)}] = f16(p - t); sum = sum + p; }}" for c in range(keys)]
+    else:
+        probabilities = [f"{ind}{{ let p = f16(select(0.0, exp2(sv[{c}] - mx_new), sv[{c}] > NEG)); "
+                         f"Ph[pb + r * PS + {key(c)}] = p; sum = sum + f32(p); }}" for c in range(keys)]
+    pv = [f"{ind}let p{part}{kk} = {_fragment('left', 'P' + part, f'pb + {f * kk}u', False, 'PS')};"
+          for part in ("hl" if split else "h") for kk in range(block // f)]
+    pv += [f"{ind}of{n} = subgroupMatrixScalarMultiply(of{n}, ratio_v);" for n in range(dk)] if split else []
     for n in range(dk):
-        pv += [f"{ind}of{n} = subgroupMatrixMultiplyAccumulate(pf{kk}, "
-               f"{_fragment('right', 'Vh', f'{f * kk}u * KS + {f * n}u', False, 'KS')}, of{n});"
-               for kk in range(block // f)]
+        for kk in range(block // f):
+            pv += (_three((f"ph{kk}", f"pl{kk}"), vh(n, kk), f"of{n}", ind) if split else
+                   [f"{ind}of{n} = subgroupMatrixMultiplyAccumulate(ph{kk}, {vh(n, kk)('h')}, of{n});"])
     store = lambda frags, pre: [f"{pre}subgroupMatrixStore(&Sc, sb + {f * i}u, of{n}, false, SS);"  # noqa: E731
                                 for i, n in enumerate(frags)]
     rescale, write_o = [], []
@@ -214,8 +289,22 @@ def _coop_subs(d: int) -> dict:
                     f"            out[base + ((b * T + row) * H + h) * D + {f * frags[0]}u + e % {width}u] = "
                     f"Sc[sb + e / {width}u * SS + e % {width}u] * Inv[16u * sg + e / {width}u];",
                     "        }", "    }", "    workgroupBarrier();"])
+    split_subs = dict(SPLIT_DECLS="", FIRST_K_SCALE="", NEXT_K_TOP="", NEXT_K_SCALE="", UNSCALE_O="")
+    if split:
+        split_subs = dict(
+            SPLIT_DECLS="\n".join(["var<workgroup> Kl: array<f16, BKV * KS>;", "var<workgroup> Vl: array<f16, BKV * KS>;",
+                                   "var<workgroup> Pl: array<f16, 4u * 16u * PS>;",
+                                   "var<workgroup> red: array<f32, 8>;    // the subgroups' largest |Q| or |K|, |V|",
+                                   "", _template("tile_scales.wgsl"),
+                                   "fn red_top(at: u32) -> f32 {",
+                                   "    return max(max(red[at], red[at + 1u]), max(red[at + 2u], red[at + 3u]));",
+                                   "}"]),
+            FIRST_K_SCALE="\n".join([*(line[4:] for line in k_top), "    workgroupBarrier();",
+                                     "    var ex_k = exponent_of(red_top(0u));", "    var s_v = exp2(114.0);"]),
+            NEXT_K_TOP="\n".join(k_top), NEXT_K_SCALE=f"{ind}ex_k = exponent_of(red_top(0u));",
+            UNSCALE_O="    inv = inv / s_v;")
     return dict(D=d, BKV=block, LANE_KEYS=keys, PAD=_HALF_PAD, SS=scratch_row(block),
-                PUT_TILES=put_tiles(("k", "Kh"), ("v", "Vh")),
+                PUT_TILES=put_tiles(("k", "Kh"), ("v", "Vh"), split=split),
                 LOAD_Q="\n".join(load_q), STAGE_Q="\n".join(stage_q),
                 RESULTS="\n".join("    " + _result(f"of{n}") for n in range(dk)),
                 STAGE="\n".join(stage), FETCH_FIRST="\n".join(fetch_first), FETCH_NEXT="\n".join(fetch_next),
@@ -223,7 +312,7 @@ def _coop_subs(d: int) -> dict:
                 SCORES="\n".join(scores), READ_SCORES="\n".join(read),
                 ROW_MAX="\n".join(f"{ind}top = max(top, sv[{c}]);" for c in range(keys)),
                 PROBABILITIES="\n".join(probabilities),
-                RESCALE="\n".join(rescale), PV="\n".join(pv), WRITE_O="\n".join(write_o))
+                RESCALE="\n".join(rescale), PV="\n".join(pv), WRITE_O="\n".join(write_o), **split_subs)
 
 
 def attention_forward(graph: Graph, node: Node, caps: Capabilities) -> Kernel:
@@ -248,10 +337,11 @@ def coop_attention(graph: Graph, node: Node, bsz, t, s, h, hkv, d, causal, scale
     kernel = _finish("attention", "attention", "attention_coop.wgsl", ["q", "k", "v"], ["vec4<f32>"] * 3, "f32",
                      meta, grid, caps, enables=COOP_ENABLES + ("subgroups",),
                      ENTRY=entry_point(32 * COOP_SUBGROUPS),
-                     SPLIT="true" if splits > 1 else "false", LSE_AT=lse_at, **_coop_subs(d))
+                     SPLIT="true" if splits > 1 else "false", LSE_AT=lse_at, **_coop_subs(d, split_products(caps)))
     f = COOP_FRAGMENT
     kernel.notes["variant"] = (f"cooperative flash {COOP_QUERIES} queries x {forward_keys(d)} keys, "
-                               f"f16 {f}x{f}x{f} -> f32, {COOP_SUBGROUPS} subgroups"
+                               + (f"f32 as hi and lo f16 parts, three {f}x{f}x{f} products" if split_products(caps)
+                                  else f"f16 {f}x{f}x{f} -> f32") + f", {COOP_SUBGROUPS} subgroups"
                                + (", its rows' log-sum-exp kept" if lse_at else ""))
     kernel.guarded = True
     return _combine_forward_splits(kernel, splits, bsz, t, h, d, lse_at)

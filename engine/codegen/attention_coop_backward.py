@@ -12,9 +12,9 @@ from ..graph.ir import Graph, Node
 from ..graph.ops import attention_grad_kv_layout
 from .attention import _attention_backward, _attention_dims, _split_grid
 from .attention_coop import (_HALF_PAD, _fragment, _fragment_rounds, _result, coop_attention_supported,
-                             entry_point, fragments_of_two_tiles, lane_column, put_tiles, scratch_row,
+                             entry_point, fragments_of_two_tiles, lane_column, put_tiles, scratch_row, split_products,
                              staged_in_two_tiles)
-from .common import Capabilities, Kernel, _finish, f32_bits
+from .common import Capabilities, Kernel, _finish, _template, f32_bits
 from .matmul_coop import COOP_ENABLES, COOP_FRAGMENT
 
 COOP_BACKWARD_FIXED = 64      # fixed rows a workgroup owns: 16 for each of its 4 subgroups
@@ -62,7 +62,7 @@ def coop_backward_supported(head_dim: int, caps: Capabilities) -> bool:
     matrices: where the forward does (``coop_attention_supported``) and their blocks fit
     the device's workgroup memory (23.3 KiB at D = 64 in blocks of 32), unless
     ``MEGANEURA_ATTENTION_BACKWARD=f32`` keeps the f32 kernels (benchmarks)."""
-    return (caps.knobs.attention_backward != "f32" and coop_attention_supported(head_dim, caps)
+    return (caps.knobs.attention_backward != "f32" and not split_products(caps) and coop_attention_supported(head_dim, caps)
             and coop_backward_bytes(head_dim) <= caps.workgroup_storage)
 
 
@@ -182,7 +182,7 @@ def _subs(d: int, mode: int, streamed: int, scores: bool = False) -> dict:
     if kv:
         out += store("dvf", "1.0 / s_v", "m(7u) + ")
     return dict(MODE=mode, D=d, BS=streamed, LANE_ROWS=rows, PAD=_HALF_PAD,
-                SS=scratch_row(streamed), PUT_TILES=put_tiles(("x", "Xh"), ("y", "Yh")),
+                SS=scratch_row(streamed), PUT_TILES=put_tiles(("x", "Xh"), ("y", "Yh")), TILE_SCALES=_template("tile_scales.wgsl"),
                 FETCH_FIXED="\n".join(fetch_fixed), FIXED_MAX="\n".join(fixed_max),
                 PUT_FIXED="\n".join(put_fixed("a", "")),
                 LOAD_FIXED="\n".join(load_fixed("a") + ["    workgroupBarrier();"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..graph.ir import Graph, Node
 from ..graph.ops import OPS
 from .attention import ATTENTION_BACKWARD, ATTENTION_KEYS, _cached_attention, attention_queries
-from .attention_coop import attention_forward, coop_attention_supported
+from .attention_coop import attention_forward, coop_attention_supported, split_products
 from .attention_coop_backward import attention_backward, coop_backward_supported
 from .common import Capabilities, Kernel, PLAIN, UnsupportedOpError
 from .convolution import _conv
@@ -97,8 +97,10 @@ def describe_paths(caps: Capabilities) -> dict:
                        "register-blocked f32"
                        if caps.matmul_split else
                        "register-blocked f32 (vec4 loads where the layout allows)"),
-            "attention": ("flash on cooperative matrices (f16 q, k, v and P, f32 scores and softmax) at head "
-                          "dims of whole fragments up to 64; the backward's dq, dk, dv "
+            "attention": ("flash on cooperative matrices ("
+                          + ("q, k, v and P each as two f16 parts, three products"
+                             if split_products(caps) else "f16 q, k, v and P")
+                          + ", f32 scores and softmax) at head dims of whole fragments up to 64; the backward's dq, dk, dv "
                           + ("on cooperative matrices too (dO and dS scaled into f16's range)"
                              if coop_backward_supported(64, caps) else "f32")
                           if coop_attention_supported(64, caps) else

@@ -103,6 +103,15 @@ def _absmax(fetch: str, regs) -> list[str]:
             else f"abs({r})" for r, _, _ in regs]
 
 
+def hi_part(x: str, vec4: bool) -> str:
+    """WGSL of f32 ``x`` (a vec4 where ``vec4``) rounded to f16's 10 mantissa bits on its
+    bits, as an f32: a split operand's hi part, exact in f16 where x is in its range, and
+    x minus it (the lo part) exact in f32 (``CoopPreset.split``)."""
+    if vec4:
+        return f"bitcast<vec4<f32>>((bitcast<vec4<u32>>({x}) + vec4<u32>(0x1000u)) & vec4<u32>(0xffffe000u))"
+    return f"bitcast<f32>((bitcast<u32>({x}) + 0x1000u) & 0xffffe000u)"
+
+
 def _store_coop(name: str, fetch: str, regs, scale: str = "", split: bool = False) -> list[str]:
     """Stores of the fetched registers, times ``scale`` (a WGSL expression) if given and
     rounded to f16, into buffer ``buf`` of the cooperative kernel's f16 tile
@@ -120,14 +129,14 @@ def _store_coop(name: str, fetch: str, regs, scale: str = "", split: bool = Fals
     for r, o, k in regs:
         if fetch.endswith("vec4"):
             place = (lambda j: (k, f"{o} + {j}u")) if fetch.startswith("outer") else (lambda j: (f"{k} + {j}u", o))
-            hi = (" let t = bitcast<vec4<f32>>((bitcast<vec4<u32>>(x) + vec4<u32>(0x1000u)) & vec4<u32>(0xffffe000u));"
-                  " let h = vec4<f16>(t); let l = vec4<f16>(x - t);") if split else " let h = vec4<f16>(x);"
+            hi = f" let t = {hi_part('x', True)}; let h = vec4<f16>(t); let l = vec4<f16>(x - t);" if split \
+                else " let h = vec4<f16>(x);"
             out.append(f"        {{ let x = {r}{times};{hi} " +
                        " ".join(f"{at(v, *place(j))} = {v}.{c};" for v in parts for j, c in enumerate("xyzw"))
                        + " }")
         else:
-            hi = (" let t = bitcast<f32>((bitcast<u32>(x) + 0x1000u) & 0xffffe000u); let h = f16(t); let l = f16(x - t);"
-                  if split else " let h = f16(x);")
+            hi = (f" let t = {hi_part('x', False)}; let h = f16(t); let l = f16(x - t);" if split
+                  else " let h = f16(x);")
             out.append(f"        {{ let x = {r}{times};{hi} " +
                        " ".join(f"{at(v, k, o)} = {v};" for v in parts) + " }")
     if scale:

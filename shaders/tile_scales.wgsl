@@ -1,0 +1,12 @@
+// How the cooperative attention kernels scale an operand block into f16's range: a power
+// of two from the block's largest magnitude (its threads' amax4, met through subgroupMax
+// and workgroup memory), exact to undo.
+fn amax4(x: vec4<f32>) -> f32 {
+    let a = abs(x);
+    return max(max(a.x, a.y), max(a.z, a.w));
+}
+
+// e such that 2^(14 - e) puts a largest magnitude `top` in [2^14, 2^15) (0 for 0).
+fn exponent_of(top: f32) -> f32 {
+    return clamp(select(0.0, floor(log2(top)), top > 0.0), -100.0, 100.0);
+}
