@@ -20,6 +20,12 @@
 // largest |value| in [2^14, 2^15) (dq: over the workgroup's 64 rows, once; dkdv: over each
 // block); dP is divided by sY in f32. Powers of two are exact to undo, so any magnitude of
 // dO keeps f16's relative precision. q, k, v are activations, rounded without a scan.
+// f32 on cooperative matrices (SPLIT, codegen's split_products): every operand (A, B, X, Y,
+// P, dS) is staged as hi and lo f16 parts (Xl, Yl, Pl beside Xh, Yh, Ph) and each product
+// is three (hi lo + lo hi + hi hi, as the split matmul's). All four operands are scaled:
+// A and B once, X and Y each block (dq's Y, V, by its own block's power of two; dkdv's, dO,
+// only ever lowered, as below); S and dP are multiplied back in f32, and the result
+// fragments of dS X hold their sums times s2 times X's scale, kept only ever lowered.
 // The result fragments hold their sums times the scale of the last block; a block whose
 // scale is lower first multiplies them by the ratio (a power of two: exact). Scales are only
 // ever lowered (a block of smaller values is rounded at the sum's scale), so no ratio
@@ -56,6 +62,7 @@ const KS: u32 = D + {{PAD}}u;       // halves a row of Xh, Yh
 const PS: u32 = BS + {{PAD}}u;      // halves a row of a subgroup's Ph
 const SS: u32 = {{SS}}u;          // floats a row of a subgroup's Sc
 const LOG2E: f32 = 1.4426950408889634;
+const SPLIT: bool = {{SPLIT}};   // f32 operands as hi and lo f16 parts, three products each
 
 var<workgroup> Xh: array<f16, BS * KS>;     // the block's X; first the fixed A
 var<workgroup> Yh: array<f16, BS * KS>;     // the block's Y (dkdv: dO * sY); first the fixed B (dq: dO * sY)
@@ -63,7 +70,8 @@ var<workgroup> Ph: array<f16, 4u * 16u * PS>;
 var<workgroup> Sc: array<f32, 4u * 16u * SS>;
 var<workgroup> Ls: array<f32, BS>;          // dkdv: the block's queries' L (log2 units) and Delta
 var<workgroup> Ds: array<f32, BS>;
-var<workgroup> red: array<f32, 4>;          // the subgroups' largest |dO|
+var<workgroup> red: array<f32, {{RED}}>;          // the subgroups' largest |dO| (split: |B| or |Y|, then |A| or |X|)
+{{SPLIT_DECLS}}
 
 // Element e (a vec4) of rows r0.. of operand `which` (0 q, 1 k, 2 v, 3 dout; [B, n, heads * D],
 // head hx), row-major; rows past n are zero. Neighbouring threads read a row's neighbouring vec4s.
@@ -138,7 +146,7 @@ fn fetch_rows(e: u32, b: u32, hx: u32, r0: u32, n: u32, heads: u32, which: u32) 
     { let top = subgroupMax(top_y); if (lane == 0u) { red[sg] = top; } }
     workgroupBarrier();
     let ex_fixed = exponent_of(max(max(red[0], red[1]), max(red[2], red[3])));
-    let s_fixed = select(1.0, exp2(14.0 - ex_fixed), dq);
+    let s_fixed = select(1.0, exp2(14.0 - ex_fixed), dq || SPLIT);
 {{PUT_FIXED}}
     workgroupBarrier();
 {{LOAD_FIXED}}
@@ -169,6 +177,7 @@ fn fetch_rows(e: u32, b: u32, hx: u32, r0: u32, n: u32, heads: u32, which: u32) 
             ratio_y = s_y / s_v;
             s_v = s_y;
         }
+{{STREAM_SCALES}}
 {{PUT_STREAM}}
         if (!dq && tid < BS) {
             Ls[tid] = l;
@@ -184,9 +193,7 @@ fn fetch_rows(e: u32, b: u32, hx: u32, r0: u32, n: u32, heads: u32, which: u32) 
         workgroupBarrier();
         var top = 0.0;
 {{DS}}
-        let s2 = min(s_g, exp2(14.0 - exponent_of(subgroupMax(top))));
-        let ratio_g = s2 / s_g;
-        s_g = s2;
+{{DS_SCALE}}
 {{PUT_DS}}
         workgroupBarrier();
 {{GRAD}}

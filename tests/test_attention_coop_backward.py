@@ -131,6 +131,11 @@ TINT_CHECK = """
         g, _ = grad_graph(1, 70, 4200, 2, 2, 32)   # dq's factors read as it stages, not staged once
         kv, q = (next(n for n in g.nodes if n.op == op) for op in ("attention_grad_kv", "attention_grad_q"))
         check(f"scores of 4,200 keys, blocks of {block}", codegen.scores_pair(g, kv, q, caps)[1])
+    split = codegen.Capabilities(subgroups=True, workgroup_storage=49152, dialect="tint", matmul_split=True)
+    for d in (16, 32, 48, 64):   # f32 as split products: blocks of 32, dq a kernel of its own
+        g, _ = grad_graph(1, 70, 130, 6, 2, d)
+        for node in [n for n in g.nodes if n.op in GRAD_OPS]:
+            check(f"split products D={d}", codegen.kernel_for(g, node, split))
 """
 
 
@@ -138,8 +143,9 @@ def test_every_cooperative_backward_kernel_passes_tint():
     """dq and dkdv in blocks of 32 and 64 streamed rows at D = 32 and 64, grouped-query,
     causal or not (causality is a meta word: one source each), and dkdv writing dS with dq
     as its product (fetching 1 to 4 blocks ahead) at D = 16, 48 and 64, and that product over
-    4,200 keys (its factors read as it stages), are valid WGSL for Tint."""
-    assert tint_check(TINT_CHECK) == (27, 27)
+    4,200 keys (its factors read as it stages), and dq and dkdv as split products (f32)
+    at D = 16, 32, 48 and 64, are valid WGSL for Tint."""
+    assert tint_check(TINT_CHECK) == (35, 35)
 
 
 def test_the_dq_product_stages_its_factors_once_where_they_fit():
@@ -337,3 +343,49 @@ def test_f16_backward_matches_the_reference(case, block, dq, configure):
     else:
         assert all(v.startswith("tiled backward") for v in variants), variants
         assert all(e < TOL for e in errors.values()), errors
+
+
+F32_CASES = {
+    # name: (batch, T, S, heads, kv heads, D, causal, scale), (q, k, v, dO magnitudes)
+    "gqa-causal": ((1, 130, 130, 6, 2, 64, True, None), (1.0, 1.0, 1.0, 1.0)),
+    "cross-ragged-queries": ((2, 70, 200, 4, 2, 32, False, 0.3), (1.0, 1.0, 1.0, 1.0)),
+    "head-dim-16": ((2, 70, 100, 2, 2, 16, False, None), (1.0, 1.0, 1.0, 1.0)),
+    "head-dim-48": ((1, 100, 90, 3, 3, 48, False, None), (1.0, 1.0, 1.0, 1.0)),
+    # past f16's 65504 and below its subnormals (q k near 1, so that scores stay near 1)
+    "huge-q-tiny-k": ((1, 130, 130, 6, 2, 64, True, None), (1e6, 1e-6, 3e7, 1e-9)),
+    "tiny-q-huge-k": ((1, 130, 130, 6, 2, 64, False, None), (1e-6, 1e6, 1e-9, 1e7)),
+    # every streamed block at its own magnitude, growing and shrinking
+    "dout-spanning": ((1, 130, 130, 6, 2, 64, False, None), (1.0, 1.0, 1.0, np.logspace(-4.0, 4.0, 130)[None, :, None])),
+    # (k within 10x, as scores of 100 would leave P only 2^-21 x 100 of f32's accuracy)
+    "keys-spanning": ((1, 130, 130, 6, 2, 64, False, None),
+                      (1.0, np.logspace(1.0, -1.0, 130)[None, :, None], np.logspace(-4.0, 4.0, 130)[None, :, None], 1.0)),
+}
+
+
+@pytest.mark.parametrize("case", F32_CASES)
+def test_f32_backward_on_cooperative_matrices_matches_the_exact_reference(case, configure):
+    """In f32 on a device with subgroup matrices dq and dkdv multiply every operand as hi
+    and lo f16 parts, three products each (split_products), with dq a kernel of its own:
+    they match the exact float64 reference to 5e-5 of each result's largest value (at
+    most 4.5e-6 on the H100, keys spanning 100x: 3.4e-5), where the f16 kernels are 1e-3
+    off f16-rounded operands; also with q, k, v and dO far outside
+    f16's range, and with blocks at magnitudes 1e8 apart. Elsewhere the f32 kernels run,
+    held to f32's tolerance."""
+    configure(precision="f32")
+    shape, magnitudes = F32_CASES[case]
+    g, _ = grad_graph(*shape[:6], causal=bool(shape[6]), scale=shape[7])
+    batch, t, s, heads, kv_heads, d = shape[:6]
+    rng = np.random.default_rng(3)
+    sizes = {"q": (batch, t, heads * d), "k": (batch, s, kv_heads * d), "v": (batch, s, kv_heads * d),
+             "dout": (batch, t, heads * d)}
+    inputs = with_row_stats({n: rng.standard_normal(size) * m for (n, size), m in zip(sizes.items(), magnitudes)},
+                            attention_attrs(heads, kv_heads, bool(shape[6]), shape[7]))
+    session = build_inference_session(g, optimize=False, capabilities=device_capabilities())
+    session.set_inputs(inputs)
+    session.run()
+    want = reference.run(g, inputs, {}, np.float64)
+    errors = {n: rel_err(session.read_output(n), want[n]) for n in ("dq", "dk", "dv")}
+    variants = [d.variant for d in session.plan.dispatches if d.archetype == "attention"]
+    split = session.capabilities.matmul_split
+    assert all(("hi and lo f16 parts" in v) == split for v in variants) and len(variants) == 2, variants
+    assert all(e < (5e-5 if split else TOL) for e in errors.values()), errors

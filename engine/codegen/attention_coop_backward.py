@@ -11,11 +11,11 @@ import math
 from ..graph.ir import Graph, Node
 from ..graph.ops import attention_grad_kv_layout
 from .attention import _attention_backward, _attention_dims, _split_grid
-from .attention_coop import (_HALF_PAD, _fragment, _fragment_rounds, _result, coop_attention_supported,
+from .attention_coop import (_HALF_PAD, _fragment, _fragment_rounds, _result, _three, coop_attention_supported,
                              entry_point, fragments_of_two_tiles, lane_column, put_tiles, scratch_row, split_products,
-                             staged_in_two_tiles)
+                             staged_in_two_tiles, workgroup_top)
 from .common import Capabilities, Kernel, _finish, _template, f32_bits
-from .matmul_coop import COOP_ENABLES, COOP_FRAGMENT
+from .matmul_coop import COOP_ENABLES, COOP_FRAGMENT, hi_part
 
 COOP_BACKWARD_FIXED = 64      # fixed rows a workgroup owns: 16 for each of its 4 subgroups
 COOP_BACKWARD_STREAMED = (32, 64)   # streamed rows a block: see backward_streamed
@@ -23,15 +23,17 @@ COOP_BACKWARD_SUBGROUPS = 4
 COOP_BACKWARD_MODES = {"attention_grad_q": 0, "attention_grad_kv": 1}
 
 
-def coop_backward_bytes(head_dim: int, streamed: int = COOP_BACKWARD_STREAMED[0]) -> int:
+def coop_backward_bytes(head_dim: int, streamed: int = COOP_BACKWARD_STREAMED[0], split: bool = False) -> int:
     """Workgroup memory of attention_coop_backward.wgsl in blocks of ``streamed`` rows: the
     f16 X and Y blocks (padded rows; the fixed rows are staged through them), each
     subgroup's f16 P / dS rows and f32 scratch of 16 x ``streamed``, a block's L and Delta
-    (dkdv) and the subgroups' largest |dO|."""
-    xy = 2 * 2 * streamed * (head_dim + _HALF_PAD)
-    p = 2 * COOP_BACKWARD_SUBGROUPS * 16 * (streamed + _HALF_PAD)
+    (dkdv) and the subgroups' largest |dO|; ``split``: the lo parts of X, Y and P too, and
+    the subgroups' largest |A| or |X|."""
+    parts = 2 if split else 1
+    xy = parts * 2 * 2 * streamed * (head_dim + _HALF_PAD)
+    p = parts * 2 * COOP_BACKWARD_SUBGROUPS * 16 * (streamed + _HALF_PAD)
     scratch = 4 * COOP_BACKWARD_SUBGROUPS * 16 * scratch_row(streamed)
-    return xy + p + scratch + 4 * (2 * streamed + COOP_BACKWARD_SUBGROUPS)
+    return xy + p + scratch + 4 * (2 * streamed + parts * COOP_BACKWARD_SUBGROUPS)
 
 
 def backward_streamed(workgroups: int, head_dim: int, caps: Capabilities, dq_keys: int | None = None) -> int:
@@ -47,11 +49,11 @@ def backward_streamed(workgroups: int, head_dim: int, caps: Capabilities, dq_key
     Llama's dq (144 workgroups, 256 causal keys) 1,067 -> 1,389, its dk/dv (48
     workgroups) 10% slower. ``caps.knobs.attention_backward_block``
     (``MEGANEURA_ATTENTION_BACKWARD_BLOCK``) forces 32 or 64 (tests, benchmarks)."""
+    wide = COOP_BACKWARD_STREAMED[1]
+    if coop_backward_bytes(head_dim, wide, split_products(caps)) > caps.workgroup_storage:
+        return COOP_BACKWARD_STREAMED[0]
     if caps.knobs.attention_backward_block:
         return caps.knobs.attention_backward_block
-    wide = COOP_BACKWARD_STREAMED[1]
-    if coop_backward_bytes(head_dim, wide) > caps.workgroup_storage:
-        return COOP_BACKWARD_STREAMED[0]
     fills = workgroups >= caps.tuning.attention_fill // 6
     long = dq_keys is None or dq_keys >= caps.tuning.dq_long_stream
     return COOP_BACKWARD_STREAMED[0] if fills and long else wide
@@ -60,10 +62,10 @@ def backward_streamed(workgroups: int, head_dim: int, caps: Capabilities, dq_key
 def coop_backward_supported(head_dim: int, caps: Capabilities) -> bool:
     """Whether attention_grad_q and attention_grad_kv of this head dim run on cooperative
     matrices: where the forward does (``coop_attention_supported``) and their blocks fit
-    the device's workgroup memory (23.3 KiB at D = 64 in blocks of 32), unless
-    ``MEGANEURA_ATTENTION_BACKWARD=f32`` keeps the f32 kernels (benchmarks)."""
-    return (caps.knobs.attention_backward != "f32" and not split_products(caps) and coop_attention_supported(head_dim, caps)
-            and coop_backward_bytes(head_dim) <= caps.workgroup_storage)
+    the device's workgroup memory (23.3 KiB at D = 64 in blocks of 32; split products
+    37.3), unless ``MEGANEURA_ATTENTION_BACKWARD=f32`` keeps the f32 kernels (benchmarks)."""
+    return (caps.knobs.attention_backward != "f32" and coop_attention_supported(head_dim, caps)
+            and coop_backward_bytes(head_dim, split=split_products(caps)) <= caps.workgroup_storage)
 
 
 def attention_backward(graph: Graph, node: Node, caps: Capabilities) -> Kernel:
@@ -77,7 +79,7 @@ def attention_backward(graph: Graph, node: Node, caps: Capabilities) -> Kernel:
     return _attention_backward(graph, node, caps)
 
 
-def _subs(d: int, mode: int, streamed: int, scores: bool = False) -> dict:
+def _subs(d: int, mode: int, streamed: int, scores: bool = False, split: bool = False) -> dict:
     """attention_coop_backward.wgsl's unrolled parts for head dim ``d``, ``mode`` (0: dq,
     1: dkdv) and blocks of ``streamed`` rows: the staging (unrolled, as the forward's: loops
     of global loads ran 2.1x slower there; the 64 fixed rows of A, then of B, go through
@@ -87,7 +89,9 @@ def _subs(d: int, mode: int, streamed: int, scores: bool = False) -> dict:
     and dv) accumulate in result fragments across blocks, rescaled by
     ``subgroupMatrixScalarMultiply`` where a block's scale changes: no round trip through
     the scratch per block; at the end they leave through it two fragments at a time.
-    ``scores`` (dkdv): each block's dS also goes to the scores binding (``scores_pair``)."""
+    ``scores`` (dkdv): each block's dS also goes to the scores binding (``scores_pair``).
+    ``split`` (``split_products``): every operand as hi and lo parts, each product three,
+    all four operands scaled (the template's SPLIT)."""
     f, dk, rows = COOP_FRAGMENT, d // COOP_FRAGMENT, streamed // 2
     kv = mode == 1
     ind = " " * 8
@@ -97,30 +101,44 @@ def _subs(d: int, mode: int, streamed: int, scores: bool = False) -> dict:
     steps = range(streamed * d // 4 // threads)
     e = lambda n: f"tid + {n * threads}u"  # noqa: E731
     a, bop, x, y = (1, 2, 0, 3) if kv else (0, 3, 1, 2)   # operands: 0 q, 1 k, 2 v, 3 dout
+    parts = "hl" if split else "h"
 
     fetch_fixed = [f"    let a{n} = fetch_rows({e(n)}, b, head, f0, NF, HF, {a}u); "
                    f"let b{n} = fetch_rows({e(n)}, b, head, f0, NF, HF, {bop}u);" for n in fixed_steps]
-    fixed_max = [] if kv else [f"    top_y = max(top_y, amax4(b{n}));" for n in fixed_steps]
+    fixed_max = [] if kv and not split else [f"    top_y = max(top_y, amax4(b{n}));" for n in fixed_steps]
+    if split:
+        fixed_max += workgroup_top("top_a", [f"amax4(a{n})" for n in fixed_steps], 4, "    ")
 
     def put_fixed(name: str, times: str) -> list[str]:
         return staged_in_two_tiles(("put_x", "put_y"), lambda n: f"{name}{n}{times}", len(fixed_steps),
                                    streamed * d // 4, threads)
 
     def load_fixed(name: str) -> list[str]:
+        frags = [(f"{name}f", "h"), (f"{name}l", "l")][:len(parts)]
         if streamed >= COOP_BACKWARD_FIXED:   # the fixed rows fit Xh
-            return [f"    let {name}f{kk} = {_fragment('left', 'Xh', f'sg * 16u * KS + {f * kk}u', False, 'KS')};"
-                    for kk in range(dk)]
-        return fragments_of_two_tiles(f"{name}f", ("Xh", "Yh"), dk)
+            return [f"    let {frag}{kk} = {_fragment('left', 'X' + part, f'sg * 16u * KS + {f * kk}u', False, 'KS')};"
+                    for frag, part in frags for kk in range(dk)]
+        return [line for frag, part in frags for line in fragments_of_two_tiles(frag, ("X" + part, "Y" + part), dk)]
 
     fetch_stream = [f"{ind}let x{n} = fetch_rows({e(n)}, b, sh, c0, NS, HS, {x}u); "
                     f"let y{n} = fetch_rows({e(n)}, b, sh, c0, NS, HS, {y}u);" for n in steps]
     stream_max = ([f"{ind}top_y = max(top_y, amax4(y{n}));" for n in steps]
-                  + [f"{ind}{{ let top = subgroupMax(top_y); if (lane == 0u) {{ red[sg] = top; }} }}"]) if kv else []
-    put_stream = [f"{ind}put_x({e(n)}, x{n}); put_y({e(n)}, y{n}{' * s_y' if kv else ''});" for n in steps]
+                  + [f"{ind}{{ let top = subgroupMax(top_y); if (lane == 0u) {{ red[sg] = top; }} }}"]
+                  if kv or split else [])
+    if split:
+        stream_max += workgroup_top("top_x", [f"amax4(x{n})" for n in steps], 4, ind)
+    times_x, times_y = (" * s_x", " * s_y") if split else ("", " * s_y" if kv else "")
+    put_stream = [f"{ind}put_x({e(n)}, x{n}{times_x}); put_y({e(n)}, y{n}{times_y});" for n in steps]
 
-    def right(tile: str, n: int, kk: int, transposed: bool) -> str:
+    def right(tile: str, n: int, kk: int, transposed: bool):
         at = f"{f * n}u * KS + {f * kk}u" if transposed else f"{f * kk}u * KS + {f * n}u"
-        return _fragment("right", tile, at, transposed, "KS")
+        return lambda part: _fragment("right", tile + part, at, transposed, "KS")
+
+    def multiply(left: str, kk: int, right_of, acc: str) -> list[str]:
+        """``acc`` plus left fragment ``left``{kk} (and its lo twin) times ``right_of``'s."""
+        if split:
+            return _three((f"{left}f{kk}", f"{left}l{kk}"), right_of, acc, ind)
+        return [f"{ind}{acc} = subgroupMatrixMultiplyAccumulate({left}f{kk}, {right_of('h')}, {acc});"]
 
     def products(name: str, left: str, tile: str, transposed: bool, outs: int, inner: int) -> list[str]:
         """``outs`` fresh result fragments name0.. = sum over ``inner`` of left fragments
@@ -128,8 +146,8 @@ def _subs(d: int, mode: int, streamed: int, scores: bool = False) -> dict:
         lines = []
         for n in range(outs):
             lines.append(ind + _result(f"{name}{n}"))
-            lines += [f"{ind}{name}{n} = subgroupMatrixMultiplyAccumulate({left}{kk}, "
-                      f"{right(tile, n, kk, transposed)}, {name}{n});" for kk in range(inner)]
+            for kk in range(inner):
+                lines += multiply(left, kk, right(tile, n, kk, transposed), f"{name}{n}")
             lines.append(f"{ind}subgroupMatrixStore(&Sc, sb + {f * n}u, {name}{n}, false, SS);")
         return lines
 
@@ -139,14 +157,23 @@ def _subs(d: int, mode: int, streamed: int, scores: bool = False) -> dict:
         lines = []
         for n in range(dk):
             lines.append(f"{ind}{name}{n} = subgroupMatrixScalarMultiply({name}{n}, {ratio});")
-            lines += [f"{ind}{name}{n} = subgroupMatrixMultiplyAccumulate({left}{kk}, {right(tile, n, kk, False)}, "
-                      f"{name}{n});" for kk in range(streamed // f)]
+            for kk in range(streamed // f):
+                lines += multiply(left, kk, right(tile, n, kk, False), f"{name}{n}")
         return lines
 
     def p_frags(name: str) -> list[str]:
-        """The subgroup's P or dS rows (16 x ``streamed`` in Ph) as left fragments name0.."""
-        return [f"{ind}let {name}{kk} = {_fragment('left', 'Ph', f'pb + {f * kk}u', False, 'PS')};"
-                for kk in range(streamed // f)]
+        """The subgroup's P or dS rows (16 x ``streamed`` in Ph, and Pl) as left fragments
+        {name}f0.. (and {name}l0..)."""
+        return [f"{ind}let {name}{part.replace('h', 'f')}{kk} = {_fragment('left', 'P' + part, f'pb + {f * kk}u', False, 'PS')};"
+                for part in parts for kk in range(streamed // f)]
+
+    def put_p(value: str, c: int) -> str:
+        """Row r's streamed row ``key(c)`` of the subgroup's Ph (and Pl) from f32 ``value``."""
+        at = f"pb + r * PS + {key(c)}"
+        if split:
+            return (f"{ind}{{ let x = {value}; let t = {hi_part('x', False)}; Ph[{at}] = f16(t); "
+                    f"Pl[{at}] = f16(x - t); }}")
+        return f"{ind}Ph[{at}] = f16({value});"
 
     def store(name: str, factor: str, base: str) -> list[str]:
         """Fragments name0.. times ``factor`` through the subgroup's scratch to ``out``, two
@@ -167,12 +194,13 @@ def _subs(d: int, mode: int, streamed: int, scores: bool = False) -> dict:
 
     lse = (lambda c: f"Ls[{key(c)}]") if kv else (lambda c: "row_lse")  # noqa: E731
     delta = (lambda c: f"Ds[{key(c)}]") if kv else (lambda c: "row_delta")  # noqa: E731
-    probabilities = [f"{ind}{{ let j = c0 + {key(c)}; p[{c}] = select(0.0, exp2(Sc[sb + r * SS + {key(c)}] * sl2 "
-                     f"- {lse(c)}), j >= lo && j < hi); }}" for c in range(rows)]
+    score_scale = "ss" if split else "sl2"
+    probabilities = [f"{ind}{{ let j = c0 + {key(c)}; p[{c}] = select(0.0, exp2(Sc[sb + r * SS + {key(c)}] * "
+                     f"{score_scale} - {lse(c)}), j >= lo && j < hi); }}" for c in range(rows)]
     if kv:
-        pv = ([f"{ind}Ph[pb + r * PS + {key(c)}] = f16(p[{c}]);" for c in range(rows)]
-              + [f"{ind}workgroupBarrier();         // P is written and S read"] + p_frags("pf")
-              + accumulate("dvf", "pf", "Yh", "ratio_y"))
+        pv = ([put_p(f"p[{c}]", c) for c in range(rows)]
+              + [f"{ind}workgroupBarrier();         // P is written and S read"] + p_frags("p")
+              + accumulate("dvf", "p", "Y", "ratio_y"))
     else:
         pv = [f"{ind}workgroupBarrier();         // S is read"]
     ds = [f"{ind}{{ let g = p[{c}] * (Sc[sb + r * SS + {key(c)}] * inv_y - {delta(c)}); p[{c}] = g; "
@@ -181,21 +209,41 @@ def _subs(d: int, mode: int, streamed: int, scores: bool = False) -> dict:
     out = store("gf", "scale / s_g", "")
     if kv:
         out += store("dvf", "1.0 / s_v", "m(7u) + ")
-    return dict(MODE=mode, D=d, BS=streamed, LANE_ROWS=rows, PAD=_HALF_PAD,
-                SS=scratch_row(streamed), PUT_TILES=put_tiles(("x", "Xh"), ("y", "Yh")), TILE_SCALES=_template("tile_scales.wgsl"),
+    if split:
+        # dS X's fragments hold s2 times X's scale: s2 keeps their product only ever lowered
+        ds_scale = [f"{ind}let s2 = min(s_g / s_x, exp2(14.0 - exponent_of(subgroupMax(top))));",
+                    f"{ind}let ratio_g = s2 * s_x / s_g;", f"{ind}s_g = s2 * s_x;"]
+        stream_scales = [f"{ind}let s_x = exp2(14.0 - exponent_of(red_top(4u)));",
+                         f"{ind}let ss = sl2 * exp2(ex_a + exponent_of(red_top(4u)) - 28.0);",
+                         f"{ind}if (dq) {{ s_y = exp2(14.0 - exponent_of(red_top(0u))); }}",
+                         f"{ind}inv_y = exp2(ex_fixed - 14.0) / s_y;"]
+        put_a = ["    let ex_a = exponent_of(red_top(4u));", *put_fixed("a", " * exp2(14.0 - ex_a)")]
+        decls = "\n".join(["var<workgroup> Xl: array<f16, BS * KS>;", "var<workgroup> Yl: array<f16, BS * KS>;",
+                           "var<workgroup> Pl: array<f16, 4u * 16u * PS>;",
+                           "fn red_top(at: u32) -> f32 {",
+                           "    return max(max(red[at], red[at + 1u]), max(red[at + 2u], red[at + 3u]));", "}"])
+    else:
+        ds_scale = [f"{ind}let s2 = min(s_g, exp2(14.0 - exponent_of(subgroupMax(top))));",
+                    f"{ind}let ratio_g = s2 / s_g;", f"{ind}s_g = s2;"]
+        stream_scales, put_a, decls = [], put_fixed("a", ""), ""
+    return dict(MODE=mode, D=d, BS=streamed, LANE_ROWS=rows, PAD=_HALF_PAD, SPLIT=str(split).lower(),
+                RED=8 if split else 4, SPLIT_DECLS=decls,
+                SS=scratch_row(streamed), PUT_TILES=put_tiles(("x", "Xh"), ("y", "Yh"), split=split),
+                TILE_SCALES=_template("tile_scales.wgsl"),
                 FETCH_FIXED="\n".join(fetch_fixed), FIXED_MAX="\n".join(fixed_max),
-                PUT_FIXED="\n".join(put_fixed("a", "")),
+                PUT_FIXED="\n".join(put_a),
                 LOAD_FIXED="\n".join(load_fixed("a") + ["    workgroupBarrier();"]
-                                     + put_fixed("b", "" if kv else " * s_fixed") + ["    workgroupBarrier();"]
-                                     + load_fixed("b")),
+                                     + put_fixed("b", " * s_fixed" if split or not kv else "")
+                                     + ["    workgroupBarrier();"] + load_fixed("b")),
                 RESULTS="\n".join(results), FETCH_STREAM="\n".join(fetch_stream),
                 STREAM_MAX="\n".join(stream_max), PUT_STREAM="\n".join(put_stream),
-                SCORES="\n".join(products("sf", "af", "Xh", True, streamed // f, dk)),
+                STREAM_SCALES="\n".join(stream_scales), DS_SCALE="\n".join(ds_scale),
+                SCORES="\n".join(products("sf", "a", "X", True, streamed // f, dk)),
                 PROBABILITIES="\n".join(probabilities), PV="\n".join(pv),
-                DP="\n".join(products("dpf", "bf", "Yh", True, streamed // f, dk)),
+                DP="\n".join(products("dpf", "b", "Y", True, streamed // f, dk)),
                 DS="\n".join(ds),
-                PUT_DS="\n".join(f"{ind}Ph[pb + r * PS + {key(c)}] = f16(p[{c}] * s2);" for c in range(rows)),
-                GRAD="\n".join(p_frags("df") + accumulate("gf", "df", "Xh", "ratio_g")),
+                PUT_DS="\n".join(put_p(f"p[{c}] * s2", c) for c in range(rows)),
+                GRAD="\n".join(p_frags("d") + accumulate("gf", "d", "X", "ratio_g")),
                 STORE="\n".join(out), **_scores_subs(scores, streamed))
 
 
@@ -245,12 +293,14 @@ def coop_attention_backward(graph: Graph, node: Node, bsz, t, s, h, hkv, d, caus
     types = ["f32" if n in ("lse", "delta") else "vec4<f32>" for n in names]
     kernel = _finish(node.op, "attention", "attention_coop_backward.wgsl", list(names), types, "f32", meta, grid,
                      caps, enables=COOP_ENABLES + ("subgroups",), ENTRY=entry_point(32 * COOP_BACKWARD_SUBGROUPS),
-                     **_subs(d, mode, block, scores_at is not None))
+                     **_subs(d, mode, block, scores_at is not None, split_products(caps)))
     f = COOP_FRAGMENT
     fixed_rows, streamed = ("queries", "keys") if mode == 0 else ("keys", "queries")
     kernel.notes["variant"] = (f"cooperative backward: {COOP_BACKWARD_FIXED} {fixed_rows} a workgroup, {streamed} "
-                               f"streamed {block} at a time, f16 {f}x{f}x{f} -> f32, "
-                               f"{COOP_BACKWARD_SUBGROUPS} subgroups, dO and dS scaled"
+                               f"streamed {block} at a time, "
+                               + (f"f32 as hi and lo f16 parts, three {f}x{f}x{f} products, {COOP_BACKWARD_SUBGROUPS} "
+                                  "subgroups, every operand scaled" if split_products(caps) else
+                                  f"f16 {f}x{f}x{f} -> f32, {COOP_BACKWARD_SUBGROUPS} subgroups, dO and dS scaled")
                                + ("; writes dS for dq's product" if scores_at is not None else ""))
     kernel.guarded = True
     return kernel
@@ -276,8 +326,10 @@ def scores_pair(graph: Graph, kv: Node, q: Node, caps: Capabilities) -> tuple[Ke
     cooperative matrices, on the same operands and attributes, and the scores fit the
     device's largest binding and ``SCORES_MAX_BYTES`` (whisper-tiny at batch 8: 225 MB),
     unless ``caps.knobs.attention_dq`` ("kernel", ``MEGANEURA_ATTENTION_DQ``) keeps the dq
-    kernel. Else None."""
-    if caps.knobs.attention_dq == "kernel" or kv.inputs != q.inputs or kv.attrs != q.attrs:
+    kernel; not for split products (f32), whose dS it would have to write as two parts.
+    Else None."""
+    if (caps.knobs.attention_dq == "kernel" or split_products(caps) or kv.inputs != q.inputs
+            or kv.attrs != q.attrs):
         return None
     dims = _attention_dims(q, graph[q.inputs[0]], graph[q.inputs[1]])
     if not coop_backward_supported(dims[5], caps):
