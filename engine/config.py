@@ -18,7 +18,7 @@ from .errors import MeganeuraError
 BACKENDS = ("native", "dawn")
 PRECISIONS = ("f32", "f16")
 SHADER_CHECKS = ("checked", "no-loop-bounding", "unchecked")
-ATTENTION_KERNELS = ("auto", "per-query")
+ATTENTION_KERNELS = ("auto", "tiled", "per-query")
 
 
 class ConfigError(MeganeuraError):
@@ -32,7 +32,7 @@ class Knobs:
 
     matmul: str = "auto"              # MEGANEURA_MATMUL: one of codegen's MATMUL_KERNELS
     matmul_splits: int = 0            # MEGANEURA_MATMUL_SPLITS
-    attention: str = "auto"           # MEGANEURA_ATTENTION: auto | per-query
+    attention: str = "auto"           # MEGANEURA_ATTENTION: auto | tiled (no cooperative) | per-query
     attention_splits: int = 0         # MEGANEURA_ATTENTION_SPLITS
     attention_backward_rows: int = 0  # MEGANEURA_ATTENTION_BACKWARD_ROWS: 16 | 32 | 64
     attention_backward_block: int = 0  # MEGANEURA_ATTENTION_BACKWARD_BLOCK: 32 | 64 (cooperative backward)

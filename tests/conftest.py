@@ -61,6 +61,15 @@ def f32_kernels(configure):
     configure(precision="f32")
 
 
+@pytest.fixture
+def simt_attention(configure):
+    """f32 precision and the f32 flash attention kernels on the CUDA cores
+    (``MEGANEURA_ATTENTION=tiled``), also where the device would multiply f32 attention as
+    split products on its cooperative units (Dawn; test_attention_coop*.py test those):
+    for the tests of the f32 kernels."""
+    configure(precision="f32", attention="tiled")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def remove_test_runs():
     """The run directories tests wrote under $MEGANEURA_RUNS go when the session ends."""

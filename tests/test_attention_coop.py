@@ -45,6 +45,14 @@ def test_cooperative_attention_follows_the_matmul_precision_and_head_dim():
     per_query = codegen.Capabilities(workgroup_storage=49152, dialect="tint", matmul_f16=True,
                                      knobs=Knobs(attention="per-query"))
     assert _variant(per_query, 1, 40, 40, 2, 2, 64) == "one thread per query"
+    # f32 where the device has the units: split products, unless MEGANEURA_ATTENTION=tiled
+    split = codegen.Capabilities(subgroups=True, workgroup_storage=49152, dialect="tint", matmul_split=True)
+    assert "f32 as hi and lo f16 parts" in _variant(split, 8, 1500, 1500, 6, 6, 64)
+    tiled = codegen.Capabilities(subgroups=True, workgroup_storage=49152, dialect="tint", matmul_split=True,
+                                 knobs=Knobs(attention="tiled"))
+    assert _variant(tiled, 8, 1500, 1500, 6, 6, 64).startswith("tiled (flash)")
+    # the split kernel's lo tiles: 20 KiB at D = 64 (two workgroups an SM of the H100)
+    assert codegen.attention_coop.coop_attention_bytes(64, split=True) == 20272
     small = codegen.Capabilities(workgroup_storage=12288, dialect="tint", matmul_f16=True)
     assert _variant(small, 1, 40, 40, 2, 2, 64).startswith("tiled (flash)")          # 12.3 KiB does not fit
     # under 24 KiB, two workgroups share an SM of the H100 (one of 28 KiB or more has it alone)

@@ -13,8 +13,8 @@ from engine.runtime.session import build_inference_session
 from test_runtime import TOL, rel_err
 
 
-# the tiled kernel is the f32 path; under MEGANEURA_PRECISION=f16 the cooperative one takes its place
-pytestmark = pytest.mark.usefixtures("f32_kernels")
+# the tiled kernel is the f32 path on CUDA cores; on Dawn the cooperative ones take its place
+pytestmark = pytest.mark.usefixtures("simt_attention")
 
 
 def attention_graph(batch, t, s, heads, kv_heads, d, causal=False, scale=None):

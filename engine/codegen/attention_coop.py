@@ -74,9 +74,9 @@ def coop_attention_supported(head_dim: int, caps: Capabilities) -> bool:
     """Whether an attention of this head dim runs on cooperative matrices: where the matmul
     does (``caps.matmul_f16``, or in f32 ``caps.matmul_split``: ``split_products``), for
     head dims of whole fragments up to 64 (the scratch's row) whose blocks fit the
-    device's workgroup memory, unless ``MEGANEURA_ATTENTION=per-query`` forces the SIMT
-    per-query kernel."""
-    return ((caps.matmul_f16 or caps.matmul_split) and caps.knobs.attention != "per-query"
+    device's workgroup memory, unless ``MEGANEURA_ATTENTION`` forces the SIMT kernels
+    (``tiled``: the flash ones, ``per-query``)."""
+    return ((caps.matmul_f16 or caps.matmul_split) and caps.knobs.attention == "auto"
             and head_dim % COOP_FRAGMENT == 0 and 0 < head_dim <= 64
             and coop_attention_bytes(head_dim, split_products(caps)) <= caps.workgroup_storage)
 
