@@ -201,11 +201,12 @@ def split_products(caps: Capabilities) -> bool:
     return caps.matmul_split and not caps.matmul_f16
 
 
-def _three(left: tuple[str, str], right, acc: str, ind: str) -> list[str]:
-    """``acc`` plus the split product of left fragments (hi, lo) and ``right(part)``'s
-    fragment (part "h" or "l"): the small terms (hi lo, lo hi) first, then hi hi."""
-    return [f"{ind}{acc} = subgroupMatrixMultiplyAccumulate({x}, {right(y)}, {acc});"
-            for x, y in ((left[1], "h"), (left[0], "l"), (left[0], "h"))]
+def fragment_product(left: tuple[str, str], right, acc: str, ind: str, split: bool) -> list[str]:
+    """``acc`` plus the product of left fragment ``left[0]`` and ``right("h")``'s fragment;
+    ``split``: of the split operands (hi ``left[0]``, lo ``left[1]``; ``right(part)``
+    with part "h" or "l"), three products, the small terms (hi lo, lo hi) first."""
+    pairs = ((left[1], "h"), (left[0], "l"), (left[0], "h")) if split else ((left[0], "h"),)
+    return [f"{ind}{acc} = subgroupMatrixMultiplyAccumulate({x}, {right(y)}, {acc});" for x, y in pairs]
 
 
 def _coop_subs(d: int, split: bool = False) -> dict:
@@ -246,8 +247,7 @@ def _coop_subs(d: int, split: bool = False) -> dict:
     for n in range(block // f):
         scores.append(ind + _result(f"s{n}"))
         for kk in range(dk):
-            scores += (_three((f"qf{kk}", f"ql{kk}"), kh(n, kk), f"s{n}", ind) if split else
-                       [f"{ind}s{n} = subgroupMatrixMultiplyAccumulate(qf{kk}, {kh(n, kk)('h')}, s{n});"])
+            scores += fragment_product((f"qf{kk}", f"ql{kk}"), kh(n, kk), f"s{n}", ind, split)
         scores.append(f"{ind}subgroupMatrixStore(&Sc, sb + {f * n}u, s{n}, false, SS);")
     score_scale = "ss" if split else "scale"
     read = [f"{ind}sv[{c}] = select(NEG, Sc[sb + r * SS + {key(c)}] * {score_scale}, k0 + {key(c)} < key_end);"
@@ -267,8 +267,7 @@ def _coop_subs(d: int, split: bool = False) -> dict:
     pv += [f"{ind}of{n} = subgroupMatrixScalarMultiply(of{n}, ratio_v);" for n in range(dk)] if split else []
     for n in range(dk):
         for kk in range(block // f):
-            pv += (_three((f"ph{kk}", f"pl{kk}"), vh(n, kk), f"of{n}", ind) if split else
-                   [f"{ind}of{n} = subgroupMatrixMultiplyAccumulate(ph{kk}, {vh(n, kk)('h')}, of{n});"])
+            pv += fragment_product((f"ph{kk}", f"pl{kk}"), vh(n, kk), f"of{n}", ind, split)
     store = lambda frags, pre: [f"{pre}subgroupMatrixStore(&Sc, sb + {f * i}u, of{n}, false, SS);"  # noqa: E731
                                 for i, n in enumerate(frags)]
     rescale, write_o = [], []

@@ -11,9 +11,9 @@ import math
 from ..graph.ir import Graph, Node
 from ..graph.ops import attention_grad_kv_layout
 from .attention import _attention_backward, _attention_dims, _split_grid
-from .attention_coop import (_HALF_PAD, _fragment, _fragment_rounds, _result, _three, coop_attention_supported,
-                             entry_point, fragments_of_two_tiles, lane_column, put_tiles, scratch_row, split_products,
-                             staged_in_two_tiles, workgroup_top)
+from .attention_coop import (_HALF_PAD, _fragment, _fragment_rounds, _result, coop_attention_supported, entry_point,
+                             fragment_product, fragments_of_two_tiles, lane_column, put_tiles, scratch_row,
+                             split_products, staged_in_two_tiles, workgroup_top)
 from .common import Capabilities, Kernel, _finish, _template, f32_bits
 from .matmul_coop import COOP_ENABLES, COOP_FRAGMENT, hi_part
 
@@ -48,7 +48,8 @@ def backward_streamed(workgroups: int, head_dim: int, caps: Capabilities, dq_key
     workgroups, 256 causal keys) dk/dv 305 -> 257, dq 226 -> 282; the SmolLM2-shaped
     Llama's dq (144 workgroups, 256 causal keys) 1,067 -> 1,389, its dk/dv (48
     workgroups) 10% slower. ``caps.knobs.attention_backward_block``
-    (``MEGANEURA_ATTENTION_BACKWARD_BLOCK``) forces 32 or 64 (tests, benchmarks)."""
+    (``MEGANEURA_ATTENTION_BACKWARD_BLOCK``) forces 32 or 64 (tests, benchmarks) where
+    64 fits (split products: 32 only)."""
     wide = COOP_BACKWARD_STREAMED[1]
     if coop_backward_bytes(head_dim, wide, split_products(caps)) > caps.workgroup_storage:
         return COOP_BACKWARD_STREAMED[0]
@@ -135,10 +136,8 @@ def _subs(d: int, mode: int, streamed: int, scores: bool = False, split: bool = 
         return lambda part: _fragment("right", tile + part, at, transposed, "KS")
 
     def multiply(left: str, kk: int, right_of, acc: str) -> list[str]:
-        """``acc`` plus left fragment ``left``{kk} (and its lo twin) times ``right_of``'s."""
-        if split:
-            return _three((f"{left}f{kk}", f"{left}l{kk}"), right_of, acc, ind)
-        return [f"{ind}{acc} = subgroupMatrixMultiplyAccumulate({left}f{kk}, {right_of('h')}, {acc});"]
+        """``acc`` plus left fragment ``left``f{kk} (and its lo twin ``left``l{kk}) times ``right_of``'s."""
+        return fragment_product((f"{left}f{kk}", f"{left}l{kk}"), right_of, acc, ind, split)
 
     def products(name: str, left: str, tile: str, transposed: bool, outs: int, inner: int) -> list[str]:
         """``outs`` fresh result fragments name0.. = sum over ``inner`` of left fragments
