@@ -145,7 +145,7 @@ fn fetch_rows(e: u32, b: u32, hx: u32, r0: u32, n: u32, heads: u32, which: u32) 
 {{FIXED_MAX}}
     { let top = subgroupMax(top_y); if (lane == 0u) { red[sg] = top; } }
     workgroupBarrier();
-    let ex_fixed = exponent_of(max(max(red[0], red[1]), max(red[2], red[3])));
+    let ex_fixed = exponent_of(red_top(0u));
     let s_fixed = select(1.0, exp2(14.0 - ex_fixed), dq || SPLIT);
 {{PUT_FIXED}}
     workgroupBarrier();
@@ -172,7 +172,7 @@ fn fetch_rows(e: u32, b: u32, hx: u32, r0: u32, n: u32, heads: u32, which: u32) 
         var inv_y = 1.0 / s_fixed;  // what undoes dO's scale in dP
         var ratio_y = 1.0;          // dkdv: what brings dvf to s_y
         if (!dq) {
-            s_y = min(s_v, exp2(14.0 - exponent_of(max(max(red[0], red[1]), max(red[2], red[3])))));
+            s_y = min(s_v, exp2(14.0 - exponent_of(red_top(0u))));
             inv_y = 1.0 / s_y;
             ratio_y = s_y / s_v;
             s_v = s_y;

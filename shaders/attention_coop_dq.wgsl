@@ -19,6 +19,11 @@
 // once; run 44).
 // Causal: keys past the workgroup's last query are skipped; dkdv wrote zeros for those
 // past a query inside the blocks it reads.
+// f32 on cooperative matrices (codegen's split_products): dkdv wrote dS's hi parts and,
+// after them, its lo parts; each staged element is their sum times its factor, split
+// again into Sh and Sl, K is staged as hi and lo parts (Kh, Kl) and each product is three.
+// Each key block's K is scaled by a power of two: the workgroup's scale s_k is only ever
+// lowered (the result fragments multiplied by the ratio) and divided out at the end.
 // k: [B, S, HKV*D]; out: dq [B, T, H*D].
 // meta: [T, S, H, HKV, causal, scale, the scales' first vec4]; grid: (ceil(T / BQ), H, B)
 
@@ -41,6 +46,7 @@ var<workgroup> Sh: array<f16, BK * QS>;    // the block's dS^T: a row a key, the
 var<workgroup> Sc: array<f32, {{SCRATCH}}u>;   // fragments on their way out
 var<workgroup> cs: array<f32, SUBGROUPS>;  // the common scale of each subgroup's 32-query block
 {{FACTORS_TILE}}
+{{SPLIT_DECLS}}
 
 {{PUT_TILES}}
 
@@ -54,13 +60,14 @@ fn fetch_k(e: u32, b: u32, hk: u32, k0: u32, S: u32, HKV: u32) -> vec4<f32> {
     return select(vec4<f32>(0.0), k[((b * S + select(0u, k0 + e / D4, ok)) * HKV + hk) * D4 + e % D4], ok);
 }
 
-// Element e (8 queries' halves; BQ / 8 a key) of keys k0.. of dS^T row block bh; zeros
-// past S (and anything past T: factor_s is 0 there).
-fn fetch_s(e: u32, bh: u32, k0: u32, q0: u32, T: u32, S: u32) -> vec4<u32> {
+// Element e (8 queries' halves; BQ / 8 a key) of keys k0.. of dS^T row block bh, in the
+// scores from vec4 `first` on (split products: 0 for the hi parts, then the lo parts');
+// zeros past S (and anything past T: factor_s is 0 there).
+fn fetch_s(e: u32, bh: u32, k0: u32, q0: u32, T: u32, S: u32, first: u32) -> vec4<u32> {
     let ok = k0 + e / (BQ / 8u) < S;
     let row = (T + 63u) / 64u * 8u;
     let at = (bh * S + select(0u, k0 + e / (BQ / 8u), ok)) * row + min(q0 / 8u + e % (BQ / 8u), row - 1u);
-    return select(vec4<u32>(0u), scores[at], ok);
+    return select(vec4<u32>(0u), scores[first + at], ok);
 }
 
 // The scale dkdv gave key group g's dS for query block qb of this workgroup's (clamped in range).
@@ -78,16 +85,7 @@ fn factor_s(e: u32, bh: u32, k0: u32, q0: u32, T: u32, S: u32, ex: u32) -> f32 {
 {{FACTOR}}
 }
 
-// Staged element e of fetch_s times its factor f, rounded to f16 into Sh (zeros where f is:
-// the words past T may be anything).
-fn put_s(e: u32, w: vec4<u32>, f: f32) {
-    let at = e / (BQ / 8u) * QS + e % (BQ / 8u) * 8u;
-    for (var i = 0u; i < 4u; i = i + 1u) {
-        let x = select(vec2<f16>(0.0), vec2<f16>(unpack2x16float(w[i]) * f), f > 0.0);
-        Sh[at + 2u * i] = x.x;
-        Sh[at + 2u * i + 1u] = x.y;
-    }
-}
+{{PUT_S}}
 
 {{ENTRY}}
     let scale = mf(5u);
@@ -113,6 +111,6 @@ fn put_s(e: u32, w: vec4<u32>, f: f32) {
 {{RESULTS}}
     let blocks = (end + BK - 1u) / BK;
 {{LOOP}}
-    let factor = scale / cs[sg];
+    let factor = scale / cs[sg]{{K_UNSCALE}};
 {{STORE}}
 }

@@ -10,3 +10,8 @@ fn amax4(x: vec4<f32>) -> f32 {
 fn exponent_of(top: f32) -> f32 {
     return clamp(select(0.0, floor(log2(top)), top > 0.0), -100.0, 100.0);
 }
+
+// The largest of the 4 subgroups' values red[at..at + 3] (the kernel's workgroup array `red`).
+fn red_top(at: u32) -> f32 {
+    return max(max(red[at], red[at + 1u]), max(red[at + 2u], red[at + 3u]));
+}

@@ -172,6 +172,14 @@ def test_every_cooperative_attention_kernel_passes_tint():
     assert tint_check(TINT_CHECK) == (22, 20)   # (8 + 2 stats) x 2 cooperative kernels, 2 combines
 
 
+def _run(g, inputs):
+    """(o, the session) of ``g`` run on ``inputs`` with the device's capabilities."""
+    s = build_inference_session(g, optimize=False, capabilities=device_capabilities())
+    s.set_inputs(inputs)
+    s.run()
+    return s.read_output("o"), s
+
+
 def _f16(x):
     return np.asarray(x, np.float32).astype(np.float16).astype(np.float64)
 
@@ -200,10 +208,7 @@ def test_f16_attention_matches_the_reference(case, configure):
     configure(precision="f16", attention_splits=splits)
     g = attention_graph(*shape)
     inputs = random_inputs(g, seed=7)
-    s = build_inference_session(g, optimize=False, capabilities=device_capabilities())
-    s.set_inputs(inputs)
-    s.run()
-    got = s.read_output("o")
+    got, s = _run(g, inputs)
     exact = reference.run(g, inputs, {}, np.float64)["o"]
     variant = s.plan.dispatches[0].variant
     assert ("split" in variant) == (splits > 1), variant
@@ -233,10 +238,7 @@ def test_f16_attention_rescales_when_a_later_block_has_the_max(causal, d, config
     q = (np.abs(rng.standard_normal((1, 70, d))) + 0.5) * sign
     k = (np.abs(rng.standard_normal((1, 200, d))) + 0.5) * np.linspace(0.0, 6.0, 200)[None, :, None]
     inputs = {"q": q, "k": k, "v": rng.standard_normal((1, 200, d))}
-    s = build_inference_session(g, optimize=False, capabilities=device_capabilities())
-    s.set_inputs(inputs)
-    s.run()
-    got = s.read_output("o")
+    got, s = _run(g, inputs)
     if s.capabilities.matmul_f16:
         # scores in the hundreds: rounding q and k moves them by units, so the reference
         # takes the rounded operands, whose products the kernel sums exactly enough in f32
@@ -284,10 +286,7 @@ def test_f32_attention_on_cooperative_matrices_matches_the_exact_reference(case,
     configure(precision="f32", attention_splits=splits)
     g = attention_graph(*shape)
     inputs = random_inputs(g, seed=7)
-    s = build_inference_session(g, optimize=False, capabilities=device_capabilities())
-    s.set_inputs(inputs)
-    s.run()
-    got = s.read_output("o")
+    got, s = _run(g, inputs)
     variant = s.plan.dispatches[0].variant
     cooperative = s.capabilities.matmul_split
     assert ("hi and lo f16 parts" in variant) == cooperative and ("split" in variant) == (splits > 1), variant
@@ -309,10 +308,7 @@ def test_f32_attention_scales_operands_far_outside_f16s_range(magnitudes, config
     inputs = {"q": rng.standard_normal((1, 150, 256)) * mq,
               "k": rng.standard_normal((1, 200, 128)) / mq * block,
               "v": rng.standard_normal((1, 200, 128)) * mv * block[:, ::-1]}
-    s = build_inference_session(g, optimize=False, capabilities=device_capabilities())
-    s.set_inputs(inputs)
-    s.run()
-    got = s.read_output("o")
+    got, s = _run(g, inputs)
     exact = reference.run(g, inputs, {}, np.float64)["o"]
     assert np.isfinite(got).all()
     assert rel_err(got, exact) < (SPLIT_TOL if s.capabilities.matmul_split else TOL), rel_err(got, exact)

@@ -132,10 +132,18 @@ TINT_CHECK = """
         kv, q = (next(n for n in g.nodes if n.op == op) for op in ("attention_grad_kv", "attention_grad_q"))
         check(f"scores of 4,200 keys, blocks of {block}", codegen.scores_pair(g, kv, q, caps)[1])
     split = codegen.Capabilities(subgroups=True, workgroup_storage=49152, dialect="tint", matmul_split=True)
-    for d in (16, 32, 48, 64):   # f32 as split products: blocks of 32, dq a kernel of its own
+    for d in (16, 32, 48, 64):   # f32 as split products: blocks of 32; dq its own kernel, and the product
         g, _ = grad_graph(1, 70, 130, 6, 2, d)
         for node in [n for n in g.nodes if n.op in GRAD_OPS]:
             check(f"split products D={d}", codegen.kernel_for(g, node, split))
+        kv, q = (next(n for n in g.nodes if n.op == op) for op in ("attention_grad_kv", "attention_grad_q"))
+        for ahead in (1, 2):
+            tuned = dataclasses.replace(split, tuning=Tuning(dq_prefetch=ahead))
+            for kernel in codegen.scores_pair(g, kv, q, tuned)[:2]:
+                check(f"split scores D={d}, {ahead} ahead", kernel)
+    g, _ = grad_graph(1, 70, 4200, 2, 2, 32)   # the split product's factors read as it stages
+    kv, q = (next(n for n in g.nodes if n.op == op) for op in ("attention_grad_kv", "attention_grad_q"))
+    check("split scores of 4,200 keys", codegen.scores_pair(g, kv, q, split)[1])
 """
 
 
@@ -144,8 +152,9 @@ def test_every_cooperative_backward_kernel_passes_tint():
     causal or not (causality is a meta word: one source each), and dkdv writing dS with dq
     as its product (fetching 1 to 4 blocks ahead) at D = 16, 48 and 64, and that product over
     4,200 keys (its factors read as it stages), and dq and dkdv as split products (f32)
-    at D = 16, 32, 48 and 64, are valid WGSL for Tint."""
-    assert tint_check(TINT_CHECK) == (35, 35)
+    at D = 16, 32, 48 and 64, on their own and as dkdv writing dS's two parts with dq as
+    their product (1 and 2 blocks ahead; over 4,200 keys), are valid WGSL for Tint."""
+    assert tint_check(TINT_CHECK) == (48, 48)
 
 
 def test_the_dq_product_stages_its_factors_once_where_they_fit():
@@ -197,6 +206,8 @@ def test_dq_is_the_product_of_the_ds_dkdv_writes_where_the_scores_fit():
     rows = 8 * 6 * 1500 * 192   # vec4s: 1,536 queries of halves a key row
     assert attention_coop_backward.scores_layout(8, 1500, 1500, 6) == (rows, rows + 8 * 6 * 94 * 48)
     assert 16 * attention_coop_backward.scores_layout(8, 1500, 1500, 6)[1] == 224_649_216
+    # split products (f32): dS's lo parts after its hi parts, the scales after both
+    assert attention_coop_backward.scores_layout(8, 1500, 1500, 6, True) == (2 * rows, 2 * rows + 8 * 6 * 94 * 48)
     g, plan, (kv, q) = _scored_plan(BIG_BINDINGS, 8, 1500, 1500, 6, 6, 64)
     assert kv.kernel.startswith("attention_grad_kv") and kv.variant.endswith("writes dS for dq's product")
     assert q.variant.startswith("cooperative dq as the product dS K")
@@ -362,16 +373,17 @@ F32_CASES = {
 }
 
 
+@pytest.mark.parametrize("dq", ("auto", "kernel"))
 @pytest.mark.parametrize("case", F32_CASES)
-def test_f32_backward_on_cooperative_matrices_matches_the_exact_reference(case, configure):
+def test_f32_backward_on_cooperative_matrices_matches_the_exact_reference(case, dq, configure):
     """In f32 on a device with subgroup matrices dq and dkdv multiply every operand as hi
-    and lo f16 parts, three products each (split_products), with dq a kernel of its own:
-    they match the exact float64 reference to 5e-5 of each result's largest value (at
+    and lo f16 parts, three products each (split_products), dq as the product of the dS
+    (both parts) that dkdv writes, or as a kernel of its own: they match the exact float64 reference to 5e-5 of each result's largest value (at
     most 4.5e-6 on the H100, keys spanning 100x: 3.4e-5), where the f16 kernels are 1e-3
     off f16-rounded operands; also with q, k, v and dO far outside
     f16's range, and with blocks at magnitudes 1e8 apart. Elsewhere the f32 kernels run,
     held to f32's tolerance."""
-    configure(precision="f32")
+    configure(precision="f32", attention_dq=dq)
     shape, magnitudes = F32_CASES[case]
     g, _ = grad_graph(*shape[:6], causal=bool(shape[6]), scale=shape[7])
     batch, t, s, heads, kv_heads, d = shape[:6]
@@ -388,4 +400,5 @@ def test_f32_backward_on_cooperative_matrices_matches_the_exact_reference(case, 
     variants = [d.variant for d in session.plan.dispatches if d.archetype == "attention"]
     split = session.capabilities.matmul_split
     assert all(("hi and lo f16 parts" in v) == split for v in variants) and len(variants) == 2, variants
+    assert any(v.startswith("cooperative dq as the product") for v in variants) == (split and dq == "auto"), variants
     assert all(e < (5e-5 if split else TOL) for e in errors.values()), errors

@@ -218,9 +218,7 @@ def _subs(d: int, mode: int, streamed: int, scores: bool = False, split: bool = 
                          f"{ind}inv_y = exp2(ex_fixed - 14.0) / s_y;"]
         put_a = ["    let ex_a = exponent_of(red_top(4u));", *put_fixed("a", " * exp2(14.0 - ex_a)")]
         decls = "\n".join(["var<workgroup> Xl: array<f16, BS * KS>;", "var<workgroup> Yl: array<f16, BS * KS>;",
-                           "var<workgroup> Pl: array<f16, 4u * 16u * PS>;",
-                           "fn red_top(at: u32) -> f32 {",
-                           "    return max(max(red[at], red[at + 1u]), max(red[at + 2u], red[at + 3u]));", "}"])
+                           "var<workgroup> Pl: array<f16, 4u * 16u * PS>;"])
     else:
         ds_scale = [f"{ind}let s2 = min(s_g, exp2(14.0 - exponent_of(subgroupMax(top))));",
                     f"{ind}let ratio_g = s2 / s_g;", f"{ind}s_g = s2;"]
@@ -243,17 +241,23 @@ def _subs(d: int, mode: int, streamed: int, scores: bool = False, split: bool = 
                 DS="\n".join(ds),
                 PUT_DS="\n".join(put_p(f"p[{c}] * s2", c) for c in range(rows)),
                 GRAD="\n".join(p_frags("d") + accumulate("gf", "d", "X", "ratio_g")),
-                STORE="\n".join(out), **_scores_subs(scores, streamed))
+                STORE="\n".join(out), **_scores_subs(scores, streamed, split))
 
 
-def _scores_subs(scores: bool, streamed: int) -> dict:
+def _scores_subs(scores: bool, streamed: int, split: bool = False) -> dict:
     """The dkdv kernel's scores binding and the lines that copy a block's dS (each
     subgroup its 16 keys, as f16 pairs, a vec4 a lane at a time) and its scale s2 there:
-    attention_coop_dq.wgsl reads them."""
+    attention_coop_dq.wgsl reads them. ``split``: Pl's lo parts too, in a second region as
+    large as the first (``scores_layout``), which ends halfway to the scales."""
     if not scores:
         return dict(SCORES_BINDING="", SCORES_OUT="")
     ind = " " * 8
-    pairs = ", ".join(f"bitcast<u32>(vec2<f16>(Ph[at + {2 * i}u], Ph[at + {2 * i + 1}u]))" for i in range(4))
+    pairs = lambda tile: ", ".join(f"bitcast<u32>(vec2<f16>({tile}[at + {2 * i}u], {tile}[at + {2 * i + 1}u]))"  # noqa: E731
+                                   for i in range(4))
+    at = f"(bh * S + key0 + row) * ((T + 63u) / 64u * 8u) + c0 / 8u + e % {streamed // 8}u"
+    writes = [f"{ind}            scores[{at}] = vec4<u32>({pairs('Ph')});"]
+    if split:
+        writes.append(f"{ind}            scores[m(8u) / 2u + {at}] = vec4<u32>({pairs('Pl')});")
     out = [f"{ind}{{   // this block's dS as Ph holds it (times s2), and s2, for attention_grad_q's product",
            f"{ind}    let bh = b * H + sh;",
            f"{ind}    let key0 = f0 + 16u * sg;",
@@ -261,8 +265,7 @@ def _scores_subs(scores: bool, streamed: int) -> dict:
            f"{ind}        let row = e / {streamed // 8}u;",
            f"{ind}        let at = pb + row * PS + e % {streamed // 8}u * 8u;",
            f"{ind}        if (key0 + row < S) {{",
-           f"{ind}            scores[(bh * S + key0 + row) * ((T + 63u) / 64u * 8u) + c0 / 8u + e % {streamed // 8}u] = "
-           f"vec4<u32>({pairs});",
+           *writes,
            f"{ind}        }}",
            f"{ind}    }}",
            f"{ind}    if (lane < {streamed // 32}u && key0 < S) {{",
@@ -308,13 +311,14 @@ def coop_attention_backward(graph: Graph, node: Node, bsz, t, s, h, hkv, d, caus
 SCORES_MAX_BYTES = 1 << 30   # the most memory the scores of one dkdv -> dq pair may take
 
 
-def scores_layout(bsz: int, t: int, s: int, h: int) -> tuple[int, int]:
+def scores_layout(bsz: int, t: int, s: int, h: int, split: bool = False) -> tuple[int, int]:
     """(the vec4 where the scales begin, vec4s in all) of the scores a dkdv kernel writes
     for dq's product: dS^T as f16 pairs, for each batch, query head and key a row of
     ceil(T / 64) blocks of 64 queries (8 vec4s each), then a vec4 for each 16 keys and
-    32 queries whose x is the power of two those dS were multiplied by (f32 bits)."""
+    32 queries whose x is the power of two those dS were multiplied by (f32 bits).
+    ``split``: the lo parts of dS after the hi parts, in the same layout."""
     blocks = -(-t // 64)
-    at = bsz * h * s * blocks * 8
+    at = bsz * h * s * blocks * 8 * (2 if split else 1)
     return at, at + bsz * h * -(-s // 16) * blocks * 2
 
 
@@ -325,15 +329,13 @@ def scores_pair(graph: Graph, kv: Node, q: Node, caps: Capabilities) -> tuple[Ke
     cooperative matrices, on the same operands and attributes, and the scores fit the
     device's largest binding and ``SCORES_MAX_BYTES`` (whisper-tiny at batch 8: 225 MB),
     unless ``caps.knobs.attention_dq`` ("kernel", ``MEGANEURA_ATTENTION_DQ``) keeps the dq
-    kernel; not for split products (f32), whose dS it would have to write as two parts.
-    Else None."""
-    if (caps.knobs.attention_dq == "kernel" or split_products(caps) or kv.inputs != q.inputs
-            or kv.attrs != q.attrs):
+    kernel. Else None."""
+    if caps.knobs.attention_dq == "kernel" or kv.inputs != q.inputs or kv.attrs != q.attrs:
         return None
     dims = _attention_dims(q, graph[q.inputs[0]], graph[q.inputs[1]])
     if not coop_backward_supported(dims[5], caps):
         return None
-    at, total = scores_layout(*dims[:4])
+    at, total = scores_layout(*dims[:4], split_products(caps))
     if 16 * total > min(caps.storage_binding, SCORES_MAX_BYTES):
         return None
     return (coop_attention_backward(graph, kv, *dims, caps, scores_at=at),
@@ -396,32 +398,41 @@ def coop_dq_from_scores(graph: Graph, node: Node, bsz, t, s, h, hkv, d, causal, 
     262 us a layer there, worked out once into a tile (``dq_factors``) 228."""
     queries, keys = DQ_QUERIES, DQ_KEYS
     f, dk, threads = COOP_FRAGMENT, d // COOP_FRAGMENT, 32 * (queries // 16)
+    split = split_products(caps)
     factors = dq_factors(s, threads)
     k_steps = [f"tid + {n * threads}u" for n in range(keys * d // 4 // threads)]
     s_steps = [f"tid + {n * threads}u" for n in range(keys * queries // 8 // threads)]
 
     def fetch(declare: str, k0: str, at: str) -> list[str]:
+        lo = [f"{declare}sl{at}{n} = fetch_s({e}, bh, {k0}, q0, T, S, ex / 2u);" for n, e in enumerate(s_steps)]
         return ([f"{declare}kr{at}{n} = fetch_k({e}, b, hk, {k0}, S, HKV);" for n, e in enumerate(k_steps)]
-                + [f"{declare}sr{at}{n} = fetch_s({e}, bh, {k0}, q0, T, S); {declare}sf{at}{n} = factor_s({e}, bh, "
-                   f"{k0}, q0, T, S, ex);" for n, e in enumerate(s_steps)])
+                + [f"{declare}sr{at}{n} = fetch_s({e}, bh, {k0}, q0, T, S, 0u); {declare}sf{at}{n} = factor_s({e}, bh, "
+                   f"{k0}, q0, T, S, ex);" for n, e in enumerate(s_steps)] + (lo if split else []))
 
     def block(at: str, next_block: str, ind: str) -> list[str]:
         """One block from registers set ``at``: staged, then the block ``next_block``
-        fetched into them during its products."""
-        lines = ["workgroupBarrier();         // the previous block's tiles are read"]
-        lines += [f"put_k({e}, kr{at}{n});" for n, e in enumerate(k_steps)]
-        lines += [f"put_s({e}, sr{at}{n}, sf{at}{n});" for n, e in enumerate(s_steps)]
+        fetched into them during its products. ``split``: K's scale lowered to the
+        block's where that is lower, the result fragments multiplied by the ratio."""
+        k_top = workgroup_top("top_k", [f"amax4(kr{at}{n})" for n in range(len(k_steps))], 0, "") if split else []
+        lines = k_top + ["workgroupBarrier();         // the previous block's tiles are read"]
+        if split:
+            lines += ["let s_block = min(s_k, exp2(14.0 - exponent_of(red_top(0u))));",
+                      *(f"gf{n} = subgroupMatrixScalarMultiply(gf{n}, s_block / s_k);" for n in range(dk)),
+                      "s_k = s_block;"]
+        lines += [f"put_k({e}, kr{at}{n}{' * s_k' if split else ''});" for n, e in enumerate(k_steps)]
+        lines += [f"put_s({e}, sr{at}{n}, {f'sl{at}{n}, ' if split else ''}sf{at}{n});" for n, e in enumerate(s_steps)]
         lines += ["workgroupBarrier();"] + fetch("", f"({next_block}) * BK", at)
-        lines += [f"let a{kk} = {_fragment('left', 'Sh', f'{f * kk}u * QS + sg * 16u', True, 'QS')};"
-                  for kk in range(keys // f)]
+        lines += [f"let a{part}{kk} = {_fragment('left', 'S' + part, f'{f * kk}u * QS + sg * 16u', True, 'QS')};"
+                  for part in ("hl" if split else "h") for kk in range(keys // f)]
         for n in range(dk):
-            lines += [f"gf{n} = subgroupMatrixMultiplyAccumulate(a{kk}, "
-                      f"{_fragment('right', 'Kh', f'{f * kk}u * KS + {f * n}u', False, 'KS')}, gf{n});"
-                      for kk in range(keys // f)]
+            for kk in range(keys // f):
+                right = lambda part: _fragment("right", "K" + part, f"{f * kk}u * KS + {f * n}u", False, "KS")  # noqa: E731
+                lines += fragment_product((f"ah{kk}", f"al{kk}"), right, f"gf{n}", "", split)
         return [ind + line for line in lines]
 
     sets = "abcd"[:min(max(caps.tuning.dq_prefetch, DQ_PREFETCH[0]), DQ_PREFETCH[1])]
-    loop = [f"    {line}" for ahead, at in enumerate(sets) for line in fetch("var ", f"{ahead}u * BK", at)]
+    loop = ["    var s_k = exp2(114.0);         // K's scale: only ever lowered"] if split else []
+    loop += [f"    {line}" for ahead, at in enumerate(sets) for line in fetch("var ", f"{ahead}u * BK", at)]
     loop.append(f"    for (var blk = 0u; blk < blocks; blk = blk + {len(sets)}u) {{")
     loop += block("a", f"blk + {len(sets)}u", " " * 8)
     for ahead, at in enumerate(sets[1:], 1):   # further sets of registers, blocks further ahead
@@ -441,12 +452,50 @@ def coop_dq_from_scores(graph: Graph, node: Node, bsz, t, s, h, hkv, d, causal, 
     kernel = _finish(node.op, "attention", "attention_coop_dq.wgsl", ["k", "scores"], ["vec4<f32>", "vec4<u32>"],
                      "f32", meta, grid, caps, enables=COOP_ENABLES + ("subgroups",), D=d, PAD=_HALF_PAD,
                      BQ=queries, BK=keys, THREADS=threads, ENTRY=entry_point(threads),
-                     PUT_TILES=put_tiles(("k", "Kh")), RESULTS="\n".join("    " + _result(f"gf{n}") for n in range(dk)),
+                     PUT_TILES=put_tiles(("k", "Kh"), split=split),
+                     RESULTS="\n".join("    " + _result(f"gf{n}") for n in range(dk)),
                      LOOP="\n".join(loop), STORE="\n".join(store), SCRATCH=256 * queries // 16,
-                     FACTORS=factors, **_dq_factor_subs(factors))
+                     FACTORS=factors, **_dq_factor_subs(factors), **_dq_split_subs(split))
     kernel.notes["variant"] = (f"cooperative dq as the product dS K: {queries} queries a workgroup, keys streamed "
                                f"{keys} at a time, K and dS fetched {len(sets)} block{'s' * (len(sets) > 1)} ahead, "
                                f"dS from attention_grad_kv{', its factors staged once' if factors else ''}, "
-                               f"f16 {f}x{f}x{f} -> f32")
+                               + (f"f32 as hi and lo f16 parts, three {f}x{f}x{f} products" if split
+                                  else f"f16 {f}x{f}x{f} -> f32"))
     kernel.guarded = True
     return kernel
+
+
+def _dq_split_subs(split: bool) -> dict:
+    """attention_coop_dq.wgsl's parts that differ for split products: put_s (the staged
+    dS, times its factor, into Sh; ``split``: the sum of its hi and lo parts, times the
+    factor, split again into Sh and Sl), the lo tiles and K's scale."""
+    if not split:
+        put_s = """// Staged element e of fetch_s times its factor f, rounded to f16 into Sh (zeros where f is:
+// the words past T may be anything).
+fn put_s(e: u32, w: vec4<u32>, f: f32) {
+    let at = e / (BQ / 8u) * QS + e % (BQ / 8u) * 8u;
+    for (var i = 0u; i < 4u; i = i + 1u) {
+        let x = select(vec2<f16>(0.0), vec2<f16>(unpack2x16float(w[i]) * f), f > 0.0);
+        Sh[at + 2u * i] = x.x;
+        Sh[at + 2u * i + 1u] = x.y;
+    }
+}"""
+        return dict(PUT_S=put_s, SPLIT_DECLS="", K_UNSCALE="")
+    put_s = f"""// Staged element e of fetch_s (hi parts w, lo parts wl) times its factor f, split into
+// Sh and Sl (zeros where f is: the words past T may be anything).
+fn put_s(e: u32, w: vec4<u32>, wl: vec4<u32>, f: f32) {{
+    let at = e / (BQ / 8u) * QS + e % (BQ / 8u) * 8u;
+    for (var i = 0u; i < 4u; i = i + 1u) {{
+        let x = select(vec2<f32>(0.0), (unpack2x16float(w[i]) + unpack2x16float(wl[i])) * f, f > 0.0);
+        let t = vec2<f32>({hi_part('x.x', False)}, {hi_part('x.y', False)});
+        Sh[at + 2u * i] = f16(t.x);
+        Sh[at + 2u * i + 1u] = f16(t.y);
+        Sl[at + 2u * i] = f16(x.x - t.x);
+        Sl[at + 2u * i + 1u] = f16(x.y - t.y);
+    }}
+}}"""
+    decls = "\n".join(["var<workgroup> Kl: array<f16, BK * KS>;", "var<workgroup> Sl: array<f16, BK * QS>;",
+                       "var<workgroup> red: array<f32, SUBGROUPS>;   // the subgroups' largest |K|",
+                       _template("tile_scales.wgsl")])
+    return dict(PUT_S=put_s, SPLIT_DECLS=decls, K_UNSCALE=" / s_k")
+
