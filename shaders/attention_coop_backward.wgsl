@@ -43,7 +43,7 @@
 // out: dq [B, T, H*D], or dk and dv [B, S, HKV*D] each, dv from element dv_at.
 // dkdv with a scores binding (codegen's scores_pair) also writes each block's dS, as Ph holds
 // it (times s2), and s2 there, for attention_coop_dq.wgsl's product (meta word 8: where the
-// scales begin).
+// scales begin); SPLIT: Pl's lo parts too, from halfway to the scales.
 // meta: [T, S, H, HKV, causal, scale * log2(e), scale, dv_at(, scales_at)]; grid: (ceil(fixed / BF), heads, B)
 
 {{PRELUDE}}

@@ -101,7 +101,8 @@ def describe_paths(caps: Capabilities) -> dict:
                           + ("q, k, v and P each as two f16 parts, three products"
                              if split_products(caps) else "f16 q, k, v and P")
                           + ", f32 scores and softmax) at head dims of whole fragments up to 64; the backward's dq, dk, dv "
-                          + ("on cooperative matrices too (dO and dS scaled into f16's range)"
+                          + (("on cooperative matrices too (every operand scaled into f16's range)" if split_products(caps)
+                              else "on cooperative matrices too (dO and dS scaled into f16's range)")
                              if coop_backward_supported(64, caps) else "f32")
                           if coop_attention_supported(64, caps) else
                           f"flash, {q} queries x {ATTENTION_KEYS} keys a workgroup at head dim 64 "
