@@ -201,6 +201,12 @@ def split_products(caps: Capabilities) -> bool:
     return caps.matmul_split and not caps.matmul_f16
 
 
+def split_store(value: str, at: str) -> str:
+    """A WGSL block storing f32 ``value`` (an expression) at ``at`` of a subgroup's P rows:
+    its hi part (``hi_part``) into Ph, the rest into Pl."""
+    return f"{{ let x = {value}; let t = {hi_part('x', False)}; Ph[{at}] = f16(t); Pl[{at}] = f16(x - t); }}"
+
+
 def fragment_product(left: tuple[str, str], right, acc: str, ind: str, split: bool) -> list[str]:
     """``acc`` plus the product of left fragment ``left[0]`` and ``right("h")``'s fragment;
     ``split``: of the split operands (hi ``left[0]``, lo ``left[1]``; ``right(part)``
@@ -257,8 +263,7 @@ def _coop_subs(d: int, split: bool = False) -> dict:
         read = [f"{ind}let s_vb = min(s_v, exp2(14.0 - exponent_of(red_top(4u))));",
                 f"{ind}let ratio_v = s_vb / s_v;", f"{ind}s_v = s_vb;"] + read
         probabilities = [f"{ind}{{ let p = select(0.0, exp2(sv[{c}] - mx_new), sv[{c}] > NEG); "
-                         f"let t = {hi_part('p', False)}; Ph[pb + r * PS + {key(c)}] = f16(t); "
-                         f"Pl[pb + r * PS + {key(c)}] = f16(p - t); sum = sum + p; }}" for c in range(keys)]
+                         f"{split_store('p', f'pb + r * PS + {key(c)}')} sum = sum + p; }}" for c in range(keys)]
     else:
         probabilities = [f"{ind}{{ let p = f16(select(0.0, exp2(sv[{c}] - mx_new), sv[{c}] > NEG)); "
                          f"Ph[pb + r * PS + {key(c)}] = p; sum = sum + f32(p); }}" for c in range(keys)]

@@ -13,7 +13,7 @@ from ..graph.ops import attention_grad_kv_layout
 from .attention import _attention_backward, _attention_dims, _split_grid
 from .attention_coop import (_HALF_PAD, _fragment, _fragment_rounds, _result, coop_attention_supported, entry_point,
                              fragment_product, fragments_of_two_tiles, lane_column, put_tiles, scratch_row,
-                             split_products, staged_in_two_tiles, workgroup_top)
+                             split_products, split_store, staged_in_two_tiles, workgroup_top)
 from .common import Capabilities, Kernel, _finish, _template, f32_bits
 from .matmul_coop import COOP_ENABLES, COOP_FRAGMENT, hi_part
 
@@ -169,10 +169,7 @@ def _subs(d: int, mode: int, streamed: int, scores: bool = False, split: bool = 
     def put_p(value: str, c: int) -> str:
         """Row r's streamed row ``key(c)`` of the subgroup's Ph (and Pl) from f32 ``value``."""
         at = f"pb + r * PS + {key(c)}"
-        if split:
-            return (f"{ind}{{ let x = {value}; let t = {hi_part('x', False)}; Ph[{at}] = f16(t); "
-                    f"Pl[{at}] = f16(x - t); }}")
-        return f"{ind}Ph[{at}] = f16({value});"
+        return f"{ind}{split_store(value, at)}" if split else f"{ind}Ph[{at}] = f16({value});"
 
     def store(name: str, factor: str, base: str) -> list[str]:
         """Fragments name0.. times ``factor`` through the subgroup's scratch to ``out``, two
@@ -212,11 +209,11 @@ def _subs(d: int, mode: int, streamed: int, scores: bool = False, split: bool = 
         # dS X's fragments hold s2 times X's scale: s2 keeps their product only ever lowered
         ds_scale = [f"{ind}let s2 = min(s_g / s_x, exp2(14.0 - exponent_of(subgroupMax(top))));",
                     f"{ind}let ratio_g = s2 * s_x / s_g;", f"{ind}s_g = s2 * s_x;"]
-        stream_scales = [f"{ind}let s_x = exp2(14.0 - exponent_of(red_top(4u)));",
-                         f"{ind}let ss = sl2 * exp2(ex_a + exponent_of(red_top(4u)) - 28.0);",
+        stream_scales = [f"{ind}let ex_x = exponent_of(red_top(4u));", f"{ind}let s_x = exp2(14.0 - ex_x);",
+                         f"{ind}let ss = sl2 * exp2(ex_a + ex_x - 28.0);",
                          f"{ind}if (dq) {{ s_y = exp2(14.0 - exponent_of(red_top(0u))); }}",
                          f"{ind}inv_y = exp2(ex_fixed - 14.0) / s_y;"]
-        put_a = ["    let ex_a = exponent_of(red_top(4u));", *put_fixed("a", " * exp2(14.0 - ex_a)")]
+        put_a = ["    let ex_a = exponent_of(red_top(4u));", "    let s_a = exp2(14.0 - ex_a);", *put_fixed("a", " * s_a")]
         decls = "\n".join(["var<workgroup> Xl: array<f16, BS * KS>;", "var<workgroup> Yl: array<f16, BS * KS>;",
                            "var<workgroup> Pl: array<f16, 4u * 16u * PS>;"])
     else:
