@@ -36,7 +36,8 @@
 // the barrier that frees the tiles (L and Delta fetched after it cost dkdv 11%; the next
 // block's X fetched during this one's products, held through them, 10% too: run 32).
 // Blocks of 32 streamed rows keep the workgroup's memory under 24 KiB, so that two
-// workgroups share an SM (on the H100 one of 28 KiB or more has it alone: run 37).
+// workgroups share an SM (on the H100 one of 28 KiB or more has it alone: run 37); split
+// products take blocks of 16 for that (their fixed rows staged in two rounds).
 // In blocks of 64 the fixed rows of A, then of B, fit Xh whole.
 // No splits of the streamed side (the f32 kernels have them).
 // q, dout: [B, T, H*D]; k, v: [B, S, HKV*D] (D % 16 == 0, D <= 64); lse, delta: [B, T, H].

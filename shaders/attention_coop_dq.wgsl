@@ -2,7 +2,7 @@
 // that attention_grad_kv's cooperative kernel wrote beside dk and dv (its "scores" binding:
 // codegen's scores_layout), instead of a kernel that computes the scores, P and dP again.
 // The scores hold dS^T as f16 pairs, a row of 64-query blocks a key, times a power of two
-// s per 16 keys and 32 queries (the dkdv subgroup's scale); each 32-query block takes the
+// s per 16 keys and QG queries (the dkdv subgroup's scale); each QG-query block takes the
 // least s over the keys it reads as its common scale c, and every staged element is
 // multiplied by c / s (a power of two, at most 1: exact unless it falls below f16's range,
 // where it is negligible beside the block's largest value near 2^15).
@@ -38,7 +38,8 @@ const BK: u32 = {{BK}}u;            // keys a block
 const SUBGROUPS: u32 = BQ / 16u;
 const KS: u32 = D + {{PAD}}u;       // halves a row of Kh
 const QS: u32 = BQ + {{PAD}}u;      // halves a row of Sh
-const QB: u32 = BQ / 32u;           // query blocks of a common scale
+const QG: u32 = {{QG}}u;            // queries a dS scale covers (dkdv's blocks: 32, split products 16)
+const QB: u32 = BQ / QG;            // query blocks of a common scale
 const FACTORS: u32 = {{FACTORS}}u;  // slots of fs (0: the factors are read as elements are staged)
 
 var<workgroup> Kh: array<f16, BK * KS>;
@@ -72,15 +73,15 @@ fn fetch_s(e: u32, bh: u32, k0: u32, q0: u32, T: u32, S: u32, first: u32) -> vec
 
 // The scale dkdv gave key group g's dS for query block qb of this workgroup's (clamped in range).
 fn scale_of(bh: u32, g: u32, qb: u32, q0: u32, T: u32, S: u32, ex: u32) -> f32 {
-    let blocks = (T + 63u) / 64u * 2u;
+    let blocks = (T + 63u) / 64u * (64u / QG);
     return bitcast<f32>(scores[ex + (bh * ((S + 15u) / 16u) + min(g, (S + 15u) / 16u - 1u)) * blocks
-                               + min(q0 / 32u + qb, blocks - 1u)].x);
+                               + min(q0 / QG + qb, blocks - 1u)].x);
 }
 
 // What brings element e of fetch_s to its query block's common scale: c / s (0 past S or T).
 fn factor_s(e: u32, bh: u32, k0: u32, q0: u32, T: u32, S: u32, ex: u32) -> f32 {
-    let qb = e % (BQ / 8u) / 4u;
-    let ok = k0 + e / (BQ / 8u) < S && q0 + qb * 32u < T;
+    let qb = e % (BQ / 8u) / (QG / 8u);
+    let ok = k0 + e / (BQ / 8u) < S && q0 + qb * QG < T;
     let key = select(0u, k0 + e / (BQ / 8u), ok);
 {{FACTOR}}
 }
@@ -97,12 +98,12 @@ fn factor_s(e: u32, bh: u32, k0: u32, q0: u32, T: u32, S: u32, ex: u32) -> f32 {
     let q0 = wg.x * BQ;
     let end = select(S, min(S, q0 + BQ), causal);
     {   // the common scale of this subgroup's query block: the least over the keys read
-        let qb = sg / 2u;
+        let qb = sg / (QG / 16u);
         let groups = (end + 15u) / 16u;
         var c = 3.0e38;
         for (var k0 = 0u; k0 < groups; k0 = k0 + 32u) {   // no branch on the lane: see fetch_k
             let kg = k0 + lane;
-            c = min(c, select(3.0e38, scale_of(bh, kg, qb, q0, T, S, ex), kg < groups && q0 + qb * 32u < T));
+            c = min(c, select(3.0e38, scale_of(bh, kg, qb, q0, T, S, ex), kg < groups && q0 + qb * QG < T));
         }
         cs[sg] = subgroupMin(c);    // every lane: the same value
     }

@@ -108,6 +108,34 @@ def test_the_backward_streams_blocks_of_32_rows_where_its_grid_fills_the_gpu():
         Config.from_env({"MEGANEURA_ATTENTION_BACKWARD_BLOCK": "48"})
 
 
+def test_split_products_stream_blocks_of_16_rows_two_workgroups_an_sm():
+    """f32 as split products (37.3 KiB at D = 64 in blocks of 32: one workgroup an SM)
+    streams 16 rows a block where each thread stages whole vec4s (D = 32, 64): 20,128 bytes
+    at D = 64, two an SM of the H100; D = 16 and 48 keep 32."""
+    split = codegen.Capabilities(subgroups=True, workgroup_storage=49152, dialect="tint", matmul_split=True)
+    rule = codegen.attention_coop_backward.backward_streamed
+    assert [rule(24 * 6 * 8, d, split) for d in (16, 32, 48, 64)] == [32, 16, 32, 16]
+    assert codegen.attention_coop_backward.coop_backward_bytes(64, 16, split=True) == 20128 <= 24576
+    block = lambda variants: [v.split("streamed ")[1].split(" ")[0] for v in variants]  # noqa: E731
+    assert block(_variants(split, 8, 1500, 1500, 6, 6, 64)) == ["16", "16"]
+
+
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("streamed", [16, 32, 64])
+@pytest.mark.parametrize("mode", [0, 1])
+def test_the_results_leave_through_the_scratch_within_its_rows(mode, streamed, split):
+    """dq, dk and dv leave through each subgroup's scratch, whose rows hold ``streamed``
+    columns: no round stores a fragment past its row's end (blocks of 16 take one fragment
+    a round; two, as in blocks of 32, wrote over the next row's first columns and gave
+    dk and dv errors of order 1 on the H100), and every fragment of every result leaves."""
+    import re
+    subs = codegen.attention_coop_backward._subs(64, mode, streamed, split=split)
+    offsets = [int(x) for x in re.findall(r"subgroupMatrixStore\(&Sc, sb \+ (\d+)u, subgroupMatrixScalarMultiply",
+                                          subs["STORE"])]
+    assert offsets and max(offsets) + 16 <= min(streamed, codegen.attention_coop.scratch_row(streamed))
+    assert len(offsets) == 4 * (1 + mode)    # D / 16 fragments of dq or dk, and of dv
+
+
 TINT_CHECK = """
     import dataclasses
     from engine.codegen import Tuning
@@ -170,7 +198,7 @@ def test_the_dq_product_stages_its_factors_once_where_they_fit():
         kernel = codegen.scores_pair(g, kv, q, BIG_BINDINGS)[1]
         assert ("its factors staged once" in kernel.notes["variant"]) == staged
         assert ("fs[i] = select(" in kernel.source) == staged
-        assert ("cs[2u * qb] / scale_of(" in kernel.source) == (not staged)
+        assert ("cs[qb * (QG / 16u)] / scale_of(" in kernel.source) == (not staged)
 
 
 def test_the_dq_product_fetches_as_many_blocks_ahead_as_the_tuning_says():
@@ -206,8 +234,8 @@ def test_dq_is_the_product_of_the_ds_dkdv_writes_where_the_scores_fit():
     rows = 8 * 6 * 1500 * 192   # vec4s: 1,536 queries of halves a key row
     assert attention_coop_backward.scores_layout(8, 1500, 1500, 6) == (rows, rows + 8 * 6 * 94 * 48)
     assert 16 * attention_coop_backward.scores_layout(8, 1500, 1500, 6)[1] == 224_649_216
-    # split products (f32): dS's lo parts after its hi parts, the scales after both
-    assert attention_coop_backward.scores_layout(8, 1500, 1500, 6, True) == (2 * rows, 2 * rows + 8 * 6 * 94 * 48)
+    # split products (f32): dS's lo parts after its hi parts, the scales after both, one a 16 queries
+    assert attention_coop_backward.scores_layout(8, 1500, 1500, 6, True) == (2 * rows, 2 * rows + 8 * 6 * 94 * 96)
     g, plan, (kv, q) = _scored_plan(BIG_BINDINGS, 8, 1500, 1500, 6, 6, 64)
     assert kv.kernel.startswith("attention_grad_kv") and kv.variant.endswith("writes dS for dq's product")
     assert q.variant.startswith("cooperative dq as the product dS K")

@@ -157,7 +157,6 @@ def _staged_q(d: int, tile_rows: int, threads: int, split: bool = False) -> tupl
     ``split``: Q's rows are fetched first and scaled by the power of two that puts their
     largest |value| in [2^14, 2^15) (``ex_q``), their lo parts staged through Kl and Vl
     and loaded as fragments ql0.."""
-    f, dk = COOP_FRAGMENT, d // COOP_FRAGMENT
     steps = COOP_QUERIES * d // 4 // threads
     parts = (("qf", ("Kh", "Vh")), ("ql", ("Kl", "Vl"))) if split else (("qf", ("Kh", "Vh")),)
     if split:
@@ -168,17 +167,30 @@ def _staged_q(d: int, tile_rows: int, threads: int, split: bool = False) -> tupl
     else:
         stage = []
         value = lambda first: lambda n: f"fetch_rows(tid + {n * threads}u, b, h, q0 + {first}u, T, H, 0u)"  # noqa: E731
+    more, loads = staged_in_rounds(("put_k", "put_v"), value, parts, d, tile_rows, threads)
+    return stage + more, loads
+
+
+def staged_in_rounds(puts: tuple[str, str], value, parts, d: int, tile_rows: int,
+                     threads: int) -> tuple[list[str], list[str]]:
+    """(staging, last loads) of 64 rows through two tiles of ``tile_rows`` rows (``puts``:
+    their put functions; ``value(first)(n)``: the WGSL of element tid + n ``threads`` of
+    the rows from ``first`` on), each subgroup loading its 16 rows as left fragments
+    ``name``0.. from each (name, tiles) of ``parts``. Tiles of 32 rows hold them at once
+    (``fragments_of_two_tiles``); smaller ones in rounds of 2 ``tile_rows``, a barrier
+    before and after each round's loads. A barrier goes between the staging and the
+    last loads."""
+    f, dk = COOP_FRAGMENT, d // COOP_FRAGMENT
     per_round = 2 * tile_rows
     if per_round >= COOP_QUERIES:
-        stage += staged_in_two_tiles(("put_k", "put_v"), value(0), steps, tile_rows * d // 4, threads)
+        stage = staged_in_two_tiles(puts, value(0), COOP_QUERIES * d // 4 // threads, tile_rows * d // 4, threads)
         return stage, [line for name, tiles in parts for line in fragments_of_two_tiles(name, tiles, dk)]
-    stage += [f"    var {name}{kk}: subgroup_matrix_left<f16, {f}, {f}>;" for name, _ in parts for kk in range(dk)]
+    stage = [f"    var {name}{kk}: subgroup_matrix_left<f16, {f}, {f}>;" for name, _ in parts for kk in range(dk)]
     loads = []
     for start in range(0, COOP_QUERIES, per_round):
         if start:
             stage += ["    workgroupBarrier();", *loads, "    workgroupBarrier();"]
-        stage += staged_in_two_tiles(("put_k", "put_v"), value(start), per_round * d // 4 // threads,
-                                     tile_rows * d // 4, threads)
+        stage += staged_in_two_tiles(puts, value(start), per_round * d // 4 // threads, tile_rows * d // 4, threads)
         loads = []
         for sg in range(start // 16, (start + per_round) // 16):
             which, row = (sg * 16 - start) // tile_rows, (sg * 16 - start) % tile_rows

@@ -13,12 +13,13 @@ from ..graph.ops import attention_grad_kv_layout
 from .attention import _attention_backward, _attention_dims, _split_grid
 from .attention_coop import (_HALF_PAD, _fragment, _fragment_rounds, _result, coop_attention_supported, entry_point,
                              fragment_product, fragments_of_two_tiles, lane_column, put_tiles, scratch_row,
-                             split_products, split_store, staged_in_two_tiles, workgroup_top)
+                             split_products, split_store, staged_in_rounds, staged_in_two_tiles, workgroup_top)
 from .common import Capabilities, Kernel, _finish, _template, f32_bits
 from .matmul_coop import COOP_ENABLES, COOP_FRAGMENT, hi_part
 
 COOP_BACKWARD_FIXED = 64      # fixed rows a workgroup owns: 16 for each of its 4 subgroups
 COOP_BACKWARD_STREAMED = (32, 64)   # streamed rows a block: see backward_streamed
+SPLIT_STREAMED = 16           # split products' streamed rows a block where each thread stages whole vec4s
 COOP_BACKWARD_SUBGROUPS = 4
 COOP_BACKWARD_MODES = {"attention_grad_q": 0, "attention_grad_kv": 1}
 
@@ -49,9 +50,15 @@ def backward_streamed(workgroups: int, head_dim: int, caps: Capabilities, dq_key
     Llama's dq (144 workgroups, 256 causal keys) 1,067 -> 1,389, its dk/dv (48
     workgroups) 10% slower. ``caps.knobs.attention_backward_block``
     (``MEGANEURA_ATTENTION_BACKWARD_BLOCK``) forces 32 or 64 (tests, benchmarks) where
-    64 fits (split products: 32 only)."""
+    64 fits. Split products (f32) take ``SPLIT_STREAMED`` (16) rows where each thread
+    stages whole vec4s (D = 32, 64), else 32: at D = 64 blocks of 32 take 37.3 KiB (one
+    workgroup an SM), of 16 20.1 KiB (two); whisper-tiny's b8 step on the H100 (run 47):
+    dk/dv 6.43 -> 5.22-5.27 ms, the step 24.70-24.72 -> 23.26-23.33 ms."""
+    if split_products(caps):
+        return SPLIT_STREAMED if head_dim * SPLIT_STREAMED % (4 * 32 * COOP_BACKWARD_SUBGROUPS) == 0 else \
+            COOP_BACKWARD_STREAMED[0]
     wide = COOP_BACKWARD_STREAMED[1]
-    if coop_backward_bytes(head_dim, wide, split_products(caps)) > caps.workgroup_storage:
+    if coop_backward_bytes(head_dim, wide) > caps.workgroup_storage:
         return COOP_BACKWARD_STREAMED[0]
     if caps.knobs.attention_backward_block:
         return caps.knobs.attention_backward_block
@@ -64,7 +71,7 @@ def coop_backward_supported(head_dim: int, caps: Capabilities) -> bool:
     """Whether attention_grad_q and attention_grad_kv of this head dim run on cooperative
     matrices: where the forward does (``coop_attention_supported``) and their blocks fit
     the device's workgroup memory (23.3 KiB at D = 64 in blocks of 32; split products
-    37.3), unless ``MEGANEURA_ATTENTION_BACKWARD=f32`` keeps the f32 kernels (benchmarks)."""
+    37.3, 20.1 in blocks of 16), unless ``MEGANEURA_ATTENTION_BACKWARD=f32`` keeps the f32 kernels (benchmarks)."""
     return (caps.knobs.attention_backward != "f32" and coop_attention_supported(head_dim, caps)
             and coop_backward_bytes(head_dim, split=split_products(caps)) <= caps.workgroup_storage)
 
@@ -121,6 +128,15 @@ def _subs(d: int, mode: int, streamed: int, scores: bool = False, split: bool = 
                     for frag, part in frags for kk in range(dk)]
         return [line for frag, part in frags for line in fragments_of_two_tiles(frag, ("X" + part, "Y" + part), dk)]
 
+    def fixed_rows(name: str, times: str) -> tuple[list[str], list[str]]:
+        """(staging, loads) of the fixed rows ``name``0.. (times ``times``): at once where
+        two tiles hold 64 rows or one does, else in rounds (blocks of 16)."""
+        if streamed >= 32:
+            return put_fixed(name, times), load_fixed(name)
+        value = lambda first: lambda n: f"{name}{n + first * d // 4 // threads}{times}"  # noqa: E731
+        frags = [(f"{name}f", ("Xh", "Yh")), (f"{name}l", ("Xl", "Yl"))][:len(parts)]
+        return staged_in_rounds(("put_x", "put_y"), value, frags, d, streamed, threads)
+
     fetch_stream = [f"{ind}let x{n} = fetch_rows({e(n)}, b, sh, c0, NS, HS, {x}u); "
                     f"let y{n} = fetch_rows({e(n)}, b, sh, c0, NS, HS, {y}u);" for n in steps]
     stream_max = ([f"{ind}top_y = max(top_y, amax4(y{n}));" for n in steps]
@@ -173,9 +189,10 @@ def _subs(d: int, mode: int, streamed: int, scores: bool = False, split: bool = 
 
     def store(name: str, factor: str, base: str) -> list[str]:
         """Fragments name0.. times ``factor`` through the subgroup's scratch to ``out``, two
-        at a time (each round ends with a barrier: the scratch is free again)."""
+        at a time, one in blocks of 16 (the scratch's columns; each round ends with a
+        barrier: the scratch is free again)."""
         lines = []
-        for frags in _fragment_rounds(d):
+        for frags in _fragment_rounds(d, min(2, streamed // f)):
             width = f * len(frags)
             lines += [f"    subgroupMatrixStore(&Sc, sb + {f * i}u, subgroupMatrixScalarMultiply({name}{n}, {factor}), "
                       f"false, SS);" for i, n in enumerate(frags)]
@@ -213,22 +230,22 @@ def _subs(d: int, mode: int, streamed: int, scores: bool = False, split: bool = 
                          f"{ind}let ss = sl2 * exp2(ex_a + ex_x - 28.0);",
                          f"{ind}if (dq) {{ s_y = exp2(14.0 - exponent_of(red_top(0u))); }}",
                          f"{ind}inv_y = exp2(ex_fixed - 14.0) / s_y;"]
-        put_a = ["    let ex_a = exponent_of(red_top(4u));", "    let s_a = exp2(14.0 - ex_a);", *put_fixed("a", " * s_a")]
+        put_a = ["    let ex_a = exponent_of(red_top(4u));", "    let s_a = exp2(14.0 - ex_a);"]
         decls = "\n".join(["var<workgroup> Xl: array<f16, BS * KS>;", "var<workgroup> Yl: array<f16, BS * KS>;",
                            "var<workgroup> Pl: array<f16, 4u * 16u * PS>;"])
     else:
         ds_scale = [f"{ind}let s2 = min(s_g, exp2(14.0 - exponent_of(subgroupMax(top))));",
                     f"{ind}let ratio_g = s2 / s_g;", f"{ind}s_g = s2;"]
-        stream_scales, put_a, decls = [], put_fixed("a", ""), ""
+        stream_scales, put_a, decls = [], [], ""
+    stage_a, loads_a = fixed_rows("a", " * s_a" if split else "")
+    stage_b, loads_b = fixed_rows("b", " * s_fixed" if split or not kv else "")
     return dict(MODE=mode, D=d, BS=streamed, LANE_ROWS=rows, PAD=_HALF_PAD, SPLIT=str(split).lower(),
                 RED=8 if split else 4, SPLIT_DECLS=decls,
                 SS=scratch_row(streamed), PUT_TILES=put_tiles(("x", "Xh"), ("y", "Yh"), split=split),
                 TILE_SCALES=_template("tile_scales.wgsl"),
                 FETCH_FIXED="\n".join(fetch_fixed), FIXED_MAX="\n".join(fixed_max),
-                PUT_FIXED="\n".join(put_a),
-                LOAD_FIXED="\n".join(load_fixed("a") + ["    workgroupBarrier();"]
-                                     + put_fixed("b", " * s_fixed" if split or not kv else "")
-                                     + ["    workgroupBarrier();"] + load_fixed("b")),
+                PUT_FIXED="\n".join(put_a + stage_a),
+                LOAD_FIXED="\n".join(loads_a + ["    workgroupBarrier();"] + stage_b + ["    workgroupBarrier();"] + loads_b),
                 RESULTS="\n".join(results), FETCH_STREAM="\n".join(fetch_stream),
                 STREAM_MAX="\n".join(stream_max), PUT_STREAM="\n".join(put_stream),
                 STREAM_SCALES="\n".join(stream_scales), DS_SCALE="\n".join(ds_scale),
@@ -248,7 +265,7 @@ def _scores_subs(scores: bool, streamed: int, split: bool = False) -> dict:
     large as the first (``scores_layout``), which ends halfway to the scales."""
     if not scores:
         return dict(SCORES_BINDING="", SCORES_OUT="")
-    ind = " " * 8
+    ind, qg = " " * 8, scale_queries(split)
     pairs = lambda tile: ", ".join(f"bitcast<u32>(vec2<f16>({tile}[at + {2 * i}u], {tile}[at + {2 * i + 1}u]))"  # noqa: E731
                                    for i in range(4))
     at = f"(bh * S + key0 + row) * ((T + 63u) / 64u * 8u) + c0 / 8u + e % {streamed // 8}u"
@@ -265,8 +282,8 @@ def _scores_subs(scores: bool, streamed: int, split: bool = False) -> dict:
            *writes,
            f"{ind}        }}",
            f"{ind}    }}",
-           f"{ind}    if (lane < {streamed // 32}u && key0 < S) {{",
-           f"{ind}        scores[m(8u) + (bh * ((S + 15u) / 16u) + key0 / 16u) * ((T + 63u) / 64u * 2u) + c0 / 32u + lane] = "
+           f"{ind}    if (lane < {streamed // qg}u && key0 < S) {{",
+           f"{ind}        scores[m(8u) + (bh * ((S + 15u) / 16u) + key0 / 16u) * ((T + 63u) / 64u * {64 // qg}u) + c0 / {qg}u + lane] = "
            f"vec4<u32>(bitcast<u32>(s2), 0u, 0u, 0u);",
            f"{ind}    }}",
            f"{ind}}}"]
@@ -312,11 +329,12 @@ def scores_layout(bsz: int, t: int, s: int, h: int, split: bool = False) -> tupl
     """(the vec4 where the scales begin, vec4s in all) of the scores a dkdv kernel writes
     for dq's product: dS^T as f16 pairs, for each batch, query head and key a row of
     ceil(T / 64) blocks of 64 queries (8 vec4s each), then a vec4 for each 16 keys and
-    32 queries whose x is the power of two those dS were multiplied by (f32 bits).
-    ``split``: the lo parts of dS after the hi parts, in the same layout."""
+    32 queries (``scale_queries``) whose x is the power of two those dS were multiplied
+    by (f32 bits). ``split``: the lo parts of dS after the hi parts, in the same layout,
+    and a scale for each 16 keys and 16 queries."""
     blocks = -(-t // 64)
     at = bsz * h * s * blocks * 8 * (2 if split else 1)
-    return at, at + bsz * h * -(-s // 16) * blocks * 2
+    return at, at + bsz * h * -(-s // 16) * blocks * (64 // scale_queries(split))
 
 
 def scores_pair(graph: Graph, kv: Node, q: Node, caps: Capabilities) -> tuple[Kernel, Kernel, int] | None:
@@ -346,12 +364,19 @@ DQ_PREFETCH = (1, 4)               # the blocks ahead it may fetch (``tuning.dq_
 DQ_FACTORS = 512                   # most slots of its factors tile (2 KiB): key groups x query blocks
 
 
-def dq_factors(keys: int, threads: int) -> int:
+def scale_queries(split: bool) -> int:
+    """Queries each of dS's scales in the scores covers: dkdv's blocks of 32 streamed
+    queries, 16 for split products (whose dkdv streams 16 where its head dim allows:
+    ``backward_streamed``)."""
+    return 16 if split else 32
+
+
+def dq_factors(keys: int, threads: int, split: bool = False) -> int:
     """Slots of attention_coop_dq.wgsl's factors tile for ``keys`` keys: a factor for each
     16 keys and each of the workgroup's 32-query blocks, padded to whole rounds of its
     ``threads`` (so that no lane branches filling it); 0 (the factors read as the elements
     are staged) where that passes ``DQ_FACTORS``."""
-    slots = -(-keys // 16) * (DQ_QUERIES // 32)
+    slots = -(-keys // 16) * (DQ_QUERIES // scale_queries(split))
     slots = -(-slots // threads) * threads
     return slots if slots <= DQ_FACTORS else 0
 
@@ -361,7 +386,7 @@ def _dq_factor_subs(factors: int) -> dict:
     from the scales with each staged element (0)."""
     if not factors:
         return dict(FACTORS_TILE="", FACTORS_PUT="",
-                    FACTOR="    return select(0.0, cs[2u * qb] / scale_of(bh, key / 16u, qb, q0, T, S, ex), ok);")
+                    FACTOR="    return select(0.0, cs[qb * (QG / 16u)] / scale_of(bh, key / 16u, qb, q0, T, S, ex), ok);")
     fill = ["    {   // each key group's factor c / s for each query block, for every block's staging",
             "        let groups = (end + 15u) / 16u;",
             "        for (var i0 = 0u; i0 < FACTORS; i0 = i0 + 32u * SUBGROUPS) {"
@@ -370,7 +395,7 @@ def _dq_factor_subs(factors: int) -> dict:
             "            let g = i / QB;",
             "            let qb = i % QB;",
             "            let s = scale_of(bh, g, qb, q0, T, S, ex);",
-            "            fs[i] = select(0.0, cs[2u * qb] / s, g < groups && q0 + qb * 32u < T);",
+            "            fs[i] = select(0.0, cs[qb * (QG / 16u)] / s, g < groups && q0 + qb * QG < T);",
             "        }",
             "    }",
             "    workgroupBarrier();"]
@@ -396,7 +421,7 @@ def coop_dq_from_scores(graph: Graph, node: Node, bsz, t, s, h, hkv, d, causal, 
     queries, keys = DQ_QUERIES, DQ_KEYS
     f, dk, threads = COOP_FRAGMENT, d // COOP_FRAGMENT, 32 * (queries // 16)
     split = split_products(caps)
-    factors = dq_factors(s, threads)
+    factors = dq_factors(s, threads, split)
     k_steps = [f"tid + {n * threads}u" for n in range(keys * d // 4 // threads)]
     s_steps = [f"tid + {n * threads}u" for n in range(keys * queries // 8 // threads)]
 
@@ -452,7 +477,7 @@ def coop_dq_from_scores(graph: Graph, node: Node, bsz, t, s, h, hkv, d, causal, 
                      PUT_TILES=put_tiles(("k", "Kh"), split=split),
                      RESULTS="\n".join("    " + _result(f"gf{n}") for n in range(dk)),
                      LOOP="\n".join(loop), STORE="\n".join(store), SCRATCH=256 * queries // 16,
-                     FACTORS=factors, **_dq_factor_subs(factors), **_dq_split_subs(split))
+                     FACTORS=factors, QG=scale_queries(split), **_dq_factor_subs(factors), **_dq_split_subs(split))
     kernel.notes["variant"] = (f"cooperative dq as the product dS K: {queries} queries a workgroup, keys streamed "
                                f"{keys} at a time, K and dS fetched {len(sets)} block{'s' * (len(sets) > 1)} ahead, "
                                f"dS from attention_grad_kv{', its factors staged once' if factors else ''}, "
