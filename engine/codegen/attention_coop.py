@@ -252,7 +252,8 @@ def _coop_subs(d: int, split: bool = False) -> dict:
     stage_q, load_q = _staged_q(d, block, threads, split)
     fetch_first = [f"    var kr{n} = fetch_rows({e}, b, hk, part * per_part * BKV, S, HKV, 1u);"
                    for n, e in enumerate(elements)]
-    k_top = workgroup_top("top_k", [f"amax4(kr{n})" for n in range(len(elements))], 0, ind)
+    k_terms = [f"amax4(kr{n})" for n in range(len(elements))]
+    k_top = workgroup_top("top_k", k_terms, 0, ind)
     times_k, times_v = (" * s_k", " * s_v") if split else ("", "")
     stage = ([f"{ind}let s_k = exp2(14.0 - ex_k);", f"{ind}let ss = scale * exp2(ex_q + ex_k - 28.0);"] if split else [])
     stage += ([f"{ind}put_k({e}, kr{n}{times_k});" for n, e in enumerate(elements)]
@@ -312,7 +313,7 @@ def _coop_subs(d: int, split: bool = False) -> dict:
                                    "var<workgroup> Pl: array<f16, 4u * 16u * PS>;",
                                    "var<workgroup> red: array<f32, 8>;    // the subgroups' largest |Q| or |K|, |V|",
                                    "", _template("tile_scales.wgsl")]),
-            FIRST_K_SCALE="\n".join([*(line[4:] for line in k_top), "    workgroupBarrier();",
+            FIRST_K_SCALE="\n".join([*workgroup_top("top_k", k_terms, 0, "    "), "    workgroupBarrier();",
                                      "    var ex_k = exponent_of(red_top(0u));", "    var s_v = exp2(114.0);"]),
             NEXT_K_TOP="\n".join(k_top), NEXT_K_SCALE=f"{ind}ex_k = exponent_of(red_top(0u));",
             UNSCALE_O="    inv = inv / s_v;")

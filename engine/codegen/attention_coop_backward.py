@@ -12,8 +12,8 @@ from ..graph.ir import Graph, Node
 from ..graph.ops import attention_grad_kv_layout
 from .attention import _attention_backward, _attention_dims, _split_grid
 from .attention_coop import (_HALF_PAD, _fragment, _fragment_rounds, _result, coop_attention_supported, entry_point,
-                             fragment_product, fragments_of_two_tiles, lane_column, put_tiles, scratch_row,
-                             split_products, split_store, staged_in_rounds, staged_in_two_tiles, workgroup_top)
+                             fragment_product, lane_column, put_tiles, scratch_row, split_products, split_store,
+                             staged_in_rounds, staged_in_two_tiles, workgroup_top)
 from .common import Capabilities, Kernel, _finish, _template, f32_bits
 from .matmul_coop import COOP_ENABLES, COOP_FRAGMENT, hi_part
 
@@ -117,25 +117,18 @@ def _subs(d: int, mode: int, streamed: int, scores: bool = False, split: bool = 
     if split:
         fixed_max += workgroup_top("top_a", [f"amax4(a{n})" for n in fixed_steps], 4, "    ")
 
-    def put_fixed(name: str, times: str) -> list[str]:
-        return staged_in_two_tiles(("put_x", "put_y"), lambda n: f"{name}{n}{times}", len(fixed_steps),
-                                   streamed * d // 4, threads)
-
-    def load_fixed(name: str) -> list[str]:
-        frags = [(f"{name}f", "h"), (f"{name}l", "l")][:len(parts)]
-        if streamed >= COOP_BACKWARD_FIXED:   # the fixed rows fit Xh
-            return [f"    let {frag}{kk} = {_fragment('left', 'X' + part, f'sg * 16u * KS + {f * kk}u', False, 'KS')};"
-                    for frag, part in frags for kk in range(dk)]
-        return [line for frag, part in frags for line in fragments_of_two_tiles(frag, ("X" + part, "Y" + part), dk)]
-
     def fixed_rows(name: str, times: str) -> tuple[list[str], list[str]]:
-        """(staging, loads) of the fixed rows ``name``0.. (times ``times``): at once where
-        two tiles hold 64 rows or one does, else in rounds (blocks of 16)."""
-        if streamed >= 32:
-            return put_fixed(name, times), load_fixed(name)
+        """(staging, loads) of the fixed rows ``name``0.. (times ``times``): in blocks of 64
+        all through X (each subgroup loading its 16 rows), else through X and Y
+        (``staged_in_rounds``: at once in blocks of 32, in two rounds in blocks of 16)."""
+        frags = [(f"{name}f", "h"), (f"{name}l", "l")][:len(parts)]
         value = lambda first: lambda n: f"{name}{n + first * d // 4 // threads}{times}"  # noqa: E731
-        frags = [(f"{name}f", ("Xh", "Yh")), (f"{name}l", ("Xl", "Yl"))][:len(parts)]
-        return staged_in_rounds(("put_x", "put_y"), value, frags, d, streamed, threads)
+        if streamed >= COOP_BACKWARD_FIXED:
+            return (staged_in_two_tiles(("put_x", "put_y"), value(0), len(fixed_steps), streamed * d // 4, threads),
+                    [f"    let {frag}{kk} = {_fragment('left', 'X' + part, f'sg * 16u * KS + {f * kk}u', False, 'KS')};"
+                     for frag, part in frags for kk in range(dk)])
+        return staged_in_rounds(("put_x", "put_y"), value, [(frag, ("X" + part, "Y" + part)) for frag, part in frags],
+                                d, streamed, threads)
 
     fetch_stream = [f"{ind}let x{n} = fetch_rows({e(n)}, b, sh, c0, NS, HS, {x}u); "
                     f"let y{n} = fetch_rows({e(n)}, b, sh, c0, NS, HS, {y}u);" for n in steps]
