@@ -342,6 +342,37 @@ def test_strided_input_gradients_by_classes_of_positions(kernel, configure):
     assert len(variants) == len(cases) and all(" classes of positions" in v for v in variants), variants
 
 
+def test_the_simple_kernel_computes_four_columns_a_thread(configure):
+    """matmul.wgsl: a 16 x 64 tile, four adjacent outputs of a row a thread. B's four
+    columns come as one vec4 where they are contiguous and aligned, else as four checked
+    loads (N not a multiple of 4, a transposed B, a batched B); the epilogue (bias, GELU,
+    residual) and a norm in the prologue (its sum of squares once a row) run on each of
+    the four; every result as the float64 reference's."""
+    configure(matmul="simple", precision="f32")
+    g = Graph("simple")
+    x = g.input("x", [3, 21, 40])
+    outputs = {
+        "vec4_b": g.matmul(x, g.input("w", [40, 132])),
+        "odd_columns": g.matmul(x, g.input("w_odd", [40, 37])),
+        "transposed_b": g.matmul(x, g.input("wt", [70, 40]), transpose_b=True),
+        "batched_b": g.matmul(x, g.input("wb", [3, 40, 68])),
+        "epilogue": g.apply("fused_matmul", x, g.input("w2", [40, 36]), g.input("bias", [36]),
+                            g.input("res", [3, 21, 36]), activation="gelu", has_add=True, has_residual=True),
+        "norm": g.apply("norm_matmul", g.input("xn", [6, 40]), g.input("nw", [40]), g.input("wn", [29, 40]),
+                        eps=1e-6, transpose_b=True),
+    }
+    for name, node in outputs.items():
+        g.output(name, node)
+    s = check(g)
+    by_output = {d.nodes[-1]: d for d in s.plan.dispatches}
+    assert all("4 columns a thread" in by_output[g.outputs[name]].variant for name in outputs)
+    assert by_output[g.outputs["vec4_b"]].workgroups[:2] == [3, 4]        # 132 columns / 64, 63 rows / 16
+    assert by_output[g.outputs["batched_b"]].workgroups == [2, 2, 3]
+    b_binding = lambda name: s.plan.kernels[by_output[g.outputs[name]].key].source.split("b_in")[1].split(";")[0]
+    vec4 = {name: "vec4<f32>" in b_binding(name) for name in ("vec4_b", "odd_columns", "transposed_b")}
+    assert vec4 == {"vec4_b": True, "odd_columns": False, "transposed_b": False}, vec4
+
+
 @pytest.mark.parametrize("kernel", ["simple", "64"])
 def test_batches_of_a_shared_weight_fold_into_rows(kernel, monkeypatch, configure):
     """[5, 66, k] @ [k, n] runs as one [330, k] @ [k, n] (no half-empty tile a batch),

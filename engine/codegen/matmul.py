@@ -26,6 +26,9 @@ from .tuning import Tuning
 
 # ---------------------------------------------------------------- matmul
 
+SIMPLE_COLUMNS = 4   # adjacent outputs of a row a thread of the simple kernel (matmul.wgsl) computes: a vec4
+
+
 def _fold_batch(out, a_shape, b_shape, extra_shapes):
     """(out, A, B, extras) shapes with the batch folded into the rows where that reads the
     same memory: A ([batch, m, k], not transposed) is then one [batch * m, k] matrix, B
@@ -98,17 +101,18 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN, sums: str = ""
     names, types = ["a_in", "b_in"], ["f32", "f32"]
     epi = []
     residual = None
-    prologue = ""
+    prologue = row_setup = ""
     act = "x"
     if norm:
         names, types = ["a_in", "w_in", "b_in"], ["f32"] * 3
         prologue = " * w_in[ka]"
-        epi += ["    var ss = 0.0;",
-                "    for (var k = 0u; k < K; k = k + 1u) {",
-                "        let xv = a_in[a0 + row * sam + k * sak];",
-                "        ss = ss + xv * xv;",
-                "    }",
-                "    v = v * inverseSqrt(ss / f32(K) + mf(4u));"]
+        row_setup = "\n".join(["    var ss = 0.0;",
+                               "    for (var k = 0u; k < K; k = k + 1u) {",
+                               "        let xv = a_in[a0 + row * sam + k * sak];",
+                               "        ss = ss + xv * xv;",
+                               "    }",
+                               "    let inv_rms = inverseSqrt(ss / f32(K) + mf(4u));"])
+        epi += ["    v = v * inv_rms;"]
     else:
         act = ACTIVATION_EXPR[attrs.get("activation", "none")]
         j = 2
@@ -149,8 +153,9 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN, sums: str = ""
                           f"{MAX_WORKGROUPS} workgroups per dimension")
     if variant == "simple":
         k = _finish(f"matmul:{node.op}", "matmul", "matmul.wgsl", names, types, "f32", meta,
-                    (gx, gy, max(nbatch, 1)), A_PROLOGUE=prologue, **common)
-        k.notes["variant"] = f"{TILE}x{TILE} tile"
+                    (gx, gy, max(nbatch, 1)), A_PROLOGUE=prologue, ROW_SETUP=row_setup,
+                    LOAD_B=_simple_load_b(words_b, n_, k_, names, types), **common)
+        k.notes["variant"] = f"{TILE}x{SIMPLE_COLUMNS * TILE} tile, {SIMPLE_COLUMNS} columns a thread"
         return k
     # outer axis first: A's is m, B's is n
     fetch_a = operand_fetch(words_a, m_, k_)
@@ -172,6 +177,16 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN, sums: str = ""
     return _tiled_kernel(f"matmul:{node.op}", "matmul", names, types, meta, (gx, gy, max(nbatch, 1)), k_, note,
                          common, subs, caps, extras=len(extras), epilogue_apart=apart, sums=adds,
                          fill=slice_fill(variant, gx * gy * max(nbatch, 1), caps.tuning))
+
+
+def _simple_load_b(words_b, n_: int, k_: int, names: list, types: list) -> str:
+    """matmul.wgsl's load of B's four columns at (kb, col0): one vec4 where B's columns
+    are contiguous and aligned (its binding then typed vec4), else four checked loads."""
+    if operand_fetch(words_b[:-2] + [words_b[-1], words_b[-2]], n_, k_) == "outer-vec4":
+        types[names.index("b_in")] = "vec4<f32>"
+        return "            bv = b_in[(b0 + kb * sbk + col0) / 4u];"
+    return ("            for (var j = 0u; j < 4u && col0 + j < N; j = j + 1u) "
+            "{ bv[j] = b_in[b0 + kb * sbk + (col0 + j) * sbn]; }")
 
 
 def _sums_plan(sums: str, variant: str, fetch_a: str, fetch_b: str, m_: int, n_: int) -> dict | None:
@@ -500,7 +515,7 @@ def _preset(variant: str) -> CoopPreset | TilePreset:
 def _tile_of(variant: str) -> tuple[int, int]:
     """(rows, columns) of the output tile of a matmul kernel variant."""
     if variant == "simple":
-        return TILE, TILE
+        return TILE, SIMPLE_COLUMNS * TILE
     if variant in COOP:
         return COOP[variant].bm, COOP[variant].bn
     preset = TILED[variant]
