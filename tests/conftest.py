@@ -27,6 +27,7 @@ if "MEGANEURA_STUDIO_SETTINGS" not in os.environ:
 
 
 import dataclasses  # noqa: E402
+import gc  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -99,3 +100,12 @@ def pytest_collection_modifyitems(items):
     """The slow files first (``SLOW_FILES``), the others in their usual order after them."""
     rank = {name: i for i, name in enumerate(SLOW_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FILES)))
+
+
+def pytest_collection_finish(session):
+    """What collection imported (torch, transformers, Qt: millions of objects that live as
+    long as the process) leaves the collector's generations, so that a full collection
+    walks only what tests make: the Studio's, as its last window closes
+    (app/main_thread_gc.py), took 0.2 s each, 4.9 s of three test files' 80 (2026-11-27)."""
+    gc.collect()
+    gc.freeze()
