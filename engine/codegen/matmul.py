@@ -537,7 +537,7 @@ def matmul_variant(m_: int, n_: int, nbatch: int, k_: int = 0, transpose_a: bool
     on gpt-tiny's, 15-20% on whisper's at batch 8); elsewhere the 128-thread kernel (its
     k loop unrolled) won 3-8% on single matmuls but made whisper-tiny's inference 3-4%
     slower in the same call, so 256 threads of 4 x 4 stay. Small or thinner outputs keep
-    the 16 x 16 kernel unless K is long enough to split (run 15: 32 x 4096 x 4096 in
+    the simple kernel (a 16 x 64 tile; 16 x 16 until run 48) unless K is long enough to split (run 15: 32 x 4096 x 4096 in
     0.206 ms on it, 0.115 ms on the 64 tile with K in 4 slices).
     With ``caps.matmul_f16`` every product of at least 16 x 16 x 16 takes a
     cooperative-matrix kernel (``coop_variant``), with ``caps.matmul_split`` a split one

@@ -317,9 +317,10 @@ def _log_softmax():
 # norm_matmul (the norm in the product's prologue) pays where the product has few rows:
 # codegen's few-row kernel takes it (up to codegen.matmul.VECTOR_ROWS rows) and sums each
 # row's squares once a workgroup, saving a dispatch. On more rows it would run on the
-# simple 16 x 16 kernel, each output summing its row's squares again: a 49,152-word LM head
-# took 17.4 ms fused against about 3.5 ms apart, gpt-tiny's 257-word head at batch 8 x 256
-# 125 us against 13 + 31 (run 35, H100); the norm and the tiled or cooperative product win.
+# simple kernel (then 16 x 16, each output summing its row's squares again; since run 48
+# a 16 x 64 tile, once a row): a 49,152-word LM head took 17.4 ms fused against about
+# 3.5 ms apart, gpt-tiny's 257-word head at batch 8 x 256 125 us against 13 + 31 (run 35,
+# H100); the norm and the tiled or cooperative product win.
 NORM_MATMUL_MAX_ROWS = 8
 
 
