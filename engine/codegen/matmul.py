@@ -152,9 +152,9 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN, sums: str = ""
         raise DeviceError(f"{graph.format_node(node)}: matmul grid {gx} x {gy} x {nbatch} exceeds "
                           f"{MAX_WORKGROUPS} workgroups per dimension")
     if variant == "simple":
+        types[names.index("b_in")], load_b = _simple_load_b(words_b, n_, k_)
         k = _finish(f"matmul:{node.op}", "matmul", "matmul.wgsl", names, types, "f32", meta,
-                    (gx, gy, max(nbatch, 1)), A_PROLOGUE=prologue, ROW_SETUP=row_setup,
-                    LOAD_B=_simple_load_b(words_b, n_, k_, names, types), **common)
+                    (gx, gy, max(nbatch, 1)), A_PROLOGUE=prologue, ROW_SETUP=row_setup, LOAD_B=load_b, **common)
         k.notes["variant"] = f"{TILE}x{SIMPLE_COLUMNS * TILE} tile, {SIMPLE_COLUMNS} columns a thread"
         return k
     # outer axis first: A's is m, B's is n
@@ -179,14 +179,13 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN, sums: str = ""
                          fill=slice_fill(variant, gx * gy * max(nbatch, 1), caps.tuning))
 
 
-def _simple_load_b(words_b, n_: int, k_: int, names: list, types: list) -> str:
-    """matmul.wgsl's load of B's four columns at (kb, col0): one vec4 where B's columns
-    are contiguous and aligned (its binding then typed vec4), else four checked loads."""
+def _simple_load_b(words_b, n_: int, k_: int) -> tuple[str, str]:
+    """(B's binding type, matmul.wgsl's load of B's four columns at (kb, col0)): one vec4
+    where B's columns are contiguous and aligned, else four checked loads of f32."""
     if operand_fetch(words_b[:-2] + [words_b[-1], words_b[-2]], n_, k_) == "outer-vec4":
-        types[names.index("b_in")] = "vec4<f32>"
-        return "            bv = b_in[(b0 + kb * sbk + col0) / 4u];"
-    return ("            for (var j = 0u; j < 4u && col0 + j < N; j = j + 1u) "
-            "{ bv[j] = b_in[b0 + kb * sbk + (col0 + j) * sbn]; }")
+        return "vec4<f32>", "            bv = b_in[(b0 + kb * sbk + col0) / 4u];"
+    return "f32", ("            for (var j = 0u; j < 4u && col0 + j < N; j = j + 1u) "
+                   "{ bv[j] = b_in[b0 + kb * sbk + (col0 + j) * sbn]; }")
 
 
 def _sums_plan(sums: str, variant: str, fetch_a: str, fetch_b: str, m_: int, n_: int) -> dict | None:
