@@ -3,6 +3,7 @@ before) and its settings, Load; what the open model takes and gives; weights and
 
 from __future__ import annotations
 
+import html
 import os
 
 from PySide6.QtCore import Qt, Signal
@@ -106,8 +107,7 @@ class ModelPanel(QWidget):
             return cls.description, cls.describe_settings()
         model = self.state.model
         if model is not None and self.state.source == source:
-            return model.description, {k: {"default": s.default, "type": s.type.__name__, "help": s.help}
-                                       for k, s in model.SETTINGS.items()}
+            return model.description, {k: s.describe() for k, s in model.SETTINGS.items()}
         return f"{source}: press Load model to open it.", {}
 
     def _rebuild_settings(self, source: str, values: dict | None = None) -> None:
@@ -120,7 +120,7 @@ class ModelPanel(QWidget):
             value = (values or {}).get(key, meta["default"])
             if meta["type"] == "int":
                 w = QSpinBox()
-                w.setRange(1, 10_000_000)
+                w.setRange(1, meta.get("maximum", 10_000_000))
                 w.setValue(int(value))
             elif meta["type"] == "float":
                 w = QDoubleSpinBox()
@@ -162,7 +162,8 @@ class ModelPanel(QWidget):
                           f"{len(s.params)} tensors · {n:,} parameters<br>"
                           f"<i>inputs</i><br>{tensors(g.inputs) if g else ''}<br><i>outputs</i><br>"
                           f"{tensors(g.outputs) if g else ''}"
-                          f"<br>weights: {s.weights_path or origin}")
+                          f"<br>weights: {s.weights_path or origin}"
+                          + "".join(f"<br><i>{html.escape(note)}</i>" for note in s.model.notes))
 
     def set_recent(self, paths: list[str]) -> None:
         self.recent.clear()

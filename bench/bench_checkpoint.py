@@ -1,9 +1,11 @@
 """A Hugging Face checkpoint opened from its folder, on our engine and on transformers, on
 the same GPU in one process: a SmolLM2-135M-shaped Llama (random weights from its config:
-hidden 576, 30 layers, 9 heads over 3 kv heads, vocab 49152) written with
-``save_pretrained`` and read back by ``engine.load_model``.
+hidden 576, 30 layers, 9 heads over 3 kv heads, vocab 49152), or with ``--shape`` a
+Qwen2.5-0.5B- or Qwen3-0.6B-shaped one, written with ``save_pretrained`` and read back by
+``engine.load_model``.
 
     python3 bench/bench_checkpoint.py            # the SmolLM2-135M shape (meant for a real GPU)
+    python3 bench/bench_checkpoint.py --shape qwen3-0.6b
     python3 bench/bench_checkpoint.py --quick    # a tiny Llama: runs on lavapipe in seconds
 
 Rows (wall time per call, median after warm-up; ratio = ours / transformers fp32):
@@ -42,8 +44,35 @@ from engine.train.session import build_session  # noqa: E402
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                     num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
                     rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True)
+QWEN25_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                  num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                  rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True)
+QWEN3_06B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                 num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                 rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True)
 TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True)
+# --shape: the checkpoint's family (transformers' config and model classes) and its config's fields.
+SHAPES = {
+    "smollm2-135m": ("SmolLM2-135M-shaped Llama", "Llama", SMOLLM2_135M),
+    "qwen2.5-0.5b": ("Qwen2.5-0.5B-shaped Qwen2", "Qwen2", QWEN25_05B),
+    "qwen3-0.6b": ("Qwen3-0.6B-shaped Qwen3", "Qwen3", QWEN3_06B),
+}
+
+
+def random_checkpoint(shape: str, quick: bool):
+    """(transformers model, its folder, config fields, title): random weights of ``shape``'s
+    config (``--quick``: the family at TINY's sizes) written with save_pretrained."""
+    title, family, cfg = SHAPES[shape]
+    if quick:
+        cfg, title = TINY, f"tiny {family} (--quick)"
+    torch.manual_seed(0)
+    config = getattr(transformers, f"{family}Config")(**cfg)
+    hf = getattr(transformers, f"{family}ForCausalLM")(config).eval()
+    folder = Path(tempfile.mkdtemp(prefix=f"bench-{family.lower()}-"))
+    hf.save_pretrained(folder)
+    n_params = sum(t.numel() for t in hf.parameters())
+    return hf, folder, cfg, title if quick else f"{title} ({n_params / 1e6:.1f} M parameters, random weights)"
 
 
 def wall_ms(fn, steps, sync, warmup=2) -> float:
@@ -128,19 +157,15 @@ class _null:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a tiny Llama at tiny sizes (lavapipe)")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m", help="the checkpoint's config")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
     args = p.parse_args(argv)
-    cfg = TINY if args.quick else SMOLLM2_135M
     fwd_shape, train_shape = ((1, 16), (2, 16)) if args.quick else ((1, 512), (4, 256))
     steps = 2 if args.quick else args.steps
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    torch.manual_seed(0)
-    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg)).eval()
-    folder = Path(tempfile.mkdtemp(prefix="bench-llama-"))
-    hf.save_pretrained(folder)
-    n_params = sum(t.numel() for t in hf.parameters())
-    log(f"checkpoint: {n_params / 1e6:.1f} M parameters in {folder}")
+    hf, folder, cfg, title = random_checkpoint(args.shape, args.quick)
+    log(f"checkpoint: {title} in {folder}")
     rng = np.random.default_rng(0)
     ids_f = rng.integers(0, cfg["vocab_size"], fwd_shape).astype(np.int32)
     ids_t = rng.integers(0, cfg["vocab_size"], train_shape).astype(np.int32)
@@ -164,8 +189,7 @@ def main(argv=None) -> int:
             rows.append([label, fmt(v[0], " ms"), fmt(v[0] / base[0]), fmt(v[1], " ms"), fmt(v[1] / base[1])])
         else:
             rows.append([label, v, "-", "-", "-"])
-    print(f"SmolLM2-135M-shaped Llama ({n_params / 1e6:.1f} M parameters, random weights)" if not args.quick
-          else "tiny Llama (--quick)")
+    print(title)
     print(f"ours on {adapter_desc()}; torch {torch.__version__} on {device}, transformers {transformers.__version__}")
     print(markdown_table(["", f"forward {fwd_shape[0]}x{fwd_shape[1]}", "ratio",
                           f"train step {train_shape[0]}x{train_shape[1]}", "ratio"], rows))

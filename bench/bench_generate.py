@@ -1,8 +1,10 @@
 """Greedy generation with the KV cache, ours against transformers' ``generate`` on the same
 GPU in one process: a SmolLM2-135M-shaped Llama (random weights from its config, written
-with ``save_pretrained`` and opened from the folder) and the built-in gpt-tiny.
+with ``save_pretrained`` and opened from the folder; ``--shape`` picks a Qwen2.5-0.5B- or
+Qwen3-0.6B-shaped one instead) and the built-in gpt-tiny.
 
     python3 bench/bench_generate.py            # the SmolLM2-135M shape (meant for a real GPU)
+    python3 bench/bench_generate.py --shape qwen2.5-0.5b
     python3 bench/bench_generate.py --quick    # a tiny Llama only: runs on lavapipe in seconds
 
 Rows: prefill of a ``--prompt``-token prompt (wall time from the ids to the first new
@@ -26,7 +28,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -39,7 +40,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from bench_checkpoint import SMOLLM2_135M, TINY  # noqa: E402
+from bench_checkpoint import SHAPES, random_checkpoint  # noqa: E402
 from bench_vs_torch import adapter_desc, fmt, log, markdown_table, ours_record_us  # noqa: E402
 from engine import models  # noqa: E402
 from engine.importers import load_model  # noqa: E402
@@ -124,6 +125,7 @@ def theirs(hf, prompt, new, calls, device, dtype, generate_kwargs=None):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a tiny Llama at tiny sizes (lavapipe)")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m", help="the checkpoint's config")
     p.add_argument("--prompt", type=int, default=512, help="prompt tokens (default 512)")
     p.add_argument("--new", type=int, default=128, help="new tokens a call (default 128)")
     p.add_argument("--calls", type=int, default=3)
@@ -134,17 +136,13 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     global PROFILE
     PROFILE = args.profile
-    cfg = TINY if args.quick else SMOLLM2_135M
     prompt_len, new, calls = (16, 8, 1) if args.quick else (args.prompt, args.new, args.calls)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    torch.manual_seed(0)
-    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg)).eval()
-    folder = Path(tempfile.mkdtemp(prefix="bench-llama-"))
-    hf.save_pretrained(folder)
+    hf, folder, cfg, title = random_checkpoint(args.shape, args.quick)
     prompt = np.random.default_rng(0).integers(0, cfg["vocab_size"], prompt_len).tolist()
 
     rows, failed = [], []
-    log(f"ours: llama, prompt {prompt_len}, {new} new tokens")
+    log(f"ours: {title}, prompt {prompt_len}, {new} new tokens")
     model = load_model(str(folder))
     o_prefill, o_rate, o_ids, dispatches, build_s, o_sampled = ours(model, prompt, new, calls)
     compiled = (args.compile or not args.quick) and not args.no_compile
@@ -172,8 +170,7 @@ def main(argv=None) -> int:
         tiny = models.create("gpt-tiny")
         t_prefill, t_rate, _, t_dispatches, _, _ = ours(tiny, [256] * min(prompt_len, 64), new, calls)
 
-    print("tiny Llama (--quick)" if args.quick else
-          f"SmolLM2-135M-shaped Llama ({sum(t.numel() for t in hf.parameters()) / 1e6:.1f} M parameters, random)")
+    print(title)
     print(f"ours on {adapter_desc()}; torch {torch.__version__} on {device}, transformers {transformers.__version__}")
     print(markdown_table(["", f"prefill {prompt_len} tokens", "decode tokens/s", "ratio to transformers fp32"], table))
     for line in failed:

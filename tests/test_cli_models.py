@@ -22,6 +22,8 @@ def test_models_json_lists_every_builtin_with_settings(capsys):
     listed = json.loads(out)["models"]
     assert set(listed) == set(models.names()) >= {"mlp", "whisper-tiny", "gpt-tiny", "audio-align"}
     assert listed["whisper-tiny"]["settings"]["mel_len"]["default"] == 3000
+    assert listed["gpt-tiny"]["settings"]["seq"]["maximum"] == 4096       # what the Studio's editor stops at
+    assert "maximum" not in listed["mlp"]["settings"]["batch"]
 
 
 def test_run_reference_writes_the_reference_outputs(capsys, tmp_path):

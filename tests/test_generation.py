@@ -48,6 +48,28 @@ def gpt2_checkpoint(path):
     return hf, path
 
 
+def qwen3_checkpoint(path):
+    """Qwen3: q and k normalised per head before RoPE, which a decode step applies inside
+    the cache write and the cached attention; biases on q, k, v and o."""
+    torch.manual_seed(2)
+    cfg = transformers.Qwen3Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, attention_bias=True,
+                                   max_position_embeddings=48, rms_norm_eps=1e-5, rope_theta=500.0,
+                                   tie_word_embeddings=True, eos_token_id=None, bos_token_id=None)
+    hf = transformers.Qwen3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith(("bias", "norm.weight")):
+                p.add_(torch.randn_like(p) * 0.1)
+    hf.save_pretrained(path)
+    return hf, path
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    return qwen3_checkpoint(tmp_path_factory.mktemp("gen_qwen3"))
+
+
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     return llama_checkpoint(tmp_path_factory.mktemp("gen_llama"))
@@ -208,10 +230,13 @@ def test_greedy_ids_equal_transformers(request, which, backend):
         assert result.stopped == ("eos" if want[-1] in model.eos_ids() else "length")
 
 
-def test_decoding_with_the_cache_equals_recomputing_the_sequence(llama):
+@pytest.mark.usefixtures("f32_kernels")   # what the cache holds, not f16's rounding (Qwen3's heads of 16 take it)
+@pytest.mark.parametrize("which", ["llama", "qwen3"])
+def test_decoding_with_the_cache_equals_recomputing_the_sequence(request, which):
     """Every decode step's logits (GPU, one token over the cache) against the reference
-    forward over the whole sequence so far."""
-    _, path = llama
+    forward over the whole sequence so far (Qwen3's norms of q and k come before the RoPE
+    that a decode step defers into the cache write and the cached attention)."""
+    _, path = request.getfixturevalue(which)
     model = load_model(str(path))
     gen = model.generator(backend="gpu")
     ids = [5, 17, 3, 40]

@@ -42,6 +42,32 @@ def llama(tie=True, **extra):
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
+# Llama's relatives: (config class, model class, config fields beyond the shared small shape).
+RELATIVES = {
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16, attention_bias=True)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=16)),
+    "llama-biases": ("LlamaConfig", "LlamaForCausalLM", dict(attention_bias=True, mlp_bias=True)),
+}
+
+
+def relative(which, **fields):
+    """A tiny random model of a Llama-family ``which``, its biases and norms moved off their
+    initial zeros and ones so that a bias or norm bound to the wrong place shows."""
+    config_class, model_class, extra = RELATIVES[which]
+    torch.manual_seed(4)
+    cfg = getattr(transformers, config_class)(
+        vocab_size=120, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=500.0,
+        **{**extra, **fields})
+    hf = getattr(transformers, model_class)(cfg).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith(("bias", "norm.weight")):
+                p.add_(torch.randn_like(p) * 0.1)
+    return hf
+
+
 def gpt2():
     torch.manual_seed(1)
     cfg = transformers.GPT2Config(vocab_size=110, n_embd=32, n_layer=2, n_head=4, n_positions=32,
@@ -93,6 +119,58 @@ def test_llama_untied_with_wide_heads_matches_transformers(tmp_path):
     x = ids(120, seed=3)
     ref = torch_logits(hf, x)
     assert rel(model.run({"input_ids": x}, backend="reference")["logits"], ref) < TOL
+
+
+@pytest.mark.parametrize("which", sorted(RELATIVES))
+def test_llama_relatives_match_transformers_reference_and_gpu(tmp_path, which):
+    hf = relative(which)
+    model = load_model(str(save(hf, tmp_path)), ["batch=2", "seq=8"])
+    shapes = model.parameter_shapes()
+    assert set(shapes) == {n for n, _ in hf.named_parameters()} - ({"lm_head.weight"} if model.tied else set())
+    assert model.summary()["model_type"] == which.split("-")[0]
+    x = ids(120, seed=6)
+    ref = torch_logits(hf, x)
+    assert rel(model.run({"input_ids": x}, backend="reference")["logits"], ref) < TOL
+    assert rel(model.run({"input_ids": x}, backend="gpu")["logits"], ref) < TOL
+
+
+def test_qwen3_head_dim_defaults_to_128_as_in_transformers(tmp_path):
+    """An older config.json may leave head_dim out: Qwen3 then has heads of 128, not
+    hidden_size / num_attention_heads."""
+    hf = relative("qwen3", head_dim=128)
+    save(hf, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["head_dim"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = load_model(str(tmp_path), ["batch=2", "seq=8"])
+    assert model.parameter_shapes()["model.layers.0.self_attn.q_proj.weight"] == (32, 4 * 128)
+    x = ids(120, seed=10)
+    assert rel(model.run({"input_ids": x}, backend="reference")["logits"], torch_logits(hf, x)) < TOL
+
+
+def test_sliding_windows_bound_the_sequence_where_full_attention_is_exact(tmp_path, capsys):
+    """Mistral's window covers every layer; Qwen's only with use_sliding_window, from
+    max_window_layers on. Up to the window, windowed and full attention agree, so the
+    importer allows sequences that long and refuses longer ones by name."""
+    from engine.cli import main
+    mistral = load_model(str(save(relative("mistral"), tmp_path / "mistral")))
+    assert mistral.context_length == 16 and "sliding_window=16" in mistral.summary()["context_note"]
+    with pytest.raises(MeganeuraError, match="16"):
+        load_model(str(tmp_path / "mistral"), ["seq=17"])
+    assert main(["inspect", str(tmp_path / "mistral")]) == 0
+    assert "context     16 tokens (sliding_window=16" in capsys.readouterr().out
+    plain = load_model(str(save(relative("mistral", sliding_window=None), tmp_path / "plain")))
+    assert plain.context_length == 64 and "context_note" not in plain.summary()
+    off = load_model(str(save(relative("qwen2", sliding_window=8), tmp_path / "off")))
+    assert off.context_length == 64          # use_sliding_window is false
+    on = save(relative("qwen2", sliding_window=8, use_sliding_window=True, max_window_layers=1), tmp_path / "on")
+    assert json.loads((on / "config.json").read_text())["layer_types"] == ["full_attention", "sliding_attention"]
+    assert load_model(str(on)).context_length == 8
+    config = json.loads((on / "config.json").read_text())
+    config["layer_types"] = ["full_attention", "chunked_attention"]
+    (on / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelImportError, match="layer_types.*chunked_attention"):
+        load_model(str(on))
 
 
 def test_gpt2_matches_transformers_reference_and_gpu(gpt2_ckpt):
@@ -217,13 +295,19 @@ def test_causal_lm_loss_equals_transformers(which, llama_tied, gpt2_ckpt):
     assert abs(float(got) - want) / abs(want) < TOL
 
 
-@pytest.mark.parametrize("which", ["llama", "gpt2"])
-def test_causal_lm_gpu_training_step_matches_transformers_gradients(which, llama_tied, gpt2_ckpt):
-    """One SGD step (lr 1) on the GPU: the loss, and p_before - p_after = the gradient,
-    against torch's backward (the tied embedding gathers from two uses)."""
+@pytest.mark.parametrize("which", ["llama", "gpt2", "qwen3"])
+def test_causal_lm_gpu_training_step_matches_transformers_gradients(which, llama_tied, gpt2_ckpt, tmp_path):
+    """One SGD step on the GPU: the loss, and (p_before - p_after) / lr = the gradient,
+    against torch's backward (the tied embedding gathers from two uses; Qwen3's q and k
+    biases and per-head norms). lr is 1000 so that a gradient of 1e-5 on a parameter
+    near 1 (the per-head norms') moves it by more than f32's rounding of the difference."""
     from engine.train.config import TrainConfig
     from engine.train.session import build_session
-    hf, path = llama_tied if which == "llama" else gpt2_ckpt
+    if which == "qwen3":
+        hf = relative("qwen3")
+        path = save(hf, tmp_path)
+    else:
+        hf, path = llama_tied if which == "llama" else gpt2_ckpt
     vocab = hf.config.vocab_size
     model = load_model(str(path), ["batch=2", "seq=8"])
     x, labels = ids(vocab, seed=12), ids(vocab, seed=13)
@@ -232,7 +316,8 @@ def test_causal_lm_gpu_training_step_matches_transformers_gradients(which, llama
     want = hf(torch.from_numpy(x).long(), labels=torch.from_numpy(labels).long()).loss
     want.backward()
     before = model.init_params()
-    session = build_session(model.build(train=True), TrainConfig(optimizer="sgd", lr=1.0), before)
+    lr = 1000.0
+    session = build_session(model.build(train=True), TrainConfig(optimizer="sgd", lr=lr), before)
     session.set_inputs({"input_ids": x, "labels": labels})
     session.step()
     assert abs(float(session.read_loss()) - want.item()) / want.item() < TOL
@@ -240,7 +325,7 @@ def test_causal_lm_gpu_training_step_matches_transformers_gradients(which, llama
     grads = dict(hf.named_parameters())
     assert set(before) == set(grads)
     for name, value in before.items():
-        step = value - after[name]
+        step = (value.astype(np.float64) - after[name]) / lr
         step = step.T if name in model.weight_transposes else step
         assert rel(step, grads[name].grad.numpy()) < 1e-3, name
 
@@ -280,7 +365,7 @@ def test_folder_errors(tmp_path, llama_tied):
     with pytest.raises(ModelImportError, match=r"no weights.*model\.safetensors"):
         load_model(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "mamba"}))
-    with pytest.raises(ModelImportError, match=r"'mamba'.*llama, gpt2, bert, whisper"):
+    with pytest.raises(ModelImportError, match=r"'mamba'.*llama, qwen2, qwen3, mistral, gpt2, bert, whisper"):
         load_model(str(tmp_path))
 
 
@@ -318,7 +403,7 @@ def test_tied_config_with_a_different_lm_head_is_refused(tmp_path, llama_tied):
 
 @pytest.mark.parametrize("field,value", [
     ("rope_scaling", {"rope_type": "linear", "factor": 2.0}),
-    ("attention_bias", True),
+    ("pretraining_tp", 2),
     ("rope_parameters", {"rope_theta": 10000.0, "rope_type": "yarn", "factor": 4.0}),
     ("hidden_act", "tanh"),
     ("rope_interleaved", True),

@@ -437,6 +437,24 @@ def test_open_a_checkpoint_folder_and_find_it_again_after_a_restart(window, qtbo
     again.wait_for_workers(30)
 
 
+def test_a_sliding_window_checkpoint_says_why_its_sequences_stop_there(window, qtbot, monkeypatch, tmp_path):
+    """Mistral's window bounds the sequence (full attention is exact up to it): the model
+    panel says so beside the seq setting that stops there."""
+    import torch
+    import transformers
+    torch.manual_seed(6)
+    cfg = transformers.MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                     sliding_window=24)
+    transformers.MistralForCausalLM(cfg).save_pretrained(tmp_path / "mistral")
+    monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda *a, **k: str(tmp_path / "mistral"))
+    window.open_folder_action.trigger()
+    assert not window.errors and window.state.model_name.startswith("mistral")
+    assert "sliding_window=24: sequences stop at 24 tokens" in window.model_panel.info.text()
+    assert window.model_panel.editors["seq"].maximum() == 24
+    window.wait_for_workers(30)
+
+
 def test_a_bad_model_file_is_a_dialog_and_the_open_model_stays(window, qtbot, monkeypatch, tmp_path, errors):
     bad = tmp_path / "broken.onnx"
     bad.write_bytes(b"this is not a protobuf")

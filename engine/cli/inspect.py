@@ -24,6 +24,9 @@ def format_summary(s: dict) -> str:
              tensors("inputs", s["inputs"]), tensors("outputs", s["outputs"]),
              f"parameters  {s['parameters']:,} ({s['parameter_bytes'] / 2**20:.1f} MiB as f32)",
              f"ops         {sum(s['ops'].values())} nodes, {len(ops)} kinds"]
+    if s.get("context_length"):
+        note = f" ({s['context_note']})" if s.get("context_note") else ""
+        lines.insert(3, f"context     {s['context_length']:,} tokens{note}")
     lines += [f"  {name:<28} {count}" for name, count in ops]
     return "\n".join(lines)
 

@@ -1,7 +1,8 @@
 """Hugging Face checkpoint folders (``config.json`` + safetensors weights) as models.
 
 ``load_checkpoint(folder, settings)`` reads the config, picks the architecture by
-``model_type`` (``llama``, ``gpt2``, ``bert``, ``whisper`` — its encoder only), builds
+``model_type`` (``llama`` and its relatives ``qwen2``, ``qwen3``, ``mistral``; ``gpt2``,
+``bert``, ``whisper`` — its encoder only), builds
 it with the ``nn`` Module API under the checkpoint's own tensor names, and binds the
 weights (``model.safetensors``, or the shards ``model.safetensors.index.json`` lists;
 f16/bf16 are widened to f32). Every problem is a ``ModelImportError`` of one line:
@@ -9,7 +10,7 @@ no config, no weights, an unknown ``model_type``, config fields this importer do
 not implement set to non-default values (named, never approximated), weights that
 disagree with the config (every missing, unexpected and mis-shaped tensor named).
 
-Causal LMs (llama, gpt2) take ``input_ids`` [batch, seq] and output ``logits``
+Causal LMs (the Llama family, gpt2) take ``input_ids`` [batch, seq] and output ``logits``
 [batch, seq, vocab]; their training graph adds ``labels`` [batch, seq] (-100 =
 ignored) and the scalar ``loss``: next-token cross-entropy with the shift inside, as
 ``transformers`` computes ``model(input_ids, labels=labels).loss``. ``bert`` takes
@@ -345,26 +346,41 @@ def tied_head(g: Graph, x: int, table: nn.Parameter) -> int:
 # ---------------------------------------------------------------- llama
 
 class LlamaAttention(nn.Module):
-    def __init__(self, hidden, heads, kv_heads, head_dim, theta):
-        self.heads, self.kv_heads, self.theta = heads, kv_heads, theta
-        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=False, init=nn.normal(0.02))
-        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False, init=nn.normal(0.02))
-        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False, init=nn.normal(0.02))
-        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False, init=nn.normal(0.02))
+    """Llama's attention, and its relatives' (``c``: which projections have biases, and
+    whether q and k are RMS-normalised per head before RoPE, as Qwen3's are)."""
+
+    def __init__(self, c):
+        hidden, heads, kv_heads, head_dim = c["hidden"], c["heads"], c["kv_heads"], c["head_dim"]
+        self.heads, self.kv_heads, self.head_dim, self.theta = heads, kv_heads, head_dim, c["theta"]
+        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=c["qkv_bias"], init=nn.normal(0.02))
+        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=c["qkv_bias"], init=nn.normal(0.02))
+        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=c["qkv_bias"], init=nn.normal(0.02))
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=c["o_bias"], init=nn.normal(0.02))
+        self.q_norm = nn.RMSNorm(head_dim, c["eps"]) if c["qk_norm"] else None
+        self.k_norm = nn.RMSNorm(head_dim, c["eps"]) if c["qk_norm"] else None
+
+    def per_head(self, g, norm, x, heads):
+        if norm is None:
+            return x
+        shape = g.shape(x)
+        rows = g.reshape(x, (*shape[:-1], heads, self.head_dim))
+        return g.reshape(norm(g, rows), shape)
 
     def forward(self, g, x):
-        q = kv_cache.rotary(g, self.q_proj(g, x), self.heads, self.theta)
-        k = kv_cache.rotary(g, self.k_proj(g, x), self.kv_heads, self.theta)
+        q = self.per_head(g, self.q_norm, self.q_proj(g, x), self.heads)
+        k = self.per_head(g, self.k_norm, self.k_proj(g, x), self.kv_heads)
+        q = kv_cache.rotary(g, q, self.heads, self.theta)
+        k = kv_cache.rotary(g, k, self.kv_heads, self.theta)
         v = self.v_proj(g, x)
         return self.o_proj(g, kv_cache.self_attention(g, q, k, v, self.heads, self.kv_heads))
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, hidden, inner, act):
+    def __init__(self, hidden, inner, act, bias=False):
         self.act = act
-        self.gate_proj = nn.Linear(hidden, inner, bias=False, init=nn.normal(0.02))
-        self.up_proj = nn.Linear(hidden, inner, bias=False, init=nn.normal(0.02))
-        self.down_proj = nn.Linear(inner, hidden, bias=False, init=nn.normal(0.02))
+        self.gate_proj = nn.Linear(hidden, inner, bias=bias, init=nn.normal(0.02))
+        self.up_proj = nn.Linear(hidden, inner, bias=bias, init=nn.normal(0.02))
+        self.down_proj = nn.Linear(inner, hidden, bias=bias, init=nn.normal(0.02))
 
     def forward(self, g, x):
         return self.down_proj(g, g.mul(nn.activate(g, self.gate_proj(g, x), self.act), self.up_proj(g, x)))
@@ -372,8 +388,8 @@ class LlamaMLP(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, c):
-        self.self_attn = LlamaAttention(c["hidden"], c["heads"], c["kv_heads"], c["head_dim"], c["theta"])
-        self.mlp = LlamaMLP(c["hidden"], c["inner"], c["act"])
+        self.self_attn = LlamaAttention(c)
+        self.mlp = LlamaMLP(c["hidden"], c["inner"], c["act"], c["mlp_bias"])
         self.input_layernorm = nn.RMSNorm(c["hidden"], c["eps"])
         self.post_attention_layernorm = nn.RMSNorm(c["hidden"], c["eps"])
 
@@ -390,8 +406,14 @@ class LlamaBody(nn.Module):
 
 
 class LlamaModel(CausalLM):
+    """Llama, and the families that differ from it only in biases, per-head norms of q and
+    k, a sliding window and their config's defaults (subclasses below)."""
+
     model_type = "llama"
     description = "Llama-family causal LM (grouped-query attention, RoPE, RMSNorm, SwiGLU)"
+    # The config class's defaults in transformers, for fields a config.json may leave out.
+    MAX_POSITIONS = 2048
+    HEAD_DIM: int | None = None          # None: hidden_size / num_attention_heads
 
     def read_config(self, cfg):
         c = {}
@@ -401,9 +423,9 @@ class LlamaModel(CausalLM):
         c["heads"] = cfg.integer("num_attention_heads")
         c["kv_heads"] = cfg.integer("num_key_value_heads", c["heads"])
         c["inner"] = cfg.integer("intermediate_size")
-        c["head_dim"] = cfg.integer("head_dim", c["hidden"] // c["heads"])
+        c["head_dim"] = cfg.integer("head_dim", self.HEAD_DIM or c["hidden"] // c["heads"])
         c["eps"] = cfg.number("rms_norm_eps", 1e-6)
-        self.max_positions = cfg.integer("max_position_embeddings", 2048)
+        self.max_positions = cfg.integer("max_position_embeddings", self.MAX_POSITIONS)
         c["act"] = activation(cfg, "hidden_act", "silu")
         if c["heads"] % c["kv_heads"]:
             cfg.refused.append(f"num_attention_heads={c['heads']} not a multiple of "
@@ -424,12 +446,38 @@ class LlamaModel(CausalLM):
             cfg.refused.append(f"rope_parameters.partial_rotary_factor={params['partial_rotary_factor']}")
         cfg.expect("rope_scaling", [None])
         cfg.expect("rope_interleaved", [False], False)
-        cfg.expect("attention_bias", [False], False)
-        cfg.expect("mlp_bias", [False], False)
         cfg.expect("pretraining_tp", [1], 1)
+        c.update(self.layout(cfg))
+        window = self.sliding_window(cfg, c["layers"])
+        self.window_note = ""
+        if window is not None and window < self.max_positions:
+            self.window_note = (f"sliding_window={window}: sequences stop at {window} tokens, within which "
+                                f"the window sees every earlier token")
+            self.max_positions = window
         tie = cfg.expect("tie_word_embeddings", [True, False], False)
         self.tied = bool(tie)
         self.c = c
+
+    def layout(self, cfg) -> dict:
+        """Which projections have biases, and whether q and k are normalised per head."""
+        attention = bool(cfg.expect("attention_bias", [False, True], False))
+        mlp = bool(cfg.expect("mlp_bias", [False, True], False))
+        return {"qkv_bias": attention, "o_bias": attention, "mlp_bias": mlp, "qk_norm": False}
+
+    def sliding_window(self, cfg, layers: int) -> int | None:
+        """The window of the family's sliding-window layers, None where every layer sees all
+        earlier tokens. Llama has none."""
+        return None
+
+    @property
+    def notes(self):
+        return [self.window_note] if self.window_note else []
+
+    def summary(self):
+        extra = {"context_length": self.context_length}
+        if self.window_note:
+            extra["context_note"] = self.window_note
+        return {**super().summary(), **extra}
 
     def make_module(self):
         root = nn.Container(model=LlamaBody(self.c))
@@ -465,6 +513,75 @@ class LlamaModel(CausalLM):
                 nn.capture(g, layer.path, x)
         x = body.norm(g, kv_cache.last_token(g, x))
         return tied_head(g, x, body.embed_tokens.weight) if self.tied else self.module.lm_head(g, x)
+
+
+class MistralModel(LlamaModel):
+    """Mistral: Llama's layers without biases; every layer attends over a sliding window of
+    ``sliding_window`` tokens (none when null). Here sequences stop at the window, so that
+    full attention is exact."""
+
+    model_type = "mistral"
+    description = "Mistral-family causal LM (Llama's layers; sequences up to its sliding window)"
+    MAX_POSITIONS = 4096 * 32
+
+    def layout(self, cfg):
+        return {"qkv_bias": False, "o_bias": False, "mlp_bias": False, "qk_norm": False}
+
+    def sliding_window(self, cfg, layers):
+        window = cfg.config.get("sliding_window", 4096)
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
+            cfg.refused.append(f"sliding_window={json.dumps(window)} (a positive integer or null)")
+            return None
+        return window
+
+
+class Qwen2Model(LlamaModel):
+    """Qwen2 (Qwen2.5): Llama's layers with biases on q, k and v; sliding-window layers only
+    where ``use_sliding_window`` is on (from layer ``max_window_layers``, or as ``layer_types``
+    says)."""
+
+    model_type = "qwen2"
+    description = "Qwen2-family causal LM (Llama's layers, biases on q, k and v)"
+    MAX_POSITIONS = 32768
+
+    def layout(self, cfg):
+        return {"qkv_bias": True, "o_bias": False, "mlp_bias": False, "qk_norm": False}
+
+    def sliding_window(self, cfg, layers):
+        return qwen_sliding_window(cfg, layers)
+
+
+class Qwen3Model(Qwen2Model):
+    """Qwen3: Llama's layers with q and k RMS-normalised per head before RoPE, biases on the
+    attention's projections where ``attention_bias`` says, head_dim 128 unless given."""
+
+    model_type = "qwen3"
+    description = "Qwen3-family causal LM (Llama's layers, q and k normalised per head)"
+    HEAD_DIM = 128
+
+    def layout(self, cfg):
+        return {**LlamaModel.layout(self, cfg), "mlp_bias": False, "qk_norm": True}
+
+
+def qwen_sliding_window(cfg: ConfigReader, layers: int) -> int | None:
+    """As transformers reads a Qwen config: the window counts only with use_sliding_window,
+    for the layers ``layer_types`` names "sliding_attention" (by default those from
+    ``max_window_layers`` on)."""
+    window = cfg.config.get("sliding_window", 4096) if cfg.config.get("use_sliding_window", False) else None
+    if window is None:
+        return None
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        cfg.refused.append(f"sliding_window={json.dumps(window)} (a positive integer or null)")
+        return None
+    first = cfg.config.get("max_window_layers", 28)
+    types = cfg.config.get("layer_types") or ["sliding_attention" if i >= first else "full_attention"
+                                              for i in range(layers)]
+    unknown = sorted(set(map(str, types)) - {"full_attention", "sliding_attention"})
+    if unknown or len(types) != layers:
+        cfg.refused.append(f"layer_types={json.dumps(types)} (one of \"full_attention\", "
+                           f"\"sliding_attention\" a layer)")
+        return None
+    return window if "sliding_attention" in types else None
 
 
 # ---------------------------------------------------------------- gpt2
@@ -843,7 +960,8 @@ class WhisperModel(HFModel):
 # ---------------------------------------------------------------- entry point
 
 ARCHITECTURES: dict[str, type[HFModel]] = {
-    "llama": LlamaModel, "gpt2": GPT2Model, "bert": BertModel, "whisper": WhisperModel,
+    "llama": LlamaModel, "qwen2": Qwen2Model, "qwen3": Qwen3Model, "mistral": MistralModel,
+    "gpt2": GPT2Model, "bert": BertModel, "whisper": WhisperModel,
 }
 
 

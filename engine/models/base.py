@@ -36,6 +36,16 @@ class Setting:
     def type(self) -> type:
         return type(self.default)
 
+    @property
+    def maximum(self):
+        """The largest value the check allows, where it says (``at_most``), else None."""
+        return getattr(self.check, "limit", None)
+
+    def describe(self) -> dict:
+        """The setting for a table or an editor: default, type name, help, and maximum if any."""
+        out = {"default": self.default, "type": self.type.__name__, "help": self.help}
+        return {**out, "maximum": self.maximum} if self.maximum is not None else out
+
     def parse(self, model: str, name: str, value) -> Any:
         """``value`` (a string from the command line, or a Python value) as this setting's type."""
         bad = f"model {model!r}: setting {name}={value!r}"
@@ -60,8 +70,14 @@ def positive(v) -> str | None:
     return None if v > 0 else "must be positive"
 
 
-def at_most(limit) -> Callable[[Any], str | None]:
-    return lambda v: positive(v) or (None if v <= limit else f"must be at most {limit}")
+class at_most:
+    """The check of a positive setting up to ``limit``, which editors read as their maximum."""
+
+    def __init__(self, limit):
+        self.limit = limit
+
+    def __call__(self, v) -> str | None:
+        return positive(v) or (None if v <= self.limit else f"must be at most {self.limit}")
 
 
 def parse_overrides(pairs: Iterable[str]) -> dict[str, str]:
@@ -105,8 +121,7 @@ class BuiltinModel:
 
     @classmethod
     def describe_settings(cls) -> dict[str, dict]:
-        return {k: {"default": s.default, "type": s.type.__name__, "help": s.help}
-                for k, s in cls.SETTINGS.items()}
+        return {k: s.describe() for k, s in cls.SETTINGS.items()}
 
     def check_settings(self) -> None:
         """Checks across settings; raise MeganeuraError on a bad combination."""
@@ -189,7 +204,7 @@ class BuiltinModel:
         """Training examples (input name -> array) from one stream of token ids: causal LMs."""
         from ..errors import DataError
         raise DataError(f"model {self.name!r} does not train on text; text data is for causal language models "
-                        f"(gpt-tiny, Llama or GPT-2 checkpoints); give an .npz of its inputs")
+                        f"(gpt-tiny, Llama-family or GPT-2 checkpoints); give an .npz of its inputs")
 
     def audio_examples(self, clips) -> dict[str, np.ndarray]:
         """Training examples from (name, 16 kHz samples, transcript) clips: audio models."""
@@ -219,6 +234,12 @@ class BuiltinModel:
     token_input: str | None = None   # causal LMs: the name of the token-id input
     vocab_size = 0                   # causal LMs: ids lie in [0, vocab_size)
     context_length = 0               # causal LMs: the most tokens a sequence may hold
+
+    @property
+    def notes(self) -> list[str]:
+        """What a user should know about how this model was read (e.g. a limit an importer
+        chose, and why); the Studio's model panel shows them."""
+        return []
 
     @property
     def generates(self) -> bool:
