@@ -43,7 +43,7 @@
 // LSE_AT > 0 (attention_stats): out also holds each row's log-sum-exp (natural log, of
 // the scores of the f16-rounded q and k), [B, T, H] from element LSE_AT on; with SPLIT
 // attention_splits.wgsl writes it.
-// q, out: [B, T, H*D]; k, v: [B, S, HKV*D] (D % 16 == 0, D <= 64).
+// q, out: [B, T, H*D]; k, v: [B, S, HKV*D] (D % 16 == 0, D <= 128).
 // meta: [T, S, H, HKV, causal, scale * log2(e), splits, B]; grid: (ceil(T / BQ), H, B * splits)
 
 {{PRELUDE}}

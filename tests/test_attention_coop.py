@@ -35,19 +35,22 @@ def _variant(caps, *shape, causal=False):
 
 
 def test_cooperative_attention_follows_the_matmul_precision_and_head_dim():
-    """f16 capabilities take the cooperative kernel for whole fragments up to D = 64 in
+    """f16 capabilities take the cooperative kernel for whole fragments up to D = 128 in
     48 KiB; f32 ones, other head dims and the per-query knob keep the SIMT kernels."""
     assert _variant(COOP_CAPS, 8, 1500, 1500, 6, 6, 64).startswith("cooperative flash")
     assert _variant(COOP_CAPS, 2, 70, 70, 6, 2, 32, causal=True).startswith("cooperative flash")
     assert _variant(F32_CAPS, 8, 1500, 1500, 6, 6, 64).startswith("tiled (flash)")
     assert _variant(COOP_CAPS, 1, 40, 40, 2, 2, 36).startswith("tiled (flash)")      # not whole fragments
-    assert _variant(COOP_CAPS, 1, 40, 40, 2, 2, 128) == "one thread per query"
+    assert _variant(COOP_CAPS, 1, 40, 40, 2, 2, 128).startswith("cooperative flash")    # Qwen3's heads
+    assert _variant(COOP_CAPS, 1, 40, 40, 2, 2, 144) == "one thread per query"
     per_query = codegen.Capabilities(workgroup_storage=49152, dialect="tint", matmul_f16=True,
                                      knobs=Knobs(attention="per-query"))
     assert _variant(per_query, 1, 40, 40, 2, 2, 64) == "one thread per query"
     # f32 where the device has the units: split products, unless MEGANEURA_ATTENTION=tiled
     split = codegen.Capabilities(subgroups=True, workgroup_storage=49152, dialect="tint", matmul_split=True)
     assert "f32 as hi and lo f16 parts" in _variant(split, 8, 1500, 1500, 6, 6, 64)
+    assert "f32 as hi and lo f16 parts" in _variant(split, 1, 40, 40, 2, 2, 128)
+    assert _variant(split, 1, 40, 40, 2, 2, 112) == "one thread per query"       # 49.3 KiB of split tiles
     tiled = codegen.Capabilities(subgroups=True, workgroup_storage=49152, dialect="tint", matmul_split=True,
                                  knobs=Knobs(attention="tiled"))
     assert _variant(tiled, 8, 1500, 1500, 6, 6, 64).startswith("tiled (flash)")
@@ -73,7 +76,7 @@ def test_forward_blocks_of_16_keys_fit_three_workgroups_an_sm():
     assert "64 queries x 32 keys" in _variant(COOP_CAPS, 1, 100, 90, 3, 3, 48)
 
 
-@pytest.mark.parametrize("d", [16, 32, 48, 64])
+@pytest.mark.parametrize("d", [16, 32, 48, 64, 80, 128])
 def test_each_subgroup_loads_its_own_query_rows(d):
     """Q's 64 rows go through the K and V tiles (all at once for tiles of 32 rows, in two
     rounds for 16): following the generated staging and loads in order, each subgroup's
@@ -151,7 +154,7 @@ TINT_CHECK = """
     for splits, f16 in ((0, True), (3, True), (0, False), (3, False)):
         caps = codegen.Capabilities(subgroups=True, workgroup_storage=49152, dialect="tint", matmul_f16=f16,
                                     matmul_split=not f16, knobs=Knobs(attention_splits=splits))
-        for d in (16, 32, 48, 64):
+        for d in (16, 32, 48, 64, 80, 96, 128):
             g = attention_graph(1, 70, 130, 2, 1, d, causal=True)
             (node,) = [n for n in g.nodes if n.op == "attention"]
             kernels = [codegen.kernel_for(g, node, caps)]
@@ -169,7 +172,7 @@ def test_every_cooperative_attention_kernel_passes_tint():
     workgroups (and the split's combine), and at D = 64 the attention_stats kernels, are
     valid WGSL for Tint; the models' own (D = 64) are also in test_coop_matmul's check of
     every kernel."""
-    assert tint_check(TINT_CHECK) == (22, 20)   # (8 + 2 stats) x 2 cooperative kernels, 2 combines
+    assert tint_check(TINT_CHECK) == (34, 32)   # (14 + 2 stats) x 2 cooperative kernels, 2 combines
 
 
 def _run(g, inputs):
@@ -191,6 +194,9 @@ CASES = {
     "causal-fewer-keys-split": ((1, 150, 70, 2, 1, 32, True, None), 3),
     "head-dim-16-split": ((2, 70, 300, 2, 2, 16, False, None), 3),
     "head-dim-48": ((1, 100, 90, 3, 3, 48, False, None), 0),
+    "head-dim-128-gqa-causal": ((1, 130, 130, 4, 2, 128, True, None), 0),    # Qwen3's heads
+    "head-dim-96": ((2, 70, 150, 2, 1, 96, False, None), 0),
+    "head-dim-80": ((1, 90, 100, 2, 2, 80, False, None), 0),
 }
 
 
@@ -222,7 +228,7 @@ def test_f16_attention_matches_the_reference(case, configure):
         assert rel_err(got, exact) < TOL, rel_err(got, exact)
 
 
-@pytest.mark.parametrize("d", [64, 48, 16])
+@pytest.mark.parametrize("d", [128, 64, 48, 16])
 @pytest.mark.parametrize("causal", [False, True])
 def test_f16_attention_rescales_when_a_later_block_has_the_max(causal, d, configure):
     """Scores grow along the keys for even queries and shrink for odd ones, and span

@@ -20,6 +20,7 @@ COOP_KEYS = 16         # keys a block: 12.3 KiB of workgroup memory, so that thr
                        # of the H100 (run 43); its Vulkan driver gives a pipeline about 48 KiB an SM (run 40)
 COOP_KEYS_WIDE = 32    # head dims whose 16-key blocks are no whole number of vec4s a thread (16, 48)
 COOP_SUBGROUPS = 4
+COOP_MAX_HEAD_DIM = 128   # Qwen3's, Llama 3 8B's, Mistral 7B's heads: O's 8 result fragments a subgroup
 _HALF_PAD = 8          # halves a row of the f16 tiles is padded by (rows stay 16-byte aligned)
 
 
@@ -73,11 +74,12 @@ def coop_attention_bytes(head_dim: int, split: bool = False) -> int:
 def coop_attention_supported(head_dim: int, caps: Capabilities) -> bool:
     """Whether an attention of this head dim runs on cooperative matrices: where the matmul
     does (``caps.matmul_f16``, or in f32 ``caps.matmul_split``: ``split_products``), for
-    head dims of whole fragments up to 64 (the scratch's row) whose blocks fit the
-    device's workgroup memory, unless ``MEGANEURA_ATTENTION`` forces the SIMT kernels
-    (``tiled``: the flash ones, ``per-query``)."""
+    head dims of whole fragments up to ``COOP_MAX_HEAD_DIM`` whose blocks fit the device's
+    workgroup memory, unless ``MEGANEURA_ATTENTION`` forces the SIMT kernels (``tiled``:
+    the flash ones, ``per-query``). The backward's kernels stop at 64
+    (``coop_backward_supported``), as the f32 ones do."""
     return ((caps.matmul_f16 or caps.matmul_split) and caps.knobs.attention == "auto"
-            and head_dim % COOP_FRAGMENT == 0 and 0 < head_dim <= 64
+            and head_dim % COOP_FRAGMENT == 0 and 0 < head_dim <= COOP_MAX_HEAD_DIM
             and coop_attention_bytes(head_dim, split_products(caps)) <= caps.workgroup_storage)
 
 

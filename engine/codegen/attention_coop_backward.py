@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from ..graph.ir import Graph, Node
-from ..graph.ops import attention_grad_kv_layout
+from ..graph.ops import attention_grad_kv_layout, tiled_attention_head_dim
 from .attention import _attention_backward, _attention_dims, _split_grid
 from .attention_coop import (_HALF_PAD, _fragment, _fragment_rounds, _result, coop_attention_supported, entry_point,
                              fragment_product, lane_column, put_tiles, scratch_row, split_products, split_store,
@@ -69,11 +69,12 @@ def backward_streamed(workgroups: int, head_dim: int, caps: Capabilities, dq_key
 
 def coop_backward_supported(head_dim: int, caps: Capabilities) -> bool:
     """Whether attention_grad_q and attention_grad_kv of this head dim run on cooperative
-    matrices: where the forward does (``coop_attention_supported``) and their blocks fit
+    matrices: where the forward does (``coop_attention_supported``), at head dims up to 64
+    (``tiled_attention_head_dim``: beyond it autodiff decomposes attention), and their blocks fit
     the device's workgroup memory (23.3 KiB at D = 64 in blocks of 32; split products
     37.3, 20.1 in blocks of 16), unless ``MEGANEURA_ATTENTION_BACKWARD=f32`` keeps the f32 kernels (benchmarks)."""
     return (caps.knobs.attention_backward != "f32" and coop_attention_supported(head_dim, caps)
-            and coop_backward_bytes(head_dim, split=split_products(caps)) <= caps.workgroup_storage)
+            and tiled_attention_head_dim(head_dim) and coop_backward_bytes(head_dim, split=split_products(caps)) <= caps.workgroup_storage)
 
 
 def attention_backward(graph: Graph, node: Node, caps: Capabilities) -> Kernel:

@@ -100,7 +100,8 @@ def describe_paths(caps: Capabilities) -> dict:
             "attention": ("flash on cooperative matrices ("
                           + ("q, k, v and P each as two f16 parts, three products"
                              if split_products(caps) else "f16 q, k, v and P")
-                          + ", f32 scores and softmax) at head dims of whole fragments up to 64; the backward's dq, dk, dv "
+                          + ", f32 scores and softmax) at head dims of whole fragments up to 128 (the backward's "
+                          "up to 64; beyond, autodiff decomposes it); the backward's dq, dk, dv "
                           + (("on cooperative matrices too (every operand scaled into f16's range)" if split_products(caps)
                               else "on cooperative matrices too (dO and dS scaled into f16's range)")
                              if coop_backward_supported(64, caps) else "f32")
