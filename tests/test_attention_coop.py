@@ -195,8 +195,6 @@ CASES = {
     "head-dim-16-split": ((2, 70, 300, 2, 2, 16, False, None), 3),
     "head-dim-48": ((1, 100, 90, 3, 3, 48, False, None), 0),
     "head-dim-128-gqa-causal": ((1, 130, 130, 4, 2, 128, True, None), 0),    # Qwen3's heads
-    "head-dim-96": ((2, 70, 150, 2, 1, 96, False, None), 0),
-    "head-dim-80": ((1, 90, 100, 2, 2, 80, False, None), 0),
 }
 
 

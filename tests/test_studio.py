@@ -389,13 +389,15 @@ def test_graph_refits_on_resize(window, qtbot):
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
+    """A Mistral (Llama's layers) whose sliding window of 24 bounds its sequences."""
     import torch
     import transformers
     torch.manual_seed(5)
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
-    path = tmp_path_factory.mktemp("tiny-llama")
-    transformers.LlamaForCausalLM(cfg).save_pretrained(path)
+    cfg = transformers.MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                                     sliding_window=24)
+    path = tmp_path_factory.mktemp("tiny-mistral")
+    transformers.MistralForCausalLM(cfg).save_pretrained(path)
     return str(path)
 
 
@@ -421,10 +423,12 @@ def test_open_a_checkpoint_folder_and_find_it_again_after_a_restart(window, qtbo
     monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda *a, **k: checkpoint)
     window.open_folder_action.trigger()
     assert not window.errors and window.state.source == checkpoint
-    assert window.state.model_name.startswith("llama") and window.windowTitle().startswith("llama")
+    assert window.state.model_name.startswith("mistral") and window.windowTitle().startswith("mistral")
     info = window.model_panel.info.text()
     assert "input_ids" in info and "logits" in info and f"from {checkpoint}" in info
-    assert "seq" in window.model_panel.editors          # the checkpoint's settings, editable
+    # why its sequences stop at the window (full attention is exact up to it), beside the editor that stops there
+    assert "sliding_window=24: sequences stop at 24 tokens" in info
+    assert window.model_panel.editors["seq"].maximum() == 24      # the checkpoint's settings, editable
     opt = wait_optimized(window, qtbot)
     assert any(n.op == "attention" for n in opt.nodes)
     assert window.model_panel.source() == checkpoint
@@ -435,24 +439,6 @@ def test_open_a_checkpoint_folder_and_find_it_again_after_a_restart(window, qtbo
     assert again.model_panel.model_box.findData(os.path.abspath(checkpoint)) >= 0
     assert again.state.source == checkpoint           # the last model opened
     again.wait_for_workers(30)
-
-
-def test_a_sliding_window_checkpoint_says_why_its_sequences_stop_there(window, qtbot, monkeypatch, tmp_path):
-    """Mistral's window bounds the sequence (full attention is exact up to it): the model
-    panel says so beside the seq setting that stops there."""
-    import torch
-    import transformers
-    torch.manual_seed(6)
-    cfg = transformers.MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                     sliding_window=24)
-    transformers.MistralForCausalLM(cfg).save_pretrained(tmp_path / "mistral")
-    monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda *a, **k: str(tmp_path / "mistral"))
-    window.open_folder_action.trigger()
-    assert not window.errors and window.state.model_name.startswith("mistral")
-    assert "sliding_window=24: sequences stop at 24 tokens" in window.model_panel.info.text()
-    assert window.model_panel.editors["seq"].maximum() == 24
-    window.wait_for_workers(30)
 
 
 def test_a_bad_model_file_is_a_dialog_and_the_open_model_stays(window, qtbot, monkeypatch, tmp_path, errors):
