@@ -89,27 +89,31 @@ def hf_greedy(hf, prompt, new):
 
 # ---------------------------------------------------------------- the ops on the GPU
 
-def generation_ops_graph(b, t, s, h, hkv, d, rope):
+LLAMA3 = ("llama3", 8.0, 1.0, 4.0, 16.0)   # Llama 3's RoPE scaling, its original context short enough to matter
+
+
+def generation_ops_graph(b, t, s, h, hkv, d, rope, scaling=()):
     g = Graph("cache ops")
     q, k, v = g.input("q", (b, t, h * d)), g.input("k", (b, t, hkv * d)), g.input("v", (b, t, hkv * d))
     pos = g.input("positions", (b, t), "i32")
     kc = g.parameter("kc", (b, s, hkv * d), trainable=False)
     vc = g.parameter("vc", (b, s, hkv * d), trainable=False)
-    kw = g.output("cache.k", g.cache_write(kc, k, pos, hkv if rope else 0, 700.0))
+    kw = g.output("cache.k", g.cache_write(kc, k, pos, hkv if rope else 0, 700.0, scaling))
     vw = g.output("cache.v", g.cache_write(vc, v, pos))
-    g.output("o", g.cached_attention(g.rope(q, h, base=700.0, positions=pos) if rope == "node" else q, kw, vw, pos,
-                                     h, hkv, rope=rope is True, rope_base=700.0))
+    g.output("o", g.cached_attention(g.rope(q, h, base=700.0, positions=pos, scaling=scaling) if rope == "node" else q,
+                                     kw, vw, pos, h, hkv, rope=rope is True, rope_base=700.0, rope_scaling=scaling))
     return g
 
 
-@pytest.mark.parametrize("b,t,s,h,hkv,d,rope", [(1, 1, 40, 4, 2, 16, True), (2, 3, 300, 2, 1, 8, False),
-                                                 (1, 2, 70, 2, 2, 6, "node"), (2, 3, 50, 2, 1, 16, "node")])
-def test_cache_ops_on_the_gpu_match_the_reference(b, t, s, h, hkv, d, rope):
+@pytest.mark.parametrize("b,t,s,h,hkv,d,rope,scaling", [
+    (1, 1, 40, 4, 2, 16, True, ()), (2, 3, 300, 2, 1, 8, False, ()), (1, 2, 70, 2, 2, 6, "node", ()),
+    (2, 3, 50, 2, 1, 16, "node", ()), (1, 2, 40, 4, 2, 16, True, LLAMA3), (2, 3, 50, 2, 1, 16, "node", LLAMA3)])
+def test_cache_ops_on_the_gpu_match_the_reference(b, t, s, h, hkv, d, rope, scaling):
     """Several 256-key rounds of the kernel (s=300), GQA, a head dim that is not a
     multiple of 4 (scalar key reads), RoPE fused into both ops and as a node of its own
-    (scalar and in pairs of vec4s)."""
+    (scalar and in pairs of vec4s), with Llama 3's scaled frequencies too."""
     rng = np.random.default_rng(s)
-    g = generation_ops_graph(b, t, s, h, hkv, d, rope)
+    g = generation_ops_graph(b, t, s, h, hkv, d, rope, scaling)
     positions = np.stack([np.sort(rng.choice(s, t, replace=False)) for _ in range(b)]).astype(np.int32)
     inputs = {"q": rng.standard_normal((b, t, h * d)), "k": rng.standard_normal((b, t, hkv * d)),
               "v": rng.standard_normal((b, t, hkv * d)), "positions": positions}

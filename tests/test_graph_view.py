@@ -135,7 +135,7 @@ def test_profile_colours_boxes_by_their_modules_gpu_time_and_tables_select_them(
 def test_smollm2_shaped_training_graph_lays_out_and_paints(qtbot, tmp_path):
     """A smoke on the real shape (hidden 576, 30 layers, 9 heads over 3, intermediate 1536;
     the vocabulary does not change the graph's structure): timings printed, not asserted."""
-    from engine.importers.hf import LlamaModel
+    from engine.importers.hf.llama import LlamaModel
     from engine.optimize import optimize
     from engine.autodiff.gradients import differentiate
     config = dict(model_type="llama", vocab_size=512, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,

@@ -1,4 +1,4 @@
-"""Hugging Face checkpoint import (engine/importers/hf.py) against transformers itself:
+"""Hugging Face checkpoint import (engine/importers/hf/) against transformers itself:
 tiny randomly initialised models saved with save_pretrained, loaded with load_model,
 outputs compared in f32 on the reference backend and on the GPU (lavapipe)."""
 
@@ -48,6 +48,10 @@ RELATIVES = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16, attention_bias=True)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=16)),
     "llama-biases": ("LlamaConfig", "LlamaForCausalLM", dict(attention_bias=True, mlp_bias=True)),
+    # Llama 3.1/3.2's RoPE scaling; its original context of 16 puts this head's wavelengths in all three bands
+    "llama-llama3-rope": ("LlamaConfig", "LlamaForCausalLM", dict(rope_parameters=dict(
+        rope_type="llama3", rope_theta=500.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=16))),
 }
 
 
@@ -128,10 +132,43 @@ def test_llama_relatives_match_transformers_reference_and_gpu(tmp_path, which):
     shapes = model.parameter_shapes()
     assert set(shapes) == {n for n, _ in hf.named_parameters()} - ({"lm_head.weight"} if model.tied else set())
     assert model.summary()["model_type"] == which.split("-")[0]
+    if which == "llama-llama3-rope":
+        assert model.c["rope_scaling"] == ("llama3", 8.0, 1.0, 4.0, 16.0)
     x = ids(120, seed=6)
     ref = torch_logits(hf, x)
     assert rel(model.run({"input_ids": x}, backend="reference")["logits"], ref) < TOL
     assert rel(model.run({"input_ids": x}, backend="gpu")["logits"], ref) < TOL
+
+
+@pytest.mark.parametrize("rope", [
+    dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+         original_max_position_embeddings=8192, rope_theta=500000.0),                 # Llama 3.2's
+    dict(rope_type="llama3", factor=8.0, low_freq_factor=2.0, high_freq_factor=3.0,
+         original_max_position_embeddings=64, rope_theta=10000.0),
+    dict(rope_type="linear", factor=2.5, rope_theta=10000.0),
+    dict(rope_type="default", rope_theta=1000000.0)])
+def test_rope_frequencies_equal_transformers(rope):
+    """RoPE's inverse frequencies, as the importer reads a config and the kernels and the
+    reference compute them, against transformers' own functions (which work in f32)."""
+    from engine.graph.ops import rope_inverse_frequencies
+    from engine.importers.hf.base import ConfigReader
+    from engine.importers.hf.llama import rope_config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    cfg = transformers.LlamaConfig(hidden_size=512, num_attention_heads=4, rope_parameters=rope)
+    compute = ROPE_INIT_FUNCTIONS.get(rope["rope_type"])
+    want = (compute(cfg, "cpu")[0] if compute else
+            1.0 / rope["rope_theta"] ** (torch.arange(0, 128, 2).float() / 128)).numpy()
+    reader = ConfigReader({"rope_parameters": rope}, "llama")
+    theta, scaling = rope_config(reader)
+    assert not reader.refused and theta == rope["rope_theta"]
+    got = rope_inverse_frequencies(128, theta, scaling)
+    np.testing.assert_allclose(got, want, rtol=2e-6)
+    if rope["rope_type"] != "default":      # the scaling moves some frequencies
+        assert not np.allclose(got, rope_inverse_frequencies(128, theta))
+    # older configs: rope_theta at the top, the scaling in rope_scaling
+    legacy = ConfigReader({"rope_theta": rope["rope_theta"],
+                           "rope_scaling": {k: v for k, v in rope.items() if k != "rope_theta"}}, "llama")
+    assert rope_config(legacy) == (theta, scaling) and not legacy.refused
 
 
 def test_qwen3_head_dim_defaults_to_128_as_in_transformers(tmp_path):
@@ -402,7 +439,7 @@ def test_tied_config_with_a_different_lm_head_is_refused(tmp_path, llama_tied):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("rope_scaling", {"rope_type": "linear", "factor": 2.0}),
+    ("rope_scaling", {"rope_type": "dynamic", "factor": 2.0}),
     ("pretraining_tp", 2),
     ("rope_parameters", {"rope_theta": 10000.0, "rope_type": "yarn", "factor": 4.0}),
     ("hidden_act", "tanh"),

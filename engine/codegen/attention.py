@@ -101,7 +101,8 @@ def _cached_attention(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> K
     else:
         load_q = f"    for (var i = tid; i < D; i = i + 256u) {{ qs[i] = {qval('i')} * scale; }}"
         score = " + ".join(f"qs[{i}] * k[kb + {i}u]" for i in range(d))
-    meta = [t, s, h, hkv, f32_bits(scale)] + (rope_frequencies(d, node.attrs["rope_base"]) if rope else [])
+    meta = [t, s, h, hkv, f32_bits(scale)] + (rope_frequencies(d, node.attrs["rope_base"], node.attrs["rope_scaling"])
+                                                 if rope else [])
     kernel = _finish("cached_attention", "attention", "attention_cached.wgsl", ["q", "k", "v", "positions"],
                      ["f32", ktype, "f32", "i32"], "f32", meta, grid,
                      ROPE_FN=_template("rope_fn.wgsl") if rope else "",

@@ -7,6 +7,7 @@ import numpy as np
 
 from ..errors import DeviceError
 from ..graph.ir import Graph, Node
+from ..graph.ops import rope_inverse_frequencies
 from .common import (MAX_WORKGROUPS, PLAIN, WG, Capabilities, Kernel, _finish, _template, _wgsl_type,
                      broadcast_strides, contiguous_strides, f32_bits, grid_1d)
 from .reduction import add_copies
@@ -115,10 +116,10 @@ def _embedding(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
 
 # ---------------------------------------------------------------- rope, conv, attention
 
-def rope_frequencies(head_dim: int, base: float) -> list[int]:
-    """The inverse frequencies of RoPE over a head of ``head_dim``, as meta words (rope_fn.wgsl)."""
-    inv = 1.0 / float(base) ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    return [f32_bits(v) for v in inv]
+def rope_frequencies(head_dim: int, base: float, scaling: tuple = ()) -> list[int]:
+    """The inverse frequencies of RoPE over a head of ``head_dim`` (``scaling``:
+    ``ops.rope_inverse_frequencies``), as meta words (rope_fn.wgsl)."""
+    return [f32_bits(v) for v in rope_inverse_frequencies(head_dim, float(base), scaling)]
 
 
 def _rope(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
@@ -127,7 +128,7 @@ def _rope(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     a = node.attrs
     d = w // a["num_heads"]
     meta = [node.size, t, w, d, int(a["offset"]), int(bool(a.get("inverse", False)))]
-    meta += rope_frequencies(d, a["base"])
+    meta += rope_frequencies(d, a["base"], a["scaling"])
     pairs = 4 if d % 8 == 0 else 1
     vt = "vec4<f32>" if pairs == 4 else "f32"
     frequencies = f"{vt}({', '.join(f'mf({6 + i}u + j)' for i in range(pairs))})"
@@ -150,7 +151,7 @@ def _cache_write(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel
     heads = node.attrs.get("rope_heads", 0)
     d = w // heads if heads else 0
     meta = [len(xs) * xs[0].size, t, node.shape[-2], w, d, xs[0].size, b * node.shape[-2] * w]
-    meta += rope_frequencies(d, node.attrs["rope_base"]) if heads else []
+    meta += rope_frequencies(d, node.attrs["rope_base"], node.attrs["rope_scaling"]) if heads else []
     names = [f"x{p}" for p in range(len(xs))]
     values = ["rope_(x0[e - i + i % (d / 2u)], x0[e - i + i % (d / 2u) + d / 2u], i, d, u32(pos), 7u, false)"
               if heads and p == 0 else f"{name}[e]" for p, name in enumerate(names)]

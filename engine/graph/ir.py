@@ -269,28 +269,29 @@ class Graph:
                           num_kv_heads=None if num_kv_heads is None else int(num_kv_heads),
                           causal=bool(causal), scale=None if scale is None else float(scale), name=name)
 
-    def rope(self, x, num_heads, base=10000.0, offset=0, positions=None, name=None):
-        """Rotate by positions offset..offset+seq, or by the i32 [batch, seq] node ``positions``."""
+    def rope(self, x, num_heads, base=10000.0, offset=0, positions=None, scaling=(), name=None):
+        """Rotate by positions offset..offset+seq, or by the i32 [batch, seq] node ``positions``;
+        ``scaling``: how the frequencies are rewritten (``ops.rope_inverse_frequencies``)."""
         operands = (x,) if positions is None else (x, positions)
         return self.apply("rope", *operands, num_heads=int(num_heads), base=float(base), offset=int(offset),
-                          name=name)
+                          scaling=tuple(scaling), name=name)
 
-    def cache_write(self, cache, x, positions, rope_heads=0, rope_base=10000.0, name=None):
+    def cache_write(self, cache, x, positions, rope_heads=0, rope_base=10000.0, rope_scaling=(), name=None):
         """x (a node, or several: one per plane of the cache) written at ``positions``."""
         xs = tuple(x) if isinstance(x, (list, tuple)) else (x,)
         return self.apply("cache_write", cache, *xs, positions, rope_heads=int(rope_heads),
-                          rope_base=float(rope_base), name=name)
+                          rope_base=float(rope_base), rope_scaling=tuple(rope_scaling), name=name)
 
     def argmax(self, x, name=None):
         """The i32 index of each row's largest element (last axis)."""
         return self.apply("argmax", x, name=name)
 
     def cached_attention(self, q, k, v, positions, num_heads, num_kv_heads=None, scale=None, rope=False,
-                         rope_base=10000.0, name=None):
+                         rope_base=10000.0, rope_scaling=(), name=None):
         return self.apply("cached_attention", q, k, v, positions, num_heads=int(num_heads),
                           num_kv_heads=None if num_kv_heads is None else int(num_kv_heads),
                           scale=None if scale is None else float(scale), rope=bool(rope),
-                          rope_base=float(rope_base), name=name)
+                          rope_base=float(rope_base), rope_scaling=tuple(rope_scaling), name=name)
 
     def conv1d(self, x, w, b=None, stride=1, padding=0, name=None):
         ops = (x, w) if b is None else (x, w, b)

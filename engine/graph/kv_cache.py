@@ -37,29 +37,30 @@ class KVCache:
         self.positions, self.prefill = positions, bool(prefill)
         self.capacity = -(-int(capacity) // PART_ALIGN) * PART_ALIGN
         self.layers = 0
-        self.pending: dict[int, tuple[int, float]] = {}   # node -> (heads, base) of its deferred rope
+        self.pending: dict[int, tuple[int, float, tuple]] = {}   # node -> (heads, base, scaling) of its deferred rope
 
-    def rotary(self, g: Graph, x: int, num_heads: int, base: float) -> int:
+    def rotary(self, g: Graph, x: int, num_heads: int, base: float, scaling: tuple = ()) -> int:
         if self.prefill:
-            return g.rope(x, num_heads, base=base, positions=self.positions)
-        self.pending[x] = (int(num_heads), float(base))
+            return g.rope(x, num_heads, base=base, positions=self.positions, scaling=scaling)
+        self.pending[x] = (int(num_heads), float(base), tuple(scaling))
         return x
 
     def attend(self, g: Graph, q: int, k: int, v: int, num_heads: int, num_kv_heads: int | None,
                scale: float | None) -> int:
         batch, _, width = g.shape(k)
-        heads, base = self.pending.pop(k, (0, 10000.0))
+        heads, base, scaling = self.pending.pop(k, (0, 10000.0, ()))
         q_rope = self.pending.pop(q, None)
         name = f"{CACHE_PREFIX}{self.layers}"
         plane = (batch, self.capacity, width)
         cache = g.parameter(name, (2, *plane), trainable=False, decay=False)
-        written = g.output(name, g.cache_write(cache, [k, v], self.positions, heads, base))
+        written = g.output(name, g.cache_write(cache, [k, v], self.positions, heads, base, scaling))
         self.layers += 1
         if self.prefill:
             return g.attention(q, k, v, num_heads, num_kv_heads=num_kv_heads, causal=True, scale=scale)
         keys, values = (g.apply("part", written, offset=i * math.prod(plane), shape=plane) for i in range(2))
         return g.cached_attention(q, keys, values, self.positions, num_heads, num_kv_heads, scale,
-                                  rope=q_rope is not None, rope_base=q_rope[1] if q_rope else 10000.0)
+                                  rope=q_rope is not None, rope_base=q_rope[1] if q_rope else 10000.0,
+                                  rope_scaling=q_rope[2] if q_rope else ())
 
     def finish(self) -> None:
         if self.pending:
@@ -80,10 +81,12 @@ def self_attention(g: Graph, q: int, k: int, v: int, num_heads: int, num_kv_head
     return cache.attend(g, q, k, v, num_heads, num_kv_heads, scale)
 
 
-def rotary(g: Graph, x: int, num_heads: int, base: float) -> int:
-    """RoPE at positions 0..seq-1, or at the generation graph's positions."""
+def rotary(g: Graph, x: int, num_heads: int, base: float, scaling: tuple = ()) -> int:
+    """RoPE at positions 0..seq-1, or at the generation graph's positions (``scaling``:
+    ``ops.rope_inverse_frequencies``)."""
     cache = cache_of(g)
-    return g.rope(x, num_heads, base=base) if cache is None else cache.rotary(g, x, num_heads, base)
+    return (g.rope(x, num_heads, base=base, scaling=scaling) if cache is None
+            else cache.rotary(g, x, num_heads, base, scaling))
 
 
 def position_rows(g: Graph, table: int, seq: int) -> int:

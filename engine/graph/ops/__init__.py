@@ -25,7 +25,7 @@ from .forward import (  # noqa: F401
     check_index_range, conv_ref, entry_of,
     cross_entropy_ref, embedding_ref, fused_matmul_ref, gelu_ref, group_norm_ref, layer_norm_ref,
     log_softmax_ref, matmul_ref, merge_heads, norm_matmul_ref, packed_layout, pad_ref, part_ref, rms_norm_ref, rope_ref,
-    rope_tables, run_program, sigmoid_ref, slice_ref, soft_cross_entropy_ref, softmax_ref,
+    rope_inverse_frequencies, rope_tables, run_program, sigmoid_ref, slice_ref, soft_cross_entropy_ref, softmax_ref,
     split_heads, sum_to_ref, tiled_attention_head_dim)
 from .backward import (  # noqa: F401
     BACKWARD_OPS, conv_input_grad_ref, conv_weight_grad_ref, cross_entropy_grad_ref,

@@ -10,6 +10,8 @@ from typing import Callable
 import numpy as np
 from scipy import special
 
+from ...errors import GraphError
+
 from .table import ATTENTION, CONV, COPY, GATHER, MATMUL, OPS, OpShapeError, POINTWISE, REDUCTION, SOURCE, Shape, TensorType, VIEW, _fail, _norm_axis, _require_float, broadcast_shapes, defop
 
 
@@ -626,23 +628,50 @@ def _rope_shape(ts, a):
     return TensorType(x.shape)
 
 
-def rope_tables(seq, dim, base=10000.0, offset=0, dtype=np.float64):
+ROPE_SCALINGS = {"linear": 1, "llama3": 4}   # kind -> how many numbers follow it in ``scaling``
+
+
+def rope_inverse_frequencies(dim: int, base: float = 10000.0, scaling: tuple = ()) -> np.ndarray:
+    """RoPE's inverse frequencies over a head of ``dim``: base^(-2i / dim), rewritten by
+    ``scaling`` as transformers computes them: ``("linear", factor)`` divides them all;
+    ``("llama3", factor, low_freq_factor, high_freq_factor, original_positions)`` (Llama
+    3.1 and 3.2) divides those of wavelengths above original / low, keeps those below
+    original / high and blends the ones between."""
     inv = 1.0 / base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    if not scaling:
+        return inv
+    kind, *numbers = scaling
+    if ROPE_SCALINGS.get(kind) != len(numbers):
+        raise GraphError(f"rope scaling {scaling!r}: expected one of {', '.join(ROPE_SCALINGS)} with "
+                         f"{ROPE_SCALINGS.get(kind, '?')} numbers")
+    if kind == "linear":
+        return inv / numbers[0]
+    factor, low, high, original = numbers
+    wavelength = 2 * np.pi / inv
+    scaled = np.where(wavelength > original / low, inv / factor, inv)
+    smooth = (original / wavelength - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelength >= original / high) & (wavelength <= original / low)
+    return np.where(medium, blended, scaled)
+
+
+def rope_tables(seq, dim, base=10000.0, offset=0, dtype=np.float64, scaling=()):
+    inv = rope_inverse_frequencies(dim, base, scaling)
     ang = np.outer(np.arange(offset, offset + seq, dtype=np.float64), inv)
     return np.cos(ang).astype(dtype), np.sin(ang).astype(dtype)
 
 
-def rope_ref(x, positions=None, num_heads=1, base=10000.0, offset=0, inverse=False):
+def rope_ref(x, positions=None, num_heads=1, base=10000.0, offset=0, inverse=False, scaling=()):
     """Rotate by position offset..offset+seq, or by ``positions`` [batch, seq] where given
     (a generation step, whose tokens sit at positions only known when it runs)."""
     b, t, w = x.shape
     d = w // num_heads
     xh = x.reshape(b, t, num_heads, d)
     if positions is None:
-        cos, sin = rope_tables(t, d, base, offset, x.dtype)
+        cos, sin = rope_tables(t, d, base, offset, x.dtype, scaling)
         cos, sin = cos[None, :, None, :], sin[None, :, None, :]
     else:
-        inv = 1.0 / base ** (np.arange(0, d, 2, dtype=np.float64) / d)
+        inv = rope_inverse_frequencies(d, base, scaling)
         ang = np.asarray(positions, np.float64)[..., None] * inv
         cos, sin = np.cos(ang).astype(x.dtype)[:, :, None, :], np.sin(ang).astype(x.dtype)[:, :, None, :]
     if inverse:
@@ -654,8 +683,8 @@ def rope_ref(x, positions=None, num_heads=1, base=10000.0, offset=0, inverse=Fal
 defop("rope", POINTWISE, _rope_shape, rope_ref,
       doc="rotary position embedding (rotate-half form) on [batch, seq, heads*dim]; positions "
           "offset..offset+seq, or an i32 [batch, seq] second operand; inverse=True rotates back "
-          "(its gradient)",
-      num_heads=1, base=10000.0, offset=0, inverse=False)
+          "(its gradient); scaling: rope_inverse_frequencies'",
+      num_heads=1, base=10000.0, offset=0, inverse=False, scaling=())
 
 
 # ---------------------------------------------------------------- convolution

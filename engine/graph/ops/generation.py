@@ -53,7 +53,7 @@ def check_positions(positions: np.ndarray, capacity: int) -> None:
         raise IndexError(f"positions must lie in [0, {capacity}), found {positions.min()}..{positions.max()}")
 
 
-def cache_write_ref(cache, *xs_positions, rope_heads=0, rope_base=10000.0):
+def cache_write_ref(cache, *xs_positions, rope_heads=0, rope_base=10000.0, rope_scaling=()):
     """cache with rows replaced by x (rotated by RoPE at its positions where ``rope_heads``);
     with several x, cache [planes, ...] takes x_i in plane i (RoPE on the first only)."""
     *xs, positions = xs_positions
@@ -63,7 +63,7 @@ def cache_write_ref(cache, *xs_positions, rope_heads=0, rope_base=10000.0):
     planes = out if len(xs) > 1 else out[None]
     for i, x in enumerate(xs):
         if rope_heads and i == 0:
-            x = rope_ref(x, positions, num_heads=rope_heads, base=rope_base)
+            x = rope_ref(x, positions, num_heads=rope_heads, base=rope_base, scaling=rope_scaling)
         planes[i][np.arange(x.shape[0])[:, None], positions] = x
     return out
 
@@ -71,8 +71,9 @@ def cache_write_ref(cache, *xs_positions, rope_heads=0, rope_base=10000.0):
 defop("cache_write", COPY, _cache_write_shape, cache_write_ref, inplace=True,
       doc="cache [B, S, W] with row positions[b, t] replaced by x[b, t] (x [B, T, W]), in the cache's storage; "
           "with several x (a layer's keys and values), cache [P, B, S, W] takes x_i in plane i, one dispatch for "
-          "all; rope_heads > 0 rotates the first x by RoPE (rope_heads heads, rope_base) at its positions first",
-      rope_heads=0, rope_base=10000.0)
+          "all; rope_heads > 0 rotates the first x by RoPE (rope_heads heads, rope_base, rope_scaling) at its "
+          "positions first",
+      rope_heads=0, rope_base=10000.0, rope_scaling=())
 
 
 def _cached_attention_shape(ts, a):
@@ -85,12 +86,12 @@ def _cached_attention_shape(ts, a):
 
 
 def cached_attention_ref(q, k, v, positions, num_heads=1, num_kv_heads=None, scale=None, rope=False,
-                         rope_base=10000.0):
+                         rope_base=10000.0, rope_scaling=()):
     """softmax(q kᵀ * scale) v where query (b, t) sees the keys 0..positions[b, t]; ``rope``
     rotates q by RoPE at its positions first."""
     hkv = num_kv_heads or num_heads
     if rope:
-        q = rope_ref(q, positions, num_heads=num_heads, base=rope_base)
+        q = rope_ref(q, positions, num_heads=num_heads, base=rope_base, scaling=rope_scaling)
     qh = split_heads(q, num_heads)
     kh = np.repeat(split_heads(k, hkv), num_heads // hkv, axis=1)
     vh = np.repeat(split_heads(v, hkv), num_heads // hkv, axis=1)
@@ -105,8 +106,8 @@ def cached_attention_ref(q, k, v, positions, num_heads=1, num_kv_heads=None, sca
 
 defop("cached_attention", ATTENTION, _cached_attention_shape, cached_attention_ref,
       doc="attention of q [B, T, H*D] over a KV cache [B, S, HKV*D]: query (b, t) sees keys 0..positions[b, t]; "
-          "rope=True rotates q by RoPE (rope_base) at its positions first",
-      num_heads=1, num_kv_heads=None, scale=None, rope=False, rope_base=10000.0)
+          "rope=True rotates q by RoPE (rope_base, rope_scaling) at its positions first",
+      num_heads=1, num_kv_heads=None, scale=None, rope=False, rope_base=10000.0, rope_scaling=())
 
 
 # ---------------------------------------------------------------- the decode step's fused MLP
