@@ -1,7 +1,7 @@
 """A Hugging Face checkpoint opened from its folder, on our engine and on transformers, on
 the same GPU in one process: a SmolLM2-135M-shaped Llama (random weights from its config:
 hidden 576, 30 layers, 9 heads over 3 kv heads, vocab 49152), or with ``--shape`` a
-Qwen2.5-0.5B- or Qwen3-0.6B-shaped one, written with ``save_pretrained`` and read back by
+Qwen2.5-0.5B-, Qwen3-0.6B- or Llama-3.2-1B-shaped one (the last with Llama 3's RoPE scaling), written with ``save_pretrained`` and read back by
 ``engine.load_model``.
 
     python3 bench/bench_checkpoint.py            # the SmolLM2-135M shape (meant for a real GPU)
@@ -50,6 +50,11 @@ QWEN25_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, nu
 QWEN3_06B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
                  rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True)
+LLAMA32_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                  num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=131072,
+                  rms_norm_eps=1e-5, tie_word_embeddings=True,
+                  rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=32.0, low_freq_factor=1.0,
+                                       high_freq_factor=4.0, original_max_position_embeddings=8192))
 TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True)
 # --shape: the checkpoint's family (transformers' config and model classes) and its config's fields.
@@ -57,6 +62,7 @@ SHAPES = {
     "smollm2-135m": ("SmolLM2-135M-shaped Llama", "Llama", SMOLLM2_135M),
     "qwen2.5-0.5b": ("Qwen2.5-0.5B-shaped Qwen2", "Qwen2", QWEN25_05B),
     "qwen3-0.6b": ("Qwen3-0.6B-shaped Qwen3", "Qwen3", QWEN3_06B),
+    "llama3.2-1b": ("Llama-3.2-1B-shaped Llama", "Llama", LLAMA32_1B),
 }
 
 
