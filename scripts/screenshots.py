@@ -45,6 +45,20 @@ def tiny_llama_checkpoint() -> str:
     return path
 
 
+def windowed_mistral_checkpoint() -> str:
+    """A Mistral checkpoint folder whose sliding window (64 tokens) bounds its sequences:
+    the model panel says why."""
+    import torch
+    import transformers
+    torch.manual_seed(0)
+    cfg = transformers.MistralConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                                     sliding_window=64)
+    path = os.path.join(tempfile.mkdtemp(), "tiny-mistral")
+    transformers.MistralForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
 def smollm2_shaped_checkpoint(vocab: int = 49152) -> str:
     """A Llama checkpoint folder of SmolLM2-135M's shape (bench/bench_checkpoint.py's
     SMOLLM2_135M: hidden 576, 30 layers, 9 heads over 3, intermediate 1536, tied), random
@@ -257,6 +271,10 @@ def main(argv=None) -> int:
     wait(app, lambda: idle() and w.state.graphs.get("optimized") is not None, 120)
     save(w, "studio_checkpoint")
     save(w.model_panel, "model_panel_checkpoint")
+    # a windowed checkpoint: its sequences stop at the window, and the panel says why
+    w.load_model(windowed_mistral_checkpoint(), {"seq": 64})
+    wait(app, lambda: idle() and w.state.graphs.get("optimized") is not None, 120)
+    save(w.model_panel, "model_panel_window")
 
     w.load_model("whisper-tiny", {"mel_len": 64})
     wait(app, idle, 120)
