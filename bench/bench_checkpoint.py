@@ -1,8 +1,8 @@
 """A Hugging Face checkpoint opened from its folder, on our engine and on transformers, on
 the same GPU in one process: a SmolLM2-135M-shaped Llama (random weights from its config:
 hidden 576, 30 layers, 9 heads over 3 kv heads, vocab 49152), or with ``--shape`` a
-Qwen2.5-0.5B-, Qwen3-0.6B- or Llama-3.2-1B-shaped one (the last with Llama 3's RoPE scaling), written with ``save_pretrained`` and read back by
-``engine.load_model``.
+Qwen2.5-0.5B-, Qwen3-0.6B- or Llama-3.2-1B-shaped one (the last with Llama 3's RoPE
+scaling), written with ``save_pretrained`` and read back by ``engine.load_model``.
 
     python3 bench/bench_checkpoint.py            # the SmolLM2-135M shape (meant for a real GPU)
     python3 bench/bench_checkpoint.py --shape qwen3-0.6b

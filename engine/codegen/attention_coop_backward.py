@@ -74,7 +74,8 @@ def coop_backward_supported(head_dim: int, caps: Capabilities) -> bool:
     the device's workgroup memory (23.3 KiB at D = 64 in blocks of 32; split products
     37.3, 20.1 in blocks of 16), unless ``MEGANEURA_ATTENTION_BACKWARD=f32`` keeps the f32 kernels (benchmarks)."""
     return (caps.knobs.attention_backward != "f32" and coop_attention_supported(head_dim, caps)
-            and tiled_attention_head_dim(head_dim) and coop_backward_bytes(head_dim, split=split_products(caps)) <= caps.workgroup_storage)
+            and tiled_attention_head_dim(head_dim)
+            and coop_backward_bytes(head_dim, split=split_products(caps)) <= caps.workgroup_storage)
 
 
 def attention_backward(graph: Graph, node: Node, caps: Capabilities) -> Kernel:

@@ -11,7 +11,6 @@ import numpy as np
 from scipy import special
 
 from ...errors import GraphError
-
 from .table import ATTENTION, CONV, COPY, GATHER, MATMUL, OPS, OpShapeError, POINTWISE, REDUCTION, SOURCE, Shape, TensorType, VIEW, _fail, _norm_axis, _require_float, broadcast_shapes, defop
 
 
@@ -683,7 +682,7 @@ def rope_ref(x, positions=None, num_heads=1, base=10000.0, offset=0, inverse=Fal
 defop("rope", POINTWISE, _rope_shape, rope_ref,
       doc="rotary position embedding (rotate-half form) on [batch, seq, heads*dim]; positions "
           "offset..offset+seq, or an i32 [batch, seq] second operand; inverse=True rotates back "
-          "(its gradient); scaling: rope_inverse_frequencies'",
+          "(its gradient); scaling rewrites the frequencies (rope_inverse_frequencies)",
       num_heads=1, base=10000.0, offset=0, inverse=False, scaling=())
 
 
