@@ -2,7 +2,9 @@
 // tiles to fill the GPU, codegen cuts K into slices, each a workgroup of its own
 // (matmul_tiled.wgsl writes each slice's raw sums into `partials`, slice after slice);
 // this kernel adds the slices and applies the node's epilogue (bias, activation,
-// residual), one thread per output element. A product that also adds up an operand
+// residual), one thread per output element. The few-row vector kernel's slices
+// (matmul_vector.wgsl) come here too: SPLIT_SUMS adds their second product and the
+// norm's sums of squares, where they have them. A product that also adds up an operand
 // (product_sums.py) left each slice's sums after all the slices' results: threads past
 // the results add those into `sums_out` (SUMS_FINISH).
 // meta: the first stage's (matmul_tiled.wgsl), then the slice count (a word, not a
@@ -34,6 +36,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let col = i % N;
     let row = (i / N) % M;
     let b = i / (M * N);
+{{SPLIT_SUMS}}
 {{EPILOGUE}}
     out[i] = v;
 }

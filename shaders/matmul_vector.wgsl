@@ -9,8 +9,12 @@
 // squares gathered by the same loads, one partial per K slice); they are empty otherwise.
 // COLUMNS says which B a workgroup multiplies (wsel) and where its columns go: one B of N
 // columns, or (norm_matmuls) several Bs, operands 1.., each with its own workgroups and
-// its own place (out0) in the packed result.
-// meta: [M, N, K, nbatch, eps, batch_shape[BR], per operand: batch_strides[BR], s_row, s_col]
+// its own place (out0) in the packed result. Workgroup y takes one slice of K, SPAN long:
+// where the columns' workgroups are too few to fill the GPU, each slice writes its raw
+// sums (and its second sums, its sums of squares) and matmul_splits.wgsl adds them up
+// and applies the epilogue (codegen's _split_stores in EPILOGUE's place).
+// meta: [M, N, K, nbatch, eps, batch_shape[BR], per operand: batch_strides[BR], s_row, s_col,
+//        K slices, SPAN]
 
 {{PRELUDE}}
 
@@ -21,6 +25,7 @@ const ROWS: u32 = {{ROWS}}u;
 const COLS: u32 = {{COLS}}u;
 const SLICES: u32 = {{SLICES}}u;
 const UNROLL: u32 = {{UNROLL}}u;
+const SPAN_WORD: u32 = {{SPAN_WORD}}u;   // the meta word of a K slice's length
 
 var<workgroup> part: array<f32, {{PARTIAL}}>;
 {{EXTRA_DECL}}
@@ -44,15 +49,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     let sbn = scol(1u + wsel);
 {{EXTRA_SETUP}}
     let col_b = wx * COLS + c;
+    let k_lo = wg.y * m(SPAN_WORD);
+    let k_hi = min(K, k_lo + m(SPAN_WORD));
     var acc: array<f32, ROWS>;
     if (col_b < N) {
         // UNROLL steps of K at a time, their loads independent: one load in flight per
         // thread left the kernel waiting on memory latency (17 us for 576 x 576 on the H100).
-        var ka = s;
-        for (; ka + (UNROLL - 1u) * SLICES < K; ka = ka + UNROLL * SLICES) {
+        var ka = k_lo + s;
+        for (; ka + (UNROLL - 1u) * SLICES < k_hi; ka = ka + UNROLL * SLICES) {
 {{ACCUMULATE_UNROLLED}}
         }
-        for (; ka < K; ka = ka + SLICES) {
+        for (; ka < k_hi; ka = ka + SLICES) {
 {{ACCUMULATE}}
         }
     }

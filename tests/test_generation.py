@@ -522,6 +522,42 @@ def test_swiglu_matmul_on_the_gpu(rows, tb, norm):
     assert np.abs(session.read_output("y") - want).max() <= 2e-6 * np.abs(want).max()
 
 
+@pytest.mark.parametrize("splits,small", [(1, False), (3, False), (0, False), (0, True)])
+def test_vector_products_split_along_k(splits, small, configure, monkeypatch):
+    """Few-row products cut into K slices, which matmul_splits.wgsl adds up before the
+    epilogue: bias, activation and residual, SwiGLU's second product, the norm's sums of
+    squares. 1: whole; 3: forced (MEGANEURA_MATMUL_SPLITS); 0: vector_layout's choice,
+    K = 1300 allowing 5 slices of at least 256. Weights this small keep 8 columns, whole,
+    unless VECTOR_SMALL_BYTES is lowered (``small`` False)."""
+    from engine.codegen import matmul
+    if not small:
+        monkeypatch.setattr(matmul, "VECTOR_SMALL_BYTES", 0)
+    if splits:
+        configure(matmul_splits=splits)
+    rng = np.random.default_rng(splits)
+    k, n = 1300, 70
+    g = Graph("vector-splits")
+    x, w, nw = g.input("x", (1, 2, k)), g.input("w", (k, n)), g.input("nw", (k,))
+    g.output("fused", g.apply("fused_matmul", x, w, g.input("bias", (n,)), g.input("res", (1, 2, n)),
+                              activation="gelu", has_add=True, has_residual=True))
+    g.output("transposed", g.matmul(x, g.input("wt", (n, k)), transpose_b=True))
+    g.output("swiglu", g.apply("swiglu_matmul", x, w, g.input("wu", (k, n)), nw, transpose_b=False, eps=1e-5))
+    g.output("norm", g.apply("norm_matmul", x, nw, w, eps=1e-5, transpose_b=False))
+    inputs = {name: rng.standard_normal(g.shape(i)).astype(np.float32) for name, i in g.inputs.items()}
+    session = Session(g)
+    session.set_inputs(inputs)
+    session.run()
+    want = reference.run(g, inputs, {})
+    for name in g.outputs:   # SwiGLU: silu of one sum times another; the H100 left 2.9e-6 of the largest
+        got = session.read_output(name)
+        assert np.abs(got - want[name]).max() <= (1e-5 if name == "swiglu" else 2e-6) * np.abs(want[name]).max(), name
+    cut = [d.variant for d in session.plan.dispatches if "K split" in d.variant]
+    assert len(cut) == (0 if splits == 1 or small else 4), cut
+    assert all(f"K split {splits or 5} ways" in v for v in cut)
+    wide = sum("32 columns x 8 K slices" in d.variant for d in session.plan.dispatches)
+    assert wide == (0 if small else 3)   # B's columns contiguous: all but the transposed
+
+
 @pytest.mark.parametrize("rows,tb,widths", [(1, True, (96, 32, 32)), (3, False, (70, 33)), (2, True, (5, 64, 130))])
 def test_norm_matmuls_on_the_gpu(rows, tb, widths):
     """Each weight's product lands in its place of the packed result (widths that are and

@@ -144,7 +144,8 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN, sums: str = ""
     common = dict(BR=br, OPERANDS=_render("matmul_operands.wgsl", ACTIVATION=act), EPILOGUE="\n".join(epi))
     if vector_rows(m_, ta, caps):
         vector = dict(common, EPILOGUE="") if norm else common   # the vector kernel sums the norm's squares itself
-        return _vector_kernel(graph, node, names, types, meta, m_, n_, max(nbatch, 1), words_b, vector, norm=norm)
+        return _vector_kernel(graph, node, names, types, meta, m_, n_, max(nbatch, 1), words_b, vector, norm=norm,
+                              caps=caps)
     variant = "simple" if norm else matmul_variant(m_, n_, max(nbatch, 1), k_, ta, caps)
     tile_m, tile_n = _tile_of(variant)
     gx, gy = -(-n_ // tile_n), -(-m_ // tile_m)
@@ -207,7 +208,10 @@ def _sums_plan(sums: str, variant: str, fetch_a: str, fetch_b: str, m_: int, n_:
 VECTOR_ROWS = 8        # outputs of at most this many rows take the vector kernel
 VECTOR_THREADS = 256
 VECTOR_UNROLL = 8      # K steps a thread loads at once (16 measured the same on the H100)
-VECTOR_COLUMNS = 8     # output columns of a workgroup
+VECTOR_COLUMNS = 8     # output columns of a workgroup where B is stored transposed (lanes along K)
+VECTOR_WIDE_COLUMNS = 32   # ... and where B's columns are contiguous: a warp reads 128 bytes of a row
+VECTOR_MIN_SLICE = 256     # K a slice of a split vector product keeps at least
+VECTOR_SMALL_BYTES = 16 << 20   # a B under this size keeps 8 columns, whole K: vector_layout
 
 
 def vector_rows(m_: int, transpose_a: bool, caps: Capabilities) -> bool:
@@ -218,41 +222,126 @@ def vector_rows(m_: int, transpose_a: bool, caps: Capabilities) -> bool:
     return m_ <= VECTOR_ROWS and not transpose_a and caps.knobs.matmul == "auto"
 
 
+def vector_layout(n_: int, k_: int, blocks_of, caps: Capabilities, columns_contiguous: bool,
+                  splittable: bool) -> tuple[int, int]:
+    """(columns a workgroup, K slices) of a vector product with ``n_`` columns and
+    reduction ``k_``; ``blocks_of(columns)``: its workgroups. A large B whose columns are
+    contiguous takes 32 columns, so that a warp reads 128 bytes of a row, else 8 (lanes
+    along K where B is stored transposed). Where its workgroups are fewer than a wave of
+    matmul ones (``tuning.matmul_resident``), K is split into as many slices as make two
+    (a vector workgroup is half a 64 x 64 one), each at least ``VECTOR_MIN_SLICE`` long.
+    ``knobs.matmul_splits`` forces a count. A B under ``VECTOR_SMALL_BYTES`` keeps 8
+    columns and all of K: there the dispatch is the cost, and a second one costs more.
+    Run 50, Llama-3.2-1B's decode on the H100: its 2048 x 8192 SwiGLU weights read at 1.0
+    TB/s in workgroups of 8 columns (a warp's loads 32 bytes of 4 rows), its 8192 x 2048 down
+    projection in 32 columns only when split (64 workgroups whole); 270 -> 357 tokens/s.
+    SmolLM2-135M's weights (3.5 MB each) split this way decoded at 558 instead of 646."""
+    small = n_ * k_ * 4 < VECTOR_SMALL_BYTES
+    cols = VECTOR_WIDE_COLUMNS if columns_contiguous and not small else VECTOR_COLUMNS
+    blocks, most = blocks_of(cols), max(1, k_ // VECTOR_MIN_SLICE)
+    if not splittable:
+        return cols, 1
+    if caps.knobs.matmul_splits:
+        return cols, min(caps.knobs.matmul_splits, most)
+    fill = 2 * caps.tuning.matmul_resident
+    if small or 2 * blocks >= fill:
+        return cols, 1
+    return cols, min(-(-fill // blocks), most, MATMUL_MAX_SPLITS)
+
+
 _ONE_B = dict(COLUMNS="    let N = m(1u);\n    let wsel = 0u;\n    let wx = wg.x;", OUT_AT="(b * M + row) * N + col",
               LOAD_B="b_in[{}]")
 
 
 def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: int, nbatch: int, words_b,
                    common: dict, norm: bool = False, second: bool = False, columns: dict = _ONE_B,
-                   workgroups: int = 0) -> Kernel:
-    """matmul_vector.wgsl for ``m_`` rows: 256 threads as 8 columns x 32 K slices, lanes
-    along B's contiguous axis (its columns, or K where B is stored transposed). Few
-    columns a workgroup make many workgroups, and many loads in flight: 32 columns x 8
-    slices gave a 576 x 576 weight 18 workgroups and 100 GB/s on the H100. ``norm``: A is
-    RMS-normalised (weight ``w_in``, eps in meta word 4), the norm applied to the sums
-    before ``common``'s epilogue; ``second``: a second B ``u_in`` (operand 2) accumulates
-    into ``v2`` beside ``v``; ``columns``: the template's COLUMNS and OUT_AT and how B is
-    loaded (``_ONE_B``, or norm_matmuls' several Bs over ``workgroups`` workgroups)."""
+                   workgroups: int = 0, caps: Capabilities = PLAIN) -> Kernel:
+    """matmul_vector.wgsl for ``m_`` rows: 256 threads as columns x K slices, lanes
+    along B's contiguous axis: 32 columns x 8 slices where its columns are contiguous
+    (a warp reads 128 bytes of a row), 8 x 32 where K is (B stored transposed). Where
+    those workgroups are too few to fill the GPU, K is split (``vector_layout``) and
+    matmul_splits.wgsl adds the slices and applies the epilogue; a single B only
+    (``_ONE_B``), and one batch where the kernel also sums a norm or a second B. ``norm``:
+    A is RMS-normalised (weight ``w_in``, eps in meta word 4), the norm applied to the
+    sums before ``common``'s epilogue; ``second``: a second B ``u_in`` (operand 2)
+    accumulates into ``v2`` beside ``v``; ``columns``: the template's COLUMNS and OUT_AT
+    and how B is loaded (``_ONE_B``, or norm_matmuls' several Bs over ``workgroups``
+    workgroups)."""
     columns_contiguous = words_b[-1] == 1
-    cols = VECTOR_COLUMNS
+    one_b = columns is _ONE_B
+    k_ = meta[2]
+    if one_b:
+        cols, splits = vector_layout(n_, k_, lambda c: -(-n_ // c) * nbatch, caps, columns_contiguous,
+                                     nbatch == 1 or not (norm or second))
+    else:
+        cols, splits = VECTOR_COLUMNS, 1
     slices = VECTOR_THREADS // cols
-    grid = (workgroups or -(-n_ // cols), 1, nbatch)
+    blocks = workgroups or -(-n_ // cols)
+    span = -(-k_ // splits)
+    span = -(-span // slices) * slices    # whole steps of the slices a slice, none of them empty
+    splits = -(-k_ // span)
+    grid = (blocks, splits, nbatch)
     if max(grid) > MAX_WORKGROUPS:
         raise DeviceError(f"{graph.format_node(node)}: matmul grid {grid} exceeds {MAX_WORKGROUPS} "
                           f"workgroups per dimension")
+    meta = [*meta, splits, span]
     unroll = VECTOR_UNROLL
-    extra = _vector_extras(m_, norm, second)
-    common = dict(common, EPILOGUE=extra.pop("NORM_EPILOGUE") + common["EPILOGUE"])
+    extra = _vector_extras(m_, slices, norm, second)
+    norm_epilogue = extra.pop("NORM_EPILOGUE")
+    first, out_at = dict(common, EPILOGUE=norm_epilogue + common["EPILOGUE"]), columns["OUT_AT"]
+    if splits > 1:   # raw sums, slice after slice; the epilogue's operands are the finish's
+        first = dict(common, EPILOGUE=_split_stores(second, norm, len(meta) - 2),
+                     OPERANDS=_render("matmul_operands.wgsl", ACTIVATION="x"))
+        out_at = "wg.y * M * N * m(3u) + (b * M + row) * N + col"
     k = _finish(f"matmul:{node.op}", "matmul", "matmul_vector.wgsl", names, types, "f32", meta, grid,
                 ROWS=m_, COLS=cols, SLICES=slices, THREADS=VECTOR_THREADS, PARTIAL=m_ * VECTOR_THREADS,
                 COL_OF="t % COLS" if columns_contiguous else "t / SLICES",
-                SLICE_OF="t / COLS" if columns_contiguous else "t % SLICES", UNROLL=unroll,
+                SLICE_OF="t / COLS" if columns_contiguous else "t % SLICES", UNROLL=unroll, SPAN_WORD=len(meta) - 1,
                 ACCUMULATE=_vector_steps(m_, ["ka"], norm, second, columns["LOAD_B"]),
                 ACCUMULATE_UNROLLED=_vector_steps(m_, [f"(ka + {u}u * SLICES)" for u in range(unroll)], norm, second,
                                                   columns["LOAD_B"]),
-                COLUMNS=columns["COLUMNS"], OUT_AT=columns["OUT_AT"], **extra, **common)
+                COLUMNS=columns["COLUMNS"], OUT_AT=out_at, **extra, **first)
     k.notes["variant"] = f"{m_}-row vector kernel, {cols} columns x {slices} K slices"
+    if splits > 1:
+        _split_finish(k, names, meta, m_ * n_ * nbatch, splits, common, norm_epilogue, second, norm)
     return k
+
+
+def _split_stores(second: bool, norm: bool, splits_word: int) -> str:
+    """What a slice of a split vector product writes in its epilogue's place, besides its
+    raw sums ``v`` (OUT_AT): its second sums after all the slices' first, then its sums
+    of squares (a row's, from column 0's threads)."""
+    total = "M * N * m(3u)"
+    lines = []
+    if second:
+        lines.append(f"        out[(m({splits_word}u) + wg.y) * {total} + (b * M + row) * N + col] = v2;")
+    if norm:
+        lines.append(f"        if (col == 0u) {{ out[{1 + second}u * m({splits_word}u) * {total} + wg.y * M + row] = ss; }}")
+    return "\n".join(lines)
+
+
+def _split_finish(k: Kernel, names, meta, total: int, splits: int, common: dict, norm_epilogue: str,
+                  second: bool, norm: bool) -> None:
+    """The second dispatch of a split vector product (matmul_splits.wgsl): the slices'
+    sums added, their second sums and sums of squares where it has them, then the
+    norm and ``common``'s epilogue; bound to the partials and the epilogue's operands."""
+    extras = [i for i, name in enumerate(names) if name not in ("a_in", "b_in", "u_in", "w_in")]
+    sums = ["    let K = m(2u);"]
+    if second:
+        sums += ["    var v2 = 0.0;",
+                 "    for (var p = 0u; p < splits; p = p + 1u) { v2 = v2 + partials[(splits + p) * total + i]; }"]
+    if norm:
+        sums += ["    var ss = 0.0;",
+                 f"    for (var p = 0u; p < splits; p = p + 1u) {{ ss = ss + partials[{1 + second}u * splits * total "
+                 "+ p * M + row]; }"]
+    k.partials = splits * total * (1 + second) + (splits * meta[0] if norm else 0)
+    k.finish = _finish(f"{k.name}:splits", "matmul", "matmul_splits.wgsl", ["partials", *(names[i] for i in extras)],
+                       ["f32"] * (1 + len(extras)), "f32", meta, grid_1d(-(-total // WG)),
+                       SPLITS_WORD=len(meta) - 2, SPLIT_SUMS="\n".join(sums), SUMS_FINISH="", SUMS_BINDING="",
+                       **dict(common, EPILOGUE=norm_epilogue + common["EPILOGUE"]))
+    k.finish.guarded = True
+    k.finish_operands = tuple(extras)
+    k.notes["variant"] += f", K split {splits} ways"
 
 
 def _vector_steps(rows: int, ks: list[str], norm: bool, second: bool, load_b: str = "b_in[{}]") -> str:
@@ -275,7 +364,7 @@ def _vector_steps(rows: int, ks: list[str], norm: bool, second: bool, load_b: st
     return "\n".join("            " + line for line in lines)
 
 
-def _vector_extras(rows: int, norm: bool, second: bool) -> dict[str, str]:
+def _vector_extras(rows: int, slices: int, norm: bool, second: bool) -> dict[str, str]:
     """The EXTRA slots of matmul_vector.wgsl (and the norm's epilogue lines)."""
     decl, setup, store, total, epilogue = [], [], [], [], []
     if second:
@@ -284,7 +373,7 @@ def _vector_extras(rows: int, norm: bool, second: bool) -> dict[str, str]:
         store.append("for (var r = 0u; r < ROWS; r = r + 1u) { part2[(r * COLS + c) * SLICES + s] = acc2[r]; }")
         total += ["    var v2 = 0.0;", "    for (var j = 0u; j < SLICES; j = j + 1u) { v2 = v2 + part2[o * SLICES + j]; }"]
     if norm:   # each column's SLICES threads see all of K once: column 0's sums of squares suffice
-        decl.append(f"var<workgroup> part_ss: array<f32, {rows * VECTOR_THREADS // VECTOR_COLUMNS}>;")
+        decl.append(f"var<workgroup> part_ss: array<f32, {rows * slices}>;")
         setup.append("var ssq: array<f32, ROWS>;")
         store.append("if (c == 0u) { for (var r = 0u; r < ROWS; r = r + 1u) { part_ss[r * SLICES + s] = ssq[r]; } }")
         total += ["    var ss = 0.0;", "    for (var j = 0u; j < SLICES; j = j + 1u) { ss = ss + part_ss[row * SLICES + j]; }"]
@@ -317,7 +406,7 @@ def _swiglu_matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kern
     common = dict(BR=0, OPERANDS=_render("matmul_operands.wgsl", ACTIVATION="x"),
                   EPILOGUE="        v = v * sigmoid_(v) * v2;")
     return _vector_kernel(graph, node, names, ["f32"] * len(names), meta, rows, n_, 1, weight_words, common,
-                          norm=norm, second=True)
+                          norm=norm, second=True, caps=caps)
 
 
 def _norm_matmuls(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
@@ -449,7 +538,7 @@ def _tiled_kernel(name, archetype, names, types, meta, grid, k_, note, common, s
                        else dict(SUMS_FINISH="", SUMS_BINDING=""))
         k.finish = _finish(f"{name}:splits", archetype, "matmul_splits.wgsl", finish_names,
                            ["f32"] * (1 + extras), "f32", [*meta, splits], grid_1d(-(-(total + summed) // WG)),
-                           SPLITS_WORD=len(meta), **common, **finish_sums)
+                           SPLITS_WORD=len(meta), SPLIT_SUMS="", **common, **finish_sums)
         k.finish.guarded = True
         k.finish_operands = tuple(range(operands, len(names)))
         k.notes["variant"] += f", K split {splits} ways" if splits > 1 else ", epilogue in a second dispatch"
