@@ -69,12 +69,16 @@ MATMULS_FULL = [
     ("whisper b8 out", 12000, 384, 384, False, True, ()),
     ("whisper b8 dX fc1", 12000, 384, 1536, False, False, ()),
     ("attn scores", 256, 256, 64, False, True, (48,)),
+    ("decode up", 1, 8192, 2048, False, False, ()),     # Llama-3.2-1B's decode products (run 50): the vector kernel
+    ("decode down", 1, 2048, 8192, False, False, ()),
+    ("decode lm head", 1, 128256, 2048, False, False, ()),
 ]
 MATMULS_QUICK = [
     ("square", 128, 128, 128, False, False, ()),
     ("ragged", 130, 70, 36, True, False, ()),
     ("weight grad", 64, 96, 128, True, False, ()),
     ("long k", 40, 36, 300, False, True, ()),
+    ("decode", 1, 70, 1300, False, False, ()),
 ]
 F32_VARIANTS = ["auto", *codegen.TILED, "simple"]
 
