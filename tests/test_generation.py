@@ -5,6 +5,7 @@ against the reference, sampling, bad requests and the CLI."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -21,6 +22,7 @@ from engine.graph import reference
 from engine.graph.ir import Graph
 from engine.graph.ops import norm_matmuls_layout
 from engine.importers import load_model
+from engine.runtime.device import device_capabilities
 from engine.runtime.session import Session
 from engine.runtime.session import submission_chunks
 from engine.train.generation import Sampling, cache_capacity, largest_first
@@ -523,17 +525,17 @@ def test_swiglu_matmul_on_the_gpu(rows, tb, norm):
 
 
 @pytest.mark.parametrize("splits,small", [(1, False), (3, False), (0, False), (0, True)])
-def test_vector_products_split_along_k(splits, small, configure, monkeypatch):
+def test_vector_products_split_along_k(splits, small, configure):
     """Few-row products cut into K slices, which matmul_splits.wgsl adds up before the
     epilogue: bias, activation and residual, SwiGLU's second product, the norm's sums of
     squares. 1: whole; 3: forced (MEGANEURA_MATMUL_SPLITS); 0: vector_layout's choice,
     K = 1300 allowing 5 slices of at least 256. Weights this small keep 8 columns, whole,
-    unless VECTOR_SMALL_BYTES is lowered (``small`` False)."""
-    from engine.codegen import matmul
-    if not small:
-        monkeypatch.setattr(matmul, "VECTOR_SMALL_BYTES", 0)
+    unless the tuning's ``vector_small_kib`` says otherwise (``small`` False)."""
     if splits:
         configure(matmul_splits=splits)
+    caps = device_capabilities()
+    if not small:
+        caps = dataclasses.replace(caps, tuning=dataclasses.replace(caps.tuning, vector_small_kib=1))
     rng = np.random.default_rng(splits)
     k, n = 1300, 70
     g = Graph("vector-splits")
@@ -544,7 +546,7 @@ def test_vector_products_split_along_k(splits, small, configure, monkeypatch):
     g.output("swiglu", g.apply("swiglu_matmul", x, w, g.input("wu", (k, n)), nw, transpose_b=False, eps=1e-5))
     g.output("norm", g.apply("norm_matmul", x, nw, w, eps=1e-5, transpose_b=False))
     inputs = {name: rng.standard_normal(g.shape(i)).astype(np.float32) for name, i in g.inputs.items()}
-    session = Session(g)
+    session = Session(g, capabilities=caps)
     session.set_inputs(inputs)
     session.run()
     want = reference.run(g, inputs, {})

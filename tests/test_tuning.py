@@ -12,7 +12,7 @@ import pytest
 from engine import codegen
 from engine.codegen import Tuning
 from engine.cli.tune import format_tuning
-from engine.codegen.matmul import coop_variant
+from engine.codegen.matmul import coop_variant, vector_layout
 from engine.compile.plan import compile_plan
 from engine.config import current, use
 from engine.graph.ir import Graph
@@ -40,7 +40,7 @@ def test_tuning_fields_are_checked():
         Tuning(matmul_resident=0)
     assert set(codegen.TUNED_FIELDS) == {"matmul_resident", "attention_fill", "sum_workgroups", "lean_k",
                                          "dq_long_stream", "narrow_columns", "wide_fill", "dq_prefetch",
-                                         "split_small_cost"}
+                                         "split_small_cost", "vector_small_kib"}
     assert set(tuner.LADDERS) == set(codegen.TUNED_FIELDS)
 
 
@@ -139,7 +139,31 @@ def test_winner_must_not_make_any_model_slower():
     assert tuner.pick_winner([row(512, 10.0, 1.0), row(256, 9.0, 1.02), row(128, 9.9, 0.8)], 512) == 128
     assert tuner.pick_winner([row(512, 10.0, 1.0), row(256, 9.8, 1.0)], 512) == 512    # 1% on the mean
     groups = {w.group for w in tuner.LADDERS["matmul_resident"][1]}
-    assert groups == {"whisper-tiny b8", "whisper-tiny b1", "gpt-tiny b8", "SmolLM2-135M 4x256", "other"}
+    assert groups == {"whisper-tiny b8", "whisper-tiny b1", "gpt-tiny b8", "SmolLM2-135M 4x256", "SmolLM2-135M decode",
+                      "Llama-3.2-1B decode", "other"}
+
+
+def test_vector_products_follow_the_tuning():
+    """A decode step's products (one row): B's columns contiguous and at least
+    ``vector_small_kib`` take 32 columns a workgroup, K split while their workgroups are
+    fewer than a wave of matmul ones (Llama-3.2-1B's SwiGLU weights, 256 workgroups: 4
+    slices; its down projection, 64: 16); a smaller B, or one stored transposed, 8."""
+    layout = vector_layout
+    big, small = codegen.PLAIN, replace(codegen.PLAIN, tuning=SMALL_GPU)
+
+    def blocks(n):
+        return lambda columns: -(-n // columns)
+    assert layout(8192, 2048, blocks(8192), big, True, True) == (32, 4)
+    assert layout(2048, 8192, blocks(2048), big, True, True) == (32, 16)
+    assert layout(8192, 2048, blocks(8192), small, True, True) == (32, 1)       # 64 fill this GPU
+    assert layout(2048, 8192, blocks(2048), small, True, True) == (32, 1)
+    assert layout(8192, 2048, blocks(8192), big, False, True) == (8, 1)         # transposed: 1,024 workgroups
+    assert layout(2048, 8192, blocks(2048), big, True, False) == (32, 1)        # not splittable
+    assert layout(1536, 576, blocks(1536), big, True, True) == (8, 1)           # SmolLM2's: 3.4 MiB
+    tuned = replace(codegen.PLAIN, tuning=Tuning(vector_small_kib=1))
+    assert layout(1536, 576, blocks(1536), tuned, True, True) == (32, 2)        # 48 workgroups, K for 2 slices
+    huge = replace(codegen.PLAIN, tuning=Tuning(vector_small_kib=1 << 20))
+    assert layout(2048, 8192, blocks(2048), huge, True, True) == (8, 1)
 
 
 def test_the_lean_tiles_follow_the_tuning():

@@ -211,7 +211,6 @@ VECTOR_UNROLL = 8      # K steps a thread loads at once (16 measured the same on
 VECTOR_COLUMNS = 8     # output columns of a workgroup where B is stored transposed (lanes along K)
 VECTOR_WIDE_COLUMNS = 32   # ... and where B's columns are contiguous: a warp reads 128 bytes of a row
 VECTOR_MIN_SLICE = 256     # K a slice of a split vector product keeps at least
-VECTOR_SMALL_BYTES = 16 << 20   # a B under this size keeps 8 columns, whole K: vector_layout
 
 
 def vector_rows(m_: int, transpose_a: bool, caps: Capabilities) -> bool:
@@ -230,13 +229,13 @@ def vector_layout(n_: int, k_: int, blocks_of, caps: Capabilities, columns_conti
     along K where B is stored transposed). Where its workgroups are fewer than a wave of
     matmul ones (``tuning.matmul_resident``), K is split into as many slices as make two
     (a vector workgroup is half a 64 x 64 one), each at least ``VECTOR_MIN_SLICE`` long.
-    ``knobs.matmul_splits`` forces a count. A B under ``VECTOR_SMALL_BYTES`` keeps 8
+    ``knobs.matmul_splits`` forces a count. A B under ``tuning.vector_small_kib`` keeps 8
     columns and all of K: there the dispatch is the cost, and a second one costs more.
     Run 50, Llama-3.2-1B's decode on the H100: its 2048 x 8192 SwiGLU weights read at 1.0
     TB/s in workgroups of 8 columns (a warp's loads 32 bytes of 4 rows), its 8192 x 2048 down
     projection in 32 columns only when split (64 workgroups whole); 270 -> 357 tokens/s.
     SmolLM2-135M's weights (3.5 MB each) split this way decoded at 558 instead of 646."""
-    small = n_ * k_ * 4 < VECTOR_SMALL_BYTES
+    small = n_ * k_ * 4 < caps.tuning.vector_small_kib * 1024
     cols = VECTOR_WIDE_COLUMNS if columns_contiguous and not small else VECTOR_COLUMNS
     blocks, most = blocks_of(cols), max(1, k_ // VECTOR_MIN_SLICE)
     if not splittable:
@@ -316,7 +315,8 @@ def _split_stores(second: bool, norm: bool, splits_word: int) -> str:
     if second:
         lines.append(f"        out[(m({splits_word}u) + wg.y) * {total} + (b * M + row) * N + col] = v2;")
     if norm:
-        lines.append(f"        if (col == 0u) {{ out[{1 + second}u * m({splits_word}u) * {total} + wg.y * M + row] = ss; }}")
+        at = f"{1 + second}u * m({splits_word}u) * {total} + wg.y * M + row"
+        lines.append(f"        if (col == 0u) {{ out[{at}] = ss; }}")
     return "\n".join(lines)
 
 

@@ -38,6 +38,8 @@ class Tuning:
                                  # coop_dq_from_scores
     split_small_cost: int = 8    # a 64 x 64 split product workgroup's K step, in 16ths of a 128 x 128
                                  # one's (f32 as three f16 products): split_variant
+    vector_small_kib: int = 16384   # a few-row product's B under this many KiB keeps 8 columns a
+                                    # workgroup and all of K, where the dispatch is the cost: vector_layout
     source: str = "default"
 
     def __post_init__(self):

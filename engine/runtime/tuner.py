@@ -4,8 +4,9 @@ this adapter, and cache the winners (engine/runtime/tuning.py reads them back).
 Each field of ``Tuning`` (how many workgroups fill the GPU for a kernel family, and where
 the smaller cooperative kernels win) has workloads shaped like the models' and a ladder
 of values: the matmul fields every product of whisper-tiny's (batch 8 and 1), gpt-tiny's
-and a SmolLM2-135M-shaped step (``MODEL_PRODUCTS``), the others attention at batch 1 and
-2, bias gradients and attention's dq.
+and a SmolLM2-135M-shaped step (``MODEL_PRODUCTS``), the few-row products' decode steps'
+MLPs (``DECODE_PRODUCTS``), the others attention at batch 1 and 2, bias gradients and
+attention's dq.
 Every value's plans are compiled with only that field changed; workloads whose plan no
 value changes are not timed, and values that give the same dispatches are timed once.
 The winner must beat the default by ``MARGIN`` on the mean over models of their
@@ -130,6 +131,26 @@ MODEL_PRODUCTS = [*_layer_products("whisper-tiny b8", 12000, 384, 1152, 1536),
                   *_layer_products("SmolLM2-135M 4x256", 1024, 576, 960, 1536)]
 
 
+def _decode_stack(layers: int, width: int, hidden: int, group: str = "other") -> Workload:
+    """A one-token MLP stack: ``layers`` pairs of one-row products, width -> hidden ->
+    width, each pair with weights of its own, so that (as in a decode step) they stream
+    from memory rather than from the L2: one product alone, timed back to back, would."""
+    def build(g):
+        x = g.input("x", (1, width))
+        for i in range(layers):
+            x = g.matmul(g.matmul(x, g.input(f"up{i}", (width, hidden))), g.input(f"down{i}", (hidden, width)))
+        g.output("y", x)
+    return Workload(f"decode {layers} x {width}-{hidden}-{width}", build, group)
+
+
+# Decode steps' products, which the vector kernel runs (vector_layout): SmolLM2-135M's
+# 30 layers of 3.5 MB weights and Llama-3.2-1B's MLP (two 64 MiB weights a layer) and
+# attention projections (16 MiB).
+DECODE_PRODUCTS = [_decode_stack(30, 576, 1536, "SmolLM2-135M decode"),
+                   _decode_stack(4, 2048, 8192, "Llama-3.2-1B decode"),
+                   _decode_stack(8, 2048, 2048, "Llama-3.2-1B decode")]
+
+
 def _column_sum(rows: int, cols: int) -> Workload:
     def build(g):
         g.output("s", g.apply("sum_to", g.input("x", (rows, cols)), shape=(cols,)))
@@ -161,8 +182,8 @@ def _attention_grads(batch: int, seq: int, heads: int, kv_heads: int, head_dim: 
 
 # field -> (values tried, workloads on a GPU, workloads on a software adapter)
 LADDERS: dict[str, tuple[tuple[int, ...], list[Workload], list[Workload]]] = {
-    "matmul_resident": ((64, 128, 256, 512, 1024, 2048), [*MODEL_PRODUCTS, _matmul(32, 4096, 4096)],
-                        [_matmul(192, 192, 2048, True)]),
+    "matmul_resident": ((64, 128, 256, 512, 1024, 2048),
+                        [*MODEL_PRODUCTS, *DECODE_PRODUCTS, _matmul(32, 4096, 4096)], [_matmul(192, 192, 2048, True)]),
     "attention_fill": ((96, 192, 384, 768, 1536, 3072),
                        [_attention(1, 1500, 6, 64), _attention(2, 1500, 6, 64), _attention(1, 512, 9, 64)],
                        [_attention(1, 1024, 1, 16)]),
@@ -182,6 +203,7 @@ LADDERS: dict[str, tuple[tuple[int, ...], list[Workload], list[Workload]]] = {
                     [_attention_grads(2, 1500, 6, 6, 64, False, dkdv=True),
                      _attention_grads(8, 256, 6, 6, 64, True, dkdv=True)],
                     [_attention_grads(1, 64, 1, 1, 64, True, dkdv=True)]),
+    "vector_small_kib": ((1, 1024, 4096, 16384, 65536, 1 << 20), DECODE_PRODUCTS, [_decode_stack(2, 64, 1024)]),
 }
 MATMUL_FIELDS = ("matmul_resident", "lean_k", "narrow_columns", "wide_fill", "split_small_cost")   # on MODEL_PRODUCTS
 # fields that steer cooperative-matrix kernels only: tuned with f16 precision asked for, so
@@ -389,7 +411,7 @@ def measure_tuning(device=None, software: bool | None = None, fields=None, progr
         if confirmation:
             confirmations[field] = confirmation
     tuned = replace(base.tuning, source="tuned")
-    models = sorted({w.group for w in (*MODEL_PRODUCTS, *products)} - {"other"})
+    models = sorted({w.group for w in (*MODEL_PRODUCTS, *DECODE_PRODUCTS, *products)} - {"other"})
     return {"tuning": asdict(tuned), "defaults": asdict(Tuning()), "measurements": measurements,
             "models": [] if software else models,
             "confirmations": confirmations,
