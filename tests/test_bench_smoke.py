@@ -126,13 +126,15 @@ def test_bench_kernels_quick():
     matmuls = [r for r in rows if r[2].split(",")[0] in ("auto", "64", "128k8")]
     attention = [r for r in rows if r[2] in ("tiled, splits 1", "tiled, splits 2", "per-query")]
     backward = [r for r in rows if r[2] in ("splits 1", "splits 2")]
-    assert len(matmuls) == 24 and len(attention) == 6 and len(backward) == 4, proc.stdout
+    assert len(matmuls) == 30 and len(attention) == 6 and len(backward) == 4, proc.stdout
     independent = [r for r in rows if r[0].endswith("matmuls 64x32x32")]
     assert [r[1] for r in independent] == ["1", "3"], proc.stdout
     long_k = {r[2]: r[-1] for r in matmuls if r[0] == "long k"}
     auto = codegen.split_rule(1, 300)    # codegen's own choice for one 64 x 64 tile, K = 300
     assert "K split 3 ways" in long_k["64, split 3"], long_k
     assert (f"K split {auto} ways" if auto > 1 else "64x64 tile") in long_k["64"], long_k
+    decode = {r[2]: r[-1] for r in matmuls if r[0] == "decode"}   # one row: the vector kernel, its K split too
+    assert "1-row vector kernel" in decode["auto"] and "K split 3 ways" in decode["auto, split 3"], decode
     cross = {r[2]: r[-1] for r in attention if r[0] == "small cross"}   # 130 keys: 3 blocks, so 2 parts
     assert "keys split 2 ways" in cross["tiled, splits 2"] and "split" not in cross["tiled, splits 1"], cross
     for r in backward:
