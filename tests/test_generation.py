@@ -545,6 +545,7 @@ def test_vector_products_split_along_k(splits, small, configure):
     g.output("transposed", g.matmul(x, g.input("wt", (n, k)), transpose_b=True))
     g.output("swiglu", g.apply("swiglu_matmul", x, w, g.input("wu", (k, n)), nw, transpose_b=False, eps=1e-5))
     g.output("norm", g.apply("norm_matmul", x, nw, w, eps=1e-5, transpose_b=False))
+    g.output("batched", g.matmul(g.input("xb", (3, 2, k)), g.input("wb", (3, k, n))))   # a B per batch: 3 x 3 blocks
     inputs = {name: rng.standard_normal(g.shape(i)).astype(np.float32) for name, i in g.inputs.items()}
     session = Session(g, capabilities=caps)
     session.set_inputs(inputs)
@@ -554,10 +555,10 @@ def test_vector_products_split_along_k(splits, small, configure):
         got = session.read_output(name)
         assert np.abs(got - want[name]).max() <= (1e-5 if name == "swiglu" else 2e-6) * np.abs(want[name]).max(), name
     cut = [d.variant for d in session.plan.dispatches if "K split" in d.variant]
-    assert len(cut) == (0 if splits == 1 or small else 4), cut
+    assert len(cut) == (0 if splits == 1 or small else 5), cut
     assert all(f"K split {splits or 5} ways" in v for v in cut)
     wide = sum("32 columns x 8 K slices" in d.variant for d in session.plan.dispatches)
-    assert wide == (0 if small else 3)   # B's columns contiguous: all but the transposed
+    assert wide == (0 if small else 4)   # B's columns contiguous: all but the transposed
 
 
 @pytest.mark.parametrize("rows,tb,widths", [(1, True, (96, 32, 32)), (3, False, (70, 33)), (2, True, (5, 64, 130))])
