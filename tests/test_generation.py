@@ -67,6 +67,29 @@ def qwen3_checkpoint(path):
     return hf, path
 
 
+def granite_checkpoint(path):
+    """Granite: the embeddings, residual branches, attention scores and logits scaled by its
+    config's multipliers (q and k large enough for the attention's scale to show)."""
+    torch.manual_seed(5)
+    cfg = transformers.GraniteConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=48,
+                                     rms_norm_eps=1e-5, rope_theta=500.0, tie_word_embeddings=True,
+                                     embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.25,
+                                     logits_scaling=3.0, eos_token_id=None, bos_token_id=None)
+    hf = transformers.GraniteForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(12.0)
+    hf.save_pretrained(path)
+    return hf, path
+
+
+@pytest.fixture(scope="module")
+def granite(tmp_path_factory):
+    return granite_checkpoint(tmp_path_factory.mktemp("gen_granite"))
+
+
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory):
     return qwen3_checkpoint(tmp_path_factory.mktemp("gen_qwen3"))
@@ -223,7 +246,7 @@ def test_plan_writes_the_cache_in_place_and_binds_it_once():
 # ---------------------------------------------------------------- against transformers
 
 @pytest.mark.parametrize("backend", ["reference", "gpu"])
-@pytest.mark.parametrize("which", ["llama", "gpt2"])
+@pytest.mark.parametrize("which", ["llama", "gpt2", "granite"])
 def test_greedy_ids_equal_transformers(request, which, backend):
     hf, path = request.getfixturevalue(which)
     model = load_model(str(path))
@@ -237,11 +260,12 @@ def test_greedy_ids_equal_transformers(request, which, backend):
 
 
 @pytest.mark.usefixtures("f32_kernels")   # what the cache holds, not f16's rounding (Qwen3's heads of 16 take it)
-@pytest.mark.parametrize("which", ["llama", "qwen3"])
+@pytest.mark.parametrize("which", ["llama", "qwen3", "granite"])
 def test_decoding_with_the_cache_equals_recomputing_the_sequence(request, which):
     """Every decode step's logits (GPU, one token over the cache) against the reference
     forward over the whole sequence so far (Qwen3's norms of q and k come before the RoPE
-    that a decode step defers into the cache write and the cached attention)."""
+    that a decode step defers into the cache write and the cached attention; Granite's
+    attention scale reaches the cached attention)."""
     _, path = request.getfixturevalue(which)
     model = load_model(str(path))
     gen = model.generator(backend="gpu")

@@ -47,6 +47,9 @@ RELATIVES = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16, attention_bias=True)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=16)),
+    "granite": ("GraniteConfig", "GraniteForCausalLM", dict(embedding_multiplier=3.0, residual_multiplier=0.4,
+                                                            attention_multiplier=0.3, logits_scaling=2.5,
+                                                            attention_bias=True, tie_word_embeddings=True)),
     "llama-biases": ("LlamaConfig", "LlamaForCausalLM", dict(attention_bias=True, mlp_bias=True)),
     # Llama 3.1/3.2's RoPE scaling; its original context of 16 puts this head's wavelengths in all three bands
     "llama-llama3-rope": ("LlamaConfig", "LlamaForCausalLM", dict(rope_parameters=dict(
@@ -69,6 +72,8 @@ def relative(which, **fields):
         for name, p in hf.named_parameters():
             if name.endswith(("bias", "norm.weight")):
                 p.add_(torch.randn_like(p) * 0.1)
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(12.0)   # scores far from 0: an attention scale ignored shows
     return hf
 
 
@@ -332,16 +337,17 @@ def test_causal_lm_loss_equals_transformers(which, llama_tied, gpt2_ckpt):
     assert abs(float(got) - want) / abs(want) < TOL
 
 
-@pytest.mark.parametrize("which", ["llama", "gpt2", "qwen3"])
+@pytest.mark.parametrize("which", ["llama", "gpt2", "qwen3", "granite"])
 def test_causal_lm_gpu_training_step_matches_transformers_gradients(which, llama_tied, gpt2_ckpt, tmp_path):
     """One SGD step on the GPU: the loss, and (p_before - p_after) / lr = the gradient,
     against torch's backward (the tied embedding gathers from two uses; Qwen3's q and k
-    biases and per-head norms). lr is 1000 so that a gradient of 1e-5 on a parameter
-    near 1 (the per-head norms') moves it by more than f32's rounding of the difference."""
+    biases and per-head norms; Granite's multipliers on each path). lr is 1000 so that a
+    gradient of 1e-5 on a parameter near 1 (the per-head norms') moves it by more than
+    f32's rounding of the difference."""
     from engine.train.config import TrainConfig
     from engine.train.session import build_session
-    if which == "qwen3":
-        hf = relative("qwen3")
+    if which in ("qwen3", "granite"):
+        hf = relative(which)
         path = save(hf, tmp_path)
     else:
         hf, path = llama_tied if which == "llama" else gpt2_ckpt
@@ -402,7 +408,7 @@ def test_folder_errors(tmp_path, llama_tied):
     with pytest.raises(ModelImportError, match=r"no weights.*model\.safetensors"):
         load_model(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "mamba"}))
-    with pytest.raises(ModelImportError, match=r"'mamba'.*llama, qwen2, qwen3, mistral, gpt2, bert, whisper"):
+    with pytest.raises(ModelImportError, match=r"'mamba'.*llama, qwen2, qwen3, mistral, granite, gpt2, bert, whisper"):
         load_model(str(tmp_path))
 
 

@@ -2,9 +2,10 @@
 
 ``load_checkpoint(folder, settings)`` reads the config, picks the architecture by
 ``model_type`` (``llama``, with Llama 3's or linear RoPE scaling, and its relatives
-``qwen2``, ``qwen3``, ``mistral``: ``llama.py``; ``gpt2``, ``bert``, ``whisper`` — its
-encoder only: a module each), builds it with the ``nn`` Module API under the
-checkpoint's own tensor names (``base.py``: what they share), and binds the weights (``model.safetensors``, or the shards ``model.safetensors.index.json`` lists;
+``qwen2``, ``qwen3``, ``mistral``, ``granite``: ``llama.py``; ``gpt2``, ``bert``,
+``whisper`` — its encoder only: a module each), builds it with the ``nn`` Module API
+under the checkpoint's own tensor names (``base.py``: what they share), and binds the
+weights (``model.safetensors``, or the shards ``model.safetensors.index.json`` lists;
 f16/bf16 are widened to f32). Every problem is a ``ModelImportError`` of one line:
 no config, no weights, an unknown ``model_type``, config fields this importer does
 not implement set to non-default values (named, never approximated), weights that
@@ -30,13 +31,13 @@ from ...errors import ModelImportError
 from .base import HFModel, read_config, read_weights
 from .bert import BertModel
 from .gpt2 import GPT2Model
-from .llama import LlamaModel, MistralModel, Qwen2Model, Qwen3Model
+from .llama import GraniteModel, LlamaModel, MistralModel, Qwen2Model, Qwen3Model
 from .whisper import WhisperModel
 
 
 ARCHITECTURES: dict[str, type[HFModel]] = {
     "llama": LlamaModel, "qwen2": Qwen2Model, "qwen3": Qwen3Model, "mistral": MistralModel,
-    "gpt2": GPT2Model, "bert": BertModel, "whisper": WhisperModel,
+    "granite": GraniteModel, "gpt2": GPT2Model, "bert": BertModel, "whisper": WhisperModel,
 }
 
 

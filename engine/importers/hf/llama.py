@@ -1,6 +1,7 @@
 """Llama and the families that share its layers: Qwen2 (biases on q, k, v), Qwen3 (q and k
-normalised per head), Mistral (a sliding window); RoPE as their configs give it, scaled
-exactly (Llama 3's and linear scalings) or refused."""
+normalised per head), Mistral (a sliding window), Granite (scaled embeddings, residuals,
+attention and logits); RoPE as their configs give it, scaled exactly (Llama 3's and linear
+scalings) or refused."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(heads * head_dim, hidden, bias=c["o_bias"], init=nn.normal(0.02))
         self.q_norm = nn.RMSNorm(head_dim, c["eps"]) if c["qk_norm"] else None
         self.k_norm = nn.RMSNorm(head_dim, c["eps"]) if c["qk_norm"] else None
+        self.scale = c["attention_scale"]
 
     def per_head(self, g, norm, x, heads):
         if norm is None:
@@ -42,7 +44,7 @@ class LlamaAttention(nn.Module):
         q = kv_cache.rotary(g, q, self.heads, self.theta, self.rope_scaling)
         k = kv_cache.rotary(g, k, self.kv_heads, self.theta, self.rope_scaling)
         v = self.v_proj(g, x)
-        return self.o_proj(g, kv_cache.self_attention(g, q, k, v, self.heads, self.kv_heads))
+        return self.o_proj(g, kv_cache.self_attention(g, q, k, v, self.heads, self.kv_heads, self.scale))
 
 
 class LlamaMLP(nn.Module):
@@ -62,10 +64,16 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(c["hidden"], c["inner"], c["act"], c["mlp_bias"])
         self.input_layernorm = nn.RMSNorm(c["hidden"], c["eps"])
         self.post_attention_layernorm = nn.RMSNorm(c["hidden"], c["eps"])
+        self.residual_multiplier = c["residual_multiplier"]
 
     def forward(self, g, x):
-        x = g.add(x, self.self_attn(g, self.input_layernorm(g, x)))
-        return g.add(x, self.mlp(g, self.post_attention_layernorm(g, x)))
+        x = g.add(x, scaled(g, self.self_attn(g, self.input_layernorm(g, x)), self.residual_multiplier))
+        return g.add(x, scaled(g, self.mlp(g, self.post_attention_layernorm(g, x)), self.residual_multiplier))
+
+
+def scaled(g, x, factor: float):
+    """x * factor, no node where the factor is 1 (every family but Granite)."""
+    return x if factor == 1.0 else g.scale(x, factor)
 
 
 class LlamaBody(nn.Module):
@@ -149,6 +157,7 @@ class LlamaModel(CausalLM):
         if c["head_dim"] % 2:
             cfg.refused.append(f"head_dim={c['head_dim']} (RoPE needs an even head dim)")
         c["theta"], c["rope_scaling"] = rope_config(cfg)
+        c.update(self.multipliers(cfg))
         cfg.expect("rope_interleaved", [False], False)
         cfg.expect("pretraining_tp", [1], 1)
         c.update(self.layout(cfg))
@@ -172,6 +181,12 @@ class LlamaModel(CausalLM):
         """The window of the family's sliding-window layers, None where every layer sees all
         earlier tokens. Llama has none."""
         return None
+
+    def multipliers(self, cfg) -> dict:
+        """The attention's scale (None: 1 / sqrt(head_dim)) and the factors of the embeddings,
+        of each residual branch and (dividing) of the logits: Llama's are all 1."""
+        return {"attention_scale": None, "embedding_multiplier": 1.0, "residual_multiplier": 1.0,
+                "logits_scaling": 1.0}
 
     @property
     def notes(self):
@@ -211,13 +226,14 @@ class LlamaModel(CausalLM):
 
     def logits(self, g, ids, capture):
         body = self.module.model
-        x = body.embed_tokens(g, ids)
+        x = scaled(g, body.embed_tokens(g, ids), self.c["embedding_multiplier"])
         for layer in body.layers:
             x = layer(g, x)
             if capture:
                 nn.capture(g, layer.path, x)
         x = body.norm(g, kv_cache.last_token(g, x))
-        return tied_head(g, x, body.embed_tokens.weight) if self.tied else self.module.lm_head(g, x)
+        logits = tied_head(g, x, body.embed_tokens.weight) if self.tied else self.module.lm_head(g, x)
+        return scaled(g, logits, 1.0 / self.c["logits_scaling"])
 
 
 class MistralModel(LlamaModel):
@@ -266,6 +282,25 @@ class Qwen3Model(Qwen2Model):
 
     def layout(self, cfg):
         return {**LlamaModel.layout(self, cfg), "mlp_bias": False, "qk_norm": True}
+
+
+class GraniteModel(LlamaModel):
+    """Granite (IBM's Granite 3): Llama's layers, the embeddings times
+    ``embedding_multiplier``, each residual branch times ``residual_multiplier``, the
+    attention's scores times ``attention_multiplier`` (in place of 1 / sqrt(head_dim)) and
+    the logits divided by ``logits_scaling``."""
+
+    model_type = "granite"
+    description = "Granite-family causal LM (Llama's layers; scaled embeddings, residuals, attention and logits)"
+
+    def multipliers(self, cfg):
+        fields = {}
+        for key in ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling"):
+            value = cfg.number(key, 1.0)
+            if not value > 0:
+                cfg.refused.append(f"{key}={value} (a positive number)")
+            fields[key] = value
+        return {**fields, "attention_scale": fields.pop("attention_multiplier")}
 
 
 def qwen_sliding_window(cfg: ConfigReader, layers: int) -> int | None:
