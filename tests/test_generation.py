@@ -85,6 +85,27 @@ def granite_checkpoint(path):
     return hf, path
 
 
+def phi3_checkpoint(path):
+    """Phi-3: q, k and v one projection and gate and up another, sliced in every graph."""
+    torch.manual_seed(6)
+    cfg = transformers.Phi3Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=48,
+                                  rms_norm_eps=1e-5, rope_theta=500.0, pad_token_id=0, eos_token_id=None,
+                                  bos_token_id=None)
+    hf = transformers.Phi3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("qkv_proj.weight"):
+                p.mul_(12.0)
+    hf.save_pretrained(path)
+    return hf, path
+
+
+@pytest.fixture(scope="module")
+def phi3(tmp_path_factory):
+    return phi3_checkpoint(tmp_path_factory.mktemp("gen_phi3"))
+
+
 @pytest.fixture(scope="module")
 def granite(tmp_path_factory):
     return granite_checkpoint(tmp_path_factory.mktemp("gen_granite"))
@@ -246,7 +267,7 @@ def test_plan_writes_the_cache_in_place_and_binds_it_once():
 # ---------------------------------------------------------------- against transformers
 
 @pytest.mark.parametrize("backend", ["reference", "gpu"])
-@pytest.mark.parametrize("which", ["llama", "gpt2", "granite"])
+@pytest.mark.parametrize("which", ["llama", "gpt2", "granite", "phi3"])
 def test_greedy_ids_equal_transformers(request, which, backend):
     hf, path = request.getfixturevalue(which)
     model = load_model(str(path))
@@ -260,12 +281,12 @@ def test_greedy_ids_equal_transformers(request, which, backend):
 
 
 @pytest.mark.usefixtures("f32_kernels")   # what the cache holds, not f16's rounding (Qwen3's heads of 16 take it)
-@pytest.mark.parametrize("which", ["llama", "qwen3", "granite"])
+@pytest.mark.parametrize("which", ["llama", "qwen3", "granite", "phi3"])
 def test_decoding_with_the_cache_equals_recomputing_the_sequence(request, which):
     """Every decode step's logits (GPU, one token over the cache) against the reference
     forward over the whole sequence so far (Qwen3's norms of q and k come before the RoPE
     that a decode step defers into the cache write and the cached attention; Granite's
-    attention scale reaches the cached attention)."""
+    attention scale reaches the cached attention; Phi-3's fused projections are sliced)."""
     _, path = request.getfixturevalue(which)
     model = load_model(str(path))
     gen = model.generator(backend="gpu")

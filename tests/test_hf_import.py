@@ -50,6 +50,7 @@ RELATIVES = {
     "granite": ("GraniteConfig", "GraniteForCausalLM", dict(embedding_multiplier=3.0, residual_multiplier=0.4,
                                                             attention_multiplier=0.3, logits_scaling=2.5,
                                                             attention_bias=True, tie_word_embeddings=True)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(sliding_window=16, pad_token_id=0)),
     "llama-biases": ("LlamaConfig", "LlamaForCausalLM", dict(attention_bias=True, mlp_bias=True)),
     # Llama 3.1/3.2's RoPE scaling; its original context of 16 puts this head's wavelengths in all three bands
     "llama-llama3-rope": ("LlamaConfig", "LlamaForCausalLM", dict(rope_parameters=dict(
@@ -72,7 +73,7 @@ def relative(which, **fields):
         for name, p in hf.named_parameters():
             if name.endswith(("bias", "norm.weight")):
                 p.add_(torch.randn_like(p) * 0.1)
-            if name.endswith(("q_proj.weight", "k_proj.weight")):
+            if name.endswith(("q_proj.weight", "k_proj.weight", "qkv_proj.weight")):
                 p.mul_(12.0)   # scores far from 0: an attention scale ignored shows
     return hf
 
@@ -337,16 +338,17 @@ def test_causal_lm_loss_equals_transformers(which, llama_tied, gpt2_ckpt):
     assert abs(float(got) - want) / abs(want) < TOL
 
 
-@pytest.mark.parametrize("which", ["llama", "gpt2", "qwen3", "granite"])
+@pytest.mark.parametrize("which", ["llama", "gpt2", "qwen3", "granite", "phi3"])
 def test_causal_lm_gpu_training_step_matches_transformers_gradients(which, llama_tied, gpt2_ckpt, tmp_path):
     """One SGD step on the GPU: the loss, and (p_before - p_after) / lr = the gradient,
     against torch's backward (the tied embedding gathers from two uses; Qwen3's q and k
-    biases and per-head norms; Granite's multipliers on each path). lr is 1000 so that a
+    biases and per-head norms; Granite's multipliers on each path; Phi-3's fused
+    projections, their gradients the slices' gradients side by side). lr is 1000 so that a
     gradient of 1e-5 on a parameter near 1 (the per-head norms') moves it by more than
     f32's rounding of the difference."""
     from engine.train.config import TrainConfig
     from engine.train.session import build_session
-    if which in ("qwen3", "granite"):
+    if which in ("qwen3", "granite", "phi3"):
         hf = relative(which)
         path = save(hf, tmp_path)
     else:
@@ -408,7 +410,7 @@ def test_folder_errors(tmp_path, llama_tied):
     with pytest.raises(ModelImportError, match=r"no weights.*model\.safetensors"):
         load_model(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "mamba"}))
-    with pytest.raises(ModelImportError, match=r"'mamba'.*llama, qwen2, qwen3, mistral, granite, gpt2, bert, whisper"):
+    with pytest.raises(ModelImportError, match=r"'mamba'.*llama, qwen2, qwen3, mistral, granite, phi3, gpt2, bert, whisper"):
         load_model(str(tmp_path))
 
 
@@ -450,6 +452,9 @@ def test_tied_config_with_a_different_lm_head_is_refused(tmp_path, llama_tied):
     ("rope_parameters", {"rope_theta": 10000.0, "rope_type": "yarn", "factor": 4.0}),
     ("hidden_act", "tanh"),
     ("rope_interleaved", True),
+    ("partial_rotary_factor", 0.75),                                   # Phi-4-mini's, at the top level
+    ("rope_parameters", {"rope_theta": 10000.0, "rope_type": "default", "partial_rotary_factor": 0.5}),
+    ("rope_scaling", {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}),   # Phi-3's 128k
 ])
 def test_unsupported_config_fields_are_refused_by_name(tmp_path, llama_tied, field, value):
     import shutil

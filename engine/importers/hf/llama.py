@@ -1,7 +1,7 @@
 """Llama and the families that share its layers: Qwen2 (biases on q, k, v), Qwen3 (q and k
 normalised per head), Mistral (a sliding window), Granite (scaled embeddings, residuals,
-attention and logits); RoPE as their configs give it, scaled exactly (Llama 3's and linear
-scalings) or refused."""
+attention and logits), Phi-3 (q, k, v and gate, up fused); RoPE as their configs give it,
+scaled exactly (Llama 3's and linear scalings) or refused."""
 
 from __future__ import annotations
 
@@ -38,12 +38,16 @@ class LlamaAttention(nn.Module):
         rows = g.reshape(x, (*shape[:-1], heads, self.head_dim))
         return g.reshape(norm(g, rows), shape)
 
+    def projections(self, g, x):
+        """(q, k, v) of the layer's input."""
+        return self.q_proj(g, x), self.k_proj(g, x), self.v_proj(g, x)
+
     def forward(self, g, x):
-        q = self.per_head(g, self.q_norm, self.q_proj(g, x), self.heads)
-        k = self.per_head(g, self.k_norm, self.k_proj(g, x), self.kv_heads)
+        q, k, v = self.projections(g, x)
+        q = self.per_head(g, self.q_norm, q, self.heads)
+        k = self.per_head(g, self.k_norm, k, self.kv_heads)
         q = kv_cache.rotary(g, q, self.heads, self.theta, self.rope_scaling)
         k = kv_cache.rotary(g, k, self.kv_heads, self.theta, self.rope_scaling)
-        v = self.v_proj(g, x)
         return self.o_proj(g, kv_cache.self_attention(g, q, k, v, self.heads, self.kv_heads, self.scale))
 
 
@@ -54,14 +58,53 @@ class LlamaMLP(nn.Module):
         self.up_proj = nn.Linear(hidden, inner, bias=bias, init=nn.normal(0.02))
         self.down_proj = nn.Linear(inner, hidden, bias=bias, init=nn.normal(0.02))
 
+    def gate_and_up(self, g, x):
+        return self.gate_proj(g, x), self.up_proj(g, x)
+
     def forward(self, g, x):
-        return self.down_proj(g, g.mul(nn.activate(g, self.gate_proj(g, x), self.act), self.up_proj(g, x)))
+        gate, up = self.gate_and_up(g, x)
+        return self.down_proj(g, g.mul(nn.activate(g, gate, self.act), up))
+
+
+class Phi3Attention(LlamaAttention):
+    """Phi-3's attention: Llama's, its q, k and v one projection, ``qkv_proj``, whose
+    output columns are q's, then k's, then v's."""
+
+    def __init__(self, c):
+        hidden, heads, kv_heads, head_dim = c["hidden"], c["heads"], c["kv_heads"], c["head_dim"]
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.theta, self.rope_scaling, self.scale = c["theta"], c["rope_scaling"], c["attention_scale"]
+        self.q_norm = self.k_norm = None
+        self.qkv_proj = nn.Linear(hidden, (heads + 2 * kv_heads) * head_dim, bias=False, init=nn.normal(0.02))
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False, init=nn.normal(0.02))
+
+    def projections(self, g, x):
+        qkv = self.qkv_proj(g, x)
+        axis, q, kv = len(g.shape(qkv)) - 1, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return g.slice(qkv, axis, 0, q), g.slice(qkv, axis, q, q + kv), g.slice(qkv, axis, q + kv, q + 2 * kv)
+
+
+class Phi3MLP(LlamaMLP):
+    """Phi-3's MLP: Llama's, its gate and up projections one, ``gate_up_proj`` (gate's
+    columns first)."""
+
+    def __init__(self, hidden, inner, act, bias=False):
+        self.act, self.inner = act, inner
+        self.gate_up_proj = nn.Linear(hidden, 2 * inner, bias=False, init=nn.normal(0.02))
+        self.down_proj = nn.Linear(inner, hidden, bias=False, init=nn.normal(0.02))
+
+    def gate_and_up(self, g, x):
+        both = self.gate_up_proj(g, x)
+        axis = len(g.shape(both)) - 1
+        return g.slice(both, axis, 0, self.inner), g.slice(both, axis, self.inner, 2 * self.inner)
 
 
 class LlamaDecoderLayer(nn.Module):
+    ATTENTION, MLP = LlamaAttention, LlamaMLP
+
     def __init__(self, c):
-        self.self_attn = LlamaAttention(c)
-        self.mlp = LlamaMLP(c["hidden"], c["inner"], c["act"], c["mlp_bias"])
+        self.self_attn = self.ATTENTION(c)
+        self.mlp = self.MLP(c["hidden"], c["inner"], c["act"], c["mlp_bias"])
         self.input_layernorm = nn.RMSNorm(c["hidden"], c["eps"])
         self.post_attention_layernorm = nn.RMSNorm(c["hidden"], c["eps"])
         self.residual_multiplier = c["residual_multiplier"]
@@ -76,10 +119,14 @@ def scaled(g, x, factor: float):
     return x if factor == 1.0 else g.scale(x, factor)
 
 
+class Phi3DecoderLayer(LlamaDecoderLayer):
+    ATTENTION, MLP = Phi3Attention, Phi3MLP
+
+
 class LlamaBody(nn.Module):
-    def __init__(self, c):
+    def __init__(self, c, layer=LlamaDecoderLayer):
         self.embed_tokens = nn.Embedding(c["vocab"], c["hidden"], init=nn.normal(0.02))
-        self.layers = [LlamaDecoderLayer(c) for _ in range(c["layers"])]
+        self.layers = [layer(c) for _ in range(c["layers"])]
         self.norm = nn.RMSNorm(c["hidden"], c["eps"])
 
 
@@ -108,8 +155,11 @@ def rope_config(cfg: ConfigReader) -> tuple[float, tuple]:
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
         cfg.refused.append(f"rope_theta={json.dumps(theta)} (a positive number)")
         theta = 10000.0
-    if params.get("partial_rotary_factor", 1.0) != 1.0:
-        cfg.refused.append(f"{source}.partial_rotary_factor={params['partial_rotary_factor']}")
+    for where, fields in ((source, params), ("config", cfg.config)):
+        if fields.get("partial_rotary_factor") not in (None, 1, 1.0):
+            cfg.refused.append(f"{where}.partial_rotary_factor={json.dumps(fields['partial_rotary_factor'])} "
+                               f"(RoPE over part of each head)")
+            break
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in ROPE_TYPES:
         cfg.refused.append(f"{source}.rope_type={json.dumps(rope_type)} (supported: "
@@ -135,6 +185,7 @@ class LlamaModel(CausalLM):
 
     model_type = "llama"
     description = "Llama-family causal LM (grouped-query attention, RoPE, RMSNorm, SwiGLU)"
+    LAYER = LlamaDecoderLayer
     # The config class's defaults in transformers, for fields a config.json may leave out.
     MAX_POSITIONS = 2048
     HEAD_DIM: int | None = None          # None: hidden_size / num_attention_heads
@@ -199,7 +250,7 @@ class LlamaModel(CausalLM):
         return {**super().summary(), **extra}
 
     def make_module(self):
-        root = nn.Container(model=LlamaBody(self.c))
+        root = nn.Container(model=LlamaBody(self.c, self.LAYER))
         if not self.tied:
             root.lm_head = nn.Linear(self.c["hidden"], self.c["vocab"], bias=False, init=nn.normal(0.02))
         return root
@@ -249,11 +300,36 @@ class MistralModel(LlamaModel):
         return {"qkv_bias": False, "o_bias": False, "mlp_bias": False, "qk_norm": False}
 
     def sliding_window(self, cfg, layers):
-        window = cfg.config.get("sliding_window", 4096)
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
-            cfg.refused.append(f"sliding_window={json.dumps(window)} (a positive integer or null)")
-            return None
-        return window
+        return every_layer_window(cfg, 4096)
+
+
+class Phi3Model(LlamaModel):
+    """Phi-3 (Phi-3-mini and -medium at 4k tokens): Llama's layers without biases, q, k and v one
+    projection and gate and up another (their checkpoints' tensors); every layer attends
+    over ``sliding_window`` tokens where given, so that sequences stop there, as Mistral's.
+    longrope (the 128k variants) and RoPE over part of each head (Phi-4-mini) are refused."""
+
+    model_type = "phi3"
+    description = "Phi-3-family causal LM (Llama's layers; q, k, v and gate, up fused; sequences up to its window)"
+    MAX_POSITIONS = 4096
+    LAYER = Phi3DecoderLayer
+
+    def layout(self, cfg):
+        cfg.expect("attention_bias", [False, None], None)
+        return {"qkv_bias": False, "o_bias": False, "mlp_bias": False, "qk_norm": False}
+
+    def sliding_window(self, cfg, layers):
+        return every_layer_window(cfg, None)
+
+
+def every_layer_window(cfg: ConfigReader, default: int | None) -> int | None:
+    """``sliding_window`` of a family whose every layer has it (Mistral, Phi-3): a positive
+    integer, or null for none."""
+    window = cfg.config.get("sliding_window", default)
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
+        cfg.refused.append(f"sliding_window={json.dumps(window)} (a positive integer or null)")
+        return None
+    return window
 
 
 class Qwen2Model(LlamaModel):
