@@ -67,48 +67,44 @@ def qwen3_checkpoint(path):
     return hf, path
 
 
-def granite_checkpoint(path):
-    """Granite: the embeddings, residual branches, attention scores and logits scaled by its
-    config's multipliers (q and k large enough for the attention's scale to show)."""
-    torch.manual_seed(5)
-    cfg = transformers.GraniteConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=48,
-                                     rms_norm_eps=1e-5, rope_theta=500.0, tie_word_embeddings=True,
-                                     embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.25,
-                                     logits_scaling=3.0, eos_token_id=None, bos_token_id=None)
-    hf = transformers.GraniteForCausalLM(cfg).eval()
+def relative_checkpoint(path, family: str, seed: int, **fields):
+    """A tiny random Llama relative (``family``: transformers' class prefix) with ``fields``
+    set, its q and k projections scaled up so that the attention's scale and softmax
+    matter and its norms moved off 1, saved to ``path``."""
+    torch.manual_seed(seed)
+    cfg = getattr(transformers, f"{family}Config")(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=48, rms_norm_eps=1e-5, rope_theta=500.0, pad_token_id=0,
+        eos_token_id=None, bos_token_id=None, **fields)
+    hf = getattr(transformers, f"{family}ForCausalLM")(cfg).eval()
     with torch.no_grad():
         for name, p in hf.named_parameters():
-            if name.endswith(("q_proj.weight", "k_proj.weight")):
+            if name.endswith(("q_proj.weight", "k_proj.weight", "qkv_proj.weight")):
                 p.mul_(12.0)
-    hf.save_pretrained(path)
-    return hf, path
-
-
-def phi3_checkpoint(path):
-    """Phi-3: q, k and v one projection and gate and up another, sliced in every graph."""
-    torch.manual_seed(6)
-    cfg = transformers.Phi3Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=48,
-                                  rms_norm_eps=1e-5, rope_theta=500.0, pad_token_id=0, eos_token_id=None,
-                                  bos_token_id=None)
-    hf = transformers.Phi3ForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if name.endswith("qkv_proj.weight"):
-                p.mul_(12.0)
+            if name.endswith("norm.weight"):
+                p.add_(torch.randn_like(p) * 0.1)
     hf.save_pretrained(path)
     return hf, path
 
 
 @pytest.fixture(scope="module")
 def phi3(tmp_path_factory):
-    return phi3_checkpoint(tmp_path_factory.mktemp("gen_phi3"))
+    """Phi-3: q, k and v one projection and gate and up another, sliced in every graph."""
+    return relative_checkpoint(tmp_path_factory.mktemp("gen_phi3"), "Phi3", 6)
 
 
 @pytest.fixture(scope="module")
 def granite(tmp_path_factory):
-    return granite_checkpoint(tmp_path_factory.mktemp("gen_granite"))
+    """Granite: the embeddings, residual branches, attention scores and logits scaled."""
+    return relative_checkpoint(tmp_path_factory.mktemp("gen_granite"), "Granite", 5, tie_word_embeddings=True,
+                               embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.25,
+                               logits_scaling=3.0)
+
+
+@pytest.fixture(scope="module")
+def olmo2(tmp_path_factory):
+    """OLMo 2: q and k normalised over all heads before the deferred RoPE, norms after each branch."""
+    return relative_checkpoint(tmp_path_factory.mktemp("gen_olmo2"), "Olmo2", 7)
 
 
 @pytest.fixture(scope="module")
@@ -281,12 +277,13 @@ def test_greedy_ids_equal_transformers(request, which, backend):
 
 
 @pytest.mark.usefixtures("f32_kernels")   # what the cache holds, not f16's rounding (Qwen3's heads of 16 take it)
-@pytest.mark.parametrize("which", ["llama", "qwen3", "granite", "phi3"])
+@pytest.mark.parametrize("which", ["llama", "qwen3", "granite", "phi3", "olmo2"])
 def test_decoding_with_the_cache_equals_recomputing_the_sequence(request, which):
     """Every decode step's logits (GPU, one token over the cache) against the reference
     forward over the whole sequence so far (Qwen3's norms of q and k come before the RoPE
     that a decode step defers into the cache write and the cached attention; Granite's
-    attention scale reaches the cached attention; Phi-3's fused projections are sliced)."""
+    attention scale reaches the cached attention; Phi-3's fused projections are sliced;
+    OLMo 2's norms of q and k span every head)."""
     _, path = request.getfixturevalue(which)
     model = load_model(str(path))
     gen = model.generator(backend="gpu")

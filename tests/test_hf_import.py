@@ -51,6 +51,7 @@ RELATIVES = {
                                                             attention_multiplier=0.3, logits_scaling=2.5,
                                                             attention_bias=True, tie_word_embeddings=True)),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(sliding_window=16, pad_token_id=0)),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(attention_bias=True, pad_token_id=0)),
     "llama-biases": ("LlamaConfig", "LlamaForCausalLM", dict(attention_bias=True, mlp_bias=True)),
     # Llama 3.1/3.2's RoPE scaling; its original context of 16 puts this head's wavelengths in all three bands
     "llama-llama3-rope": ("LlamaConfig", "LlamaForCausalLM", dict(rope_parameters=dict(
@@ -338,17 +339,18 @@ def test_causal_lm_loss_equals_transformers(which, llama_tied, gpt2_ckpt):
     assert abs(float(got) - want) / abs(want) < TOL
 
 
-@pytest.mark.parametrize("which", ["llama", "gpt2", "qwen3", "granite", "phi3"])
+@pytest.mark.parametrize("which", ["llama", "gpt2", "qwen3", "granite", "phi3", "olmo2"])
 def test_causal_lm_gpu_training_step_matches_transformers_gradients(which, llama_tied, gpt2_ckpt, tmp_path):
     """One SGD step on the GPU: the loss, and (p_before - p_after) / lr = the gradient,
     against torch's backward (the tied embedding gathers from two uses; Qwen3's q and k
     biases and per-head norms; Granite's multipliers on each path; Phi-3's fused
-    projections, their gradients the slices' gradients side by side). lr is 1000 so that a
+    projections, their gradients the slices' gradients side by side; OLMo 2's norms after
+    each branch). lr is 1000 so that a
     gradient of 1e-5 on a parameter near 1 (the per-head norms') moves it by more than
     f32's rounding of the difference."""
     from engine.train.config import TrainConfig
     from engine.train.session import build_session
-    if which in ("qwen3", "granite", "phi3"):
+    if which in ("qwen3", "granite", "phi3", "olmo2"):
         hf = relative(which)
         path = save(hf, tmp_path)
     else:
@@ -410,7 +412,7 @@ def test_folder_errors(tmp_path, llama_tied):
     with pytest.raises(ModelImportError, match=r"no weights.*model\.safetensors"):
         load_model(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "mamba"}))
-    with pytest.raises(ModelImportError, match=r"'mamba'.*llama, qwen2, qwen3, mistral, granite, phi3, gpt2, bert, whisper"):
+    with pytest.raises(ModelImportError, match=r"'mamba'.*llama, qwen2, qwen3, mistral, granite, phi3, olmo2, gpt2, bert, whisper"):
         load_model(str(tmp_path))
 
 

@@ -2,7 +2,7 @@
 
 ``load_checkpoint(folder, settings)`` reads the config, picks the architecture by
 ``model_type`` (``llama``, with Llama 3's or linear RoPE scaling, and its relatives
-``qwen2``, ``qwen3``, ``mistral``, ``granite``, ``phi3``: ``llama.py``; ``gpt2``, ``bert``,
+``qwen2``, ``qwen3``, ``mistral``, ``granite``, ``phi3``, ``olmo2``: ``llama.py``; ``gpt2``, ``bert``,
 ``whisper`` — its encoder only: a module each), builds it with the ``nn`` Module API
 under the checkpoint's own tensor names (``base.py``: what they share), and binds the
 weights (``model.safetensors``, or the shards ``model.safetensors.index.json`` lists;
@@ -31,13 +31,14 @@ from ...errors import ModelImportError
 from .base import HFModel, read_config, read_weights
 from .bert import BertModel
 from .gpt2 import GPT2Model
-from .llama import GraniteModel, LlamaModel, MistralModel, Phi3Model, Qwen2Model, Qwen3Model
+from .llama import (GraniteModel, LlamaModel, MistralModel, Olmo2Model, Phi3Model, Qwen2Model,
+                    Qwen3Model)
 from .whisper import WhisperModel
 
 
 ARCHITECTURES: dict[str, type[HFModel]] = {
     "llama": LlamaModel, "qwen2": Qwen2Model, "qwen3": Qwen3Model, "mistral": MistralModel,
-    "granite": GraniteModel, "phi3": Phi3Model, "gpt2": GPT2Model, "bert": BertModel, "whisper": WhisperModel,
+    "granite": GraniteModel, "phi3": Phi3Model, "olmo2": Olmo2Model, "gpt2": GPT2Model, "bert": BertModel, "whisper": WhisperModel,
 }
 
 

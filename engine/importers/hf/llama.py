@@ -1,7 +1,8 @@
 """Llama and the families that share its layers: Qwen2 (biases on q, k, v), Qwen3 (q and k
 normalised per head), Mistral (a sliding window), Granite (scaled embeddings, residuals,
-attention and logits), Phi-3 (q, k, v and gate, up fused); RoPE as their configs give it,
-scaled exactly (Llama 3's and linear scalings) or refused."""
+attention and logits), Phi-3 (q, k, v and gate, up fused), OLMo 2 (norms after each
+branch); RoPE as their configs give it, scaled exactly (Llama 3's and linear scalings)
+or refused."""
 
 from __future__ import annotations
 
@@ -121,6 +122,34 @@ def scaled(g, x, factor: float):
 
 class Phi3DecoderLayer(LlamaDecoderLayer):
     ATTENTION, MLP = Phi3Attention, Phi3MLP
+
+
+class Olmo2Attention(LlamaAttention):
+    """OLMo 2's attention: Llama's, q and k RMS-normalised over their whole projections
+    (every head at once) before RoPE."""
+
+    def __init__(self, c):
+        super().__init__({**c, "qk_norm": False})
+        self.q_norm = nn.RMSNorm(c["heads"] * c["head_dim"], c["eps"])
+        self.k_norm = nn.RMSNorm(c["kv_heads"] * c["head_dim"], c["eps"])
+
+    def per_head(self, g, norm, x, heads):
+        return norm(g, x)
+
+
+class Olmo2DecoderLayer(nn.Module):
+    """OLMo 2's layer: each branch normalised after it, before its residual add, and no
+    norm before it."""
+
+    def __init__(self, c):
+        self.self_attn = Olmo2Attention(c)
+        self.mlp = LlamaMLP(c["hidden"], c["inner"], c["act"], c["mlp_bias"])
+        self.post_attention_layernorm = nn.RMSNorm(c["hidden"], c["eps"])
+        self.post_feedforward_layernorm = nn.RMSNorm(c["hidden"], c["eps"])
+
+    def forward(self, g, x):
+        x = g.add(x, self.post_attention_layernorm(g, self.self_attn(g, x)))
+        return g.add(x, self.post_feedforward_layernorm(g, self.mlp(g, x)))
 
 
 class LlamaBody(nn.Module):
@@ -320,6 +349,19 @@ class Phi3Model(LlamaModel):
 
     def sliding_window(self, cfg, layers):
         return every_layer_window(cfg, None)
+
+
+class Olmo2Model(LlamaModel):
+    """OLMo 2: Llama's attention with q and k normalised over their whole projections, and
+    each layer's branches normalised after (not before) them."""
+
+    model_type = "olmo2"
+    description = "OLMo 2 causal LM (Llama's layers; norms after each branch, q and k normalised)"
+    LAYER = Olmo2DecoderLayer
+
+    def layout(self, cfg):
+        attention = bool(cfg.expect("attention_bias", [False, True], False))
+        return {"qkv_bias": attention, "o_bias": attention, "mlp_bias": False, "qk_norm": False}
 
 
 def every_layer_window(cfg: ConfigReader, default: int | None) -> int | None:
