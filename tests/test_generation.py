@@ -102,6 +102,12 @@ def granite(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def smollm3(tmp_path_factory):
+    """SmolLM3: its second layer without RoPE, so that its cache holds keys as they are."""
+    return relative_checkpoint(tmp_path_factory.mktemp("gen_smollm3"), "SmolLM3", 8, no_rope_layers=[1, 0])
+
+
+@pytest.fixture(scope="module")
 def olmo2(tmp_path_factory):
     """OLMo 2: q and k normalised over all heads before the deferred RoPE, norms after each branch."""
     return relative_checkpoint(tmp_path_factory.mktemp("gen_olmo2"), "Olmo2", 7)
@@ -277,13 +283,13 @@ def test_greedy_ids_equal_transformers(request, which, backend):
 
 
 @pytest.mark.usefixtures("f32_kernels")   # what the cache holds, not f16's rounding (Qwen3's heads of 16 take it)
-@pytest.mark.parametrize("which", ["llama", "qwen3", "granite", "phi3", "olmo2"])
+@pytest.mark.parametrize("which", ["llama", "qwen3", "granite", "phi3", "olmo2", "smollm3"])
 def test_decoding_with_the_cache_equals_recomputing_the_sequence(request, which):
     """Every decode step's logits (GPU, one token over the cache) against the reference
     forward over the whole sequence so far (Qwen3's norms of q and k come before the RoPE
     that a decode step defers into the cache write and the cached attention; Granite's
     attention scale reaches the cached attention; Phi-3's fused projections are sliced;
-    OLMo 2's norms of q and k span every head)."""
+    OLMo 2's norms of q and k span every head; a SmolLM3 layer without RoPE)."""
     _, path = request.getfixturevalue(which)
     model = load_model(str(path))
     gen = model.generator(backend="gpu")

@@ -52,6 +52,7 @@ RELATIVES = {
                                                             attention_bias=True, tie_word_embeddings=True)),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(sliding_window=16, pad_token_id=0)),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(attention_bias=True, pad_token_id=0)),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(no_rope_layers=[1, 0], pad_token_id=0)),
     "llama-biases": ("LlamaConfig", "LlamaForCausalLM", dict(attention_bias=True, mlp_bias=True)),
     # Llama 3.1/3.2's RoPE scaling; its original context of 16 puts this head's wavelengths in all three bands
     "llama-llama3-rope": ("LlamaConfig", "LlamaForCausalLM", dict(rope_parameters=dict(
@@ -62,7 +63,8 @@ RELATIVES = {
 
 def relative(which, **fields):
     """A tiny random model of a Llama-family ``which``, its biases and norms moved off their
-    initial zeros and ones so that a bias or norm bound to the wrong place shows."""
+    initial zeros and ones so that a bias or norm bound to the wrong place shows, and its q
+    and k projections scaled up so that an attention scale or a RoPE left out shows too."""
     config_class, model_class, extra = RELATIVES[which]
     torch.manual_seed(4)
     cfg = getattr(transformers, config_class)(
@@ -412,7 +414,7 @@ def test_folder_errors(tmp_path, llama_tied):
     with pytest.raises(ModelImportError, match=r"no weights.*model\.safetensors"):
         load_model(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "mamba"}))
-    with pytest.raises(ModelImportError, match=r"'mamba'.*llama, qwen2, qwen3, mistral, granite, phi3, olmo2, gpt2, bert, whisper"):
+    with pytest.raises(ModelImportError, match=r"'mamba'.*llama, qwen2, qwen3, mistral, granite, phi3, olmo2, smollm3, gpt2, bert, whisper"):
         load_model(str(tmp_path))
 
 

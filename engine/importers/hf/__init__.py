@@ -2,9 +2,9 @@
 
 ``load_checkpoint(folder, settings)`` reads the config, picks the architecture by
 ``model_type`` (``llama``, with Llama 3's or linear RoPE scaling, and its relatives
-``qwen2``, ``qwen3``, ``mistral``, ``granite``, ``phi3``, ``olmo2``: ``llama.py``; ``gpt2``, ``bert``,
-``whisper`` — its encoder only: a module each), builds it with the ``nn`` Module API
-under the checkpoint's own tensor names (``base.py``: what they share), and binds the
+``qwen2``, ``qwen3``, ``mistral``, ``granite``, ``phi3``, ``olmo2``, ``smollm3``:
+``llama.py``; ``gpt2``, ``bert``, ``whisper`` — its encoder only: a module each), builds
+it with the ``nn`` Module API under the checkpoint's own tensor names (``base.py``: what they share), and binds the
 weights (``model.safetensors``, or the shards ``model.safetensors.index.json`` lists;
 f16/bf16 are widened to f32). Every problem is a ``ModelImportError`` of one line:
 no config, no weights, an unknown ``model_type``, config fields this importer does
@@ -32,13 +32,14 @@ from .base import HFModel, read_config, read_weights
 from .bert import BertModel
 from .gpt2 import GPT2Model
 from .llama import (GraniteModel, LlamaModel, MistralModel, Olmo2Model, Phi3Model, Qwen2Model,
-                    Qwen3Model)
+                    Qwen3Model, SmolLM3Model)
 from .whisper import WhisperModel
 
 
 ARCHITECTURES: dict[str, type[HFModel]] = {
     "llama": LlamaModel, "qwen2": Qwen2Model, "qwen3": Qwen3Model, "mistral": MistralModel,
-    "granite": GraniteModel, "phi3": Phi3Model, "olmo2": Olmo2Model, "gpt2": GPT2Model, "bert": BertModel, "whisper": WhisperModel,
+    "granite": GraniteModel, "phi3": Phi3Model, "olmo2": Olmo2Model, "smollm3": SmolLM3Model,
+    "gpt2": GPT2Model, "bert": BertModel, "whisper": WhisperModel,
 }
 
 

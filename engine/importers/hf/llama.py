@@ -1,7 +1,7 @@
 """Llama and the families that share its layers: Qwen2 (biases on q, k, v), Qwen3 (q and k
 normalised per head), Mistral (a sliding window), Granite (scaled embeddings, residuals,
 attention and logits), Phi-3 (q, k, v and gate, up fused), OLMo 2 (norms after each
-branch); RoPE as their configs give it, scaled exactly (Llama 3's and linear scalings)
+branch), SmolLM3 (RoPE in some layers); RoPE as their configs give it, scaled exactly (Llama 3's and linear scalings)
 or refused."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ class LlamaAttention(nn.Module):
     def __init__(self, c):
         hidden, heads, kv_heads, head_dim = c["hidden"], c["heads"], c["kv_heads"], c["head_dim"]
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
-        self.theta, self.rope_scaling = c["theta"], c["rope_scaling"]
+        self.theta, self.rope_scaling, self.rope = c["theta"], c["rope_scaling"], c.get("rope", True)
         self.q_proj = nn.Linear(hidden, heads * head_dim, bias=c["qkv_bias"], init=nn.normal(0.02))
         self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=c["qkv_bias"], init=nn.normal(0.02))
         self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=c["qkv_bias"], init=nn.normal(0.02))
@@ -47,8 +47,9 @@ class LlamaAttention(nn.Module):
         q, k, v = self.projections(g, x)
         q = self.per_head(g, self.q_norm, q, self.heads)
         k = self.per_head(g, self.k_norm, k, self.kv_heads)
-        q = kv_cache.rotary(g, q, self.heads, self.theta, self.rope_scaling)
-        k = kv_cache.rotary(g, k, self.kv_heads, self.theta, self.rope_scaling)
+        if self.rope:
+            q = kv_cache.rotary(g, q, self.heads, self.theta, self.rope_scaling)
+            k = kv_cache.rotary(g, k, self.kv_heads, self.theta, self.rope_scaling)
         return self.o_proj(g, kv_cache.self_attention(g, q, k, v, self.heads, self.kv_heads, self.scale))
 
 
@@ -75,7 +76,7 @@ class Phi3Attention(LlamaAttention):
         hidden, heads, kv_heads, head_dim = c["hidden"], c["heads"], c["kv_heads"], c["head_dim"]
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.theta, self.rope_scaling, self.scale = c["theta"], c["rope_scaling"], c["attention_scale"]
-        self.q_norm = self.k_norm = None
+        self.rope, self.q_norm, self.k_norm = True, None, None
         self.qkv_proj = nn.Linear(hidden, (heads + 2 * kv_heads) * head_dim, bias=False, init=nn.normal(0.02))
         self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False, init=nn.normal(0.02))
 
@@ -155,7 +156,7 @@ class Olmo2DecoderLayer(nn.Module):
 class LlamaBody(nn.Module):
     def __init__(self, c, layer=LlamaDecoderLayer):
         self.embed_tokens = nn.Embedding(c["vocab"], c["hidden"], init=nn.normal(0.02))
-        self.layers = [layer(c) for _ in range(c["layers"])]
+        self.layers = [layer({**c, "rope": rope}) for rope in c["rope_layers"]]
         self.norm = nn.RMSNorm(c["hidden"], c["eps"])
 
 
@@ -237,6 +238,7 @@ class LlamaModel(CausalLM):
         if c["head_dim"] % 2:
             cfg.refused.append(f"head_dim={c['head_dim']} (RoPE needs an even head dim)")
         c["theta"], c["rope_scaling"] = rope_config(cfg)
+        c["rope_layers"] = self.rope_layers(cfg, c["layers"])
         c.update(self.multipliers(cfg))
         cfg.expect("rope_interleaved", [False], False)
         cfg.expect("pretraining_tp", [1], 1)
@@ -261,6 +263,10 @@ class LlamaModel(CausalLM):
         """The window of the family's sliding-window layers, None where every layer sees all
         earlier tokens. Llama has none."""
         return None
+
+    def rope_layers(self, cfg, layers: int) -> list[bool]:
+        """Whether each layer rotates q and k: all of Llama's do."""
+        return [True] * layers
 
     def multipliers(self, cfg) -> dict:
         """The attention's scale (None: 1 / sqrt(head_dim)) and the factors of the embeddings,
@@ -362,6 +368,27 @@ class Olmo2Model(LlamaModel):
     def layout(self, cfg):
         attention = bool(cfg.expect("attention_bias", [False, True], False))
         return {"qkv_bias": attention, "o_bias": attention, "mlp_bias": False, "qk_norm": False}
+
+
+class SmolLM3Model(LlamaModel):
+    """SmolLM3: Llama's layers, RoPE only in those ``no_rope_layers`` marks 1 (by default
+    three of every four: each ``no_rope_layer_interval``-th goes without); sliding-window
+    layers as Qwen2's."""
+
+    model_type = "smollm3"
+    description = "SmolLM3 causal LM (Llama's layers; some without RoPE)"
+    MAX_POSITIONS = 32768
+
+    def rope_layers(self, cfg, layers):
+        interval = cfg.integer("no_rope_layer_interval", 4)
+        marks = cfg.config.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(layers)]
+        if not isinstance(marks, list) or len(marks) != layers or any(m not in (0, 1) for m in marks):
+            cfg.refused.append(f"no_rope_layers={json.dumps(marks)} (a 0 or 1 for each of {layers} layers)")
+            return [True] * layers
+        return [bool(m) for m in marks]
+
+    def sliding_window(self, cfg, layers):
+        return qwen_sliding_window(cfg, layers)
 
 
 def every_layer_window(cfg: ConfigReader, default: int | None) -> int | None:
