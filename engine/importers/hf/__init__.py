@@ -4,12 +4,13 @@
 ``model_type`` (``llama``, with Llama 3's or linear RoPE scaling, and its relatives
 ``qwen2``, ``qwen3``, ``mistral``, ``granite``, ``phi3``, ``olmo2``, ``smollm3``:
 ``llama.py``; ``gpt2``, ``bert``, ``whisper`` — its encoder only: a module each), builds
-it with the ``nn`` Module API under the checkpoint's own tensor names (``base.py``: what they share), and binds the
-weights (``model.safetensors``, or the shards ``model.safetensors.index.json`` lists;
-f16/bf16 are widened to f32). Every problem is a ``ModelImportError`` of one line:
-no config, no weights, an unknown ``model_type``, config fields this importer does
-not implement set to non-default values (named, never approximated), weights that
-disagree with the config (every missing, unexpected and mis-shaped tensor named).
+it with the ``nn`` Module API under the checkpoint's own tensor names (``base.py``: what
+they share), and binds the weights (``model.safetensors``, or the shards
+``model.safetensors.index.json`` lists; f16/bf16 are widened to f32). Every problem is a
+``ModelImportError`` of one line: no config, no weights, an unknown ``model_type``,
+config fields this importer does not implement set to non-default values (named, never
+approximated), weights that disagree with the config (every missing, unexpected and
+mis-shaped tensor named).
 
 Causal LMs (the Llama family, gpt2) take ``input_ids`` [batch, seq] and output ``logits``
 [batch, seq, vocab]; their training graph adds ``labels`` [batch, seq] (-100 =

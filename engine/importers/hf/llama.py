@@ -1,8 +1,8 @@
 """Llama and the families that share its layers: Qwen2 (biases on q, k, v), Qwen3 (q and k
 normalised per head), Mistral (a sliding window), Granite (scaled embeddings, residuals,
 attention and logits), Phi-3 (q, k, v and gate, up fused), OLMo 2 (norms after each
-branch), SmolLM3 (RoPE in some layers); RoPE as their configs give it, scaled exactly (Llama 3's and linear scalings)
-or refused."""
+branch), SmolLM3 (RoPE in some layers); RoPE as their configs give it, scaled exactly
+(Llama 3's and linear scalings) or refused."""
 
 from __future__ import annotations
 
@@ -21,16 +21,19 @@ class LlamaAttention(nn.Module):
     whether q and k are RMS-normalised per head before RoPE, as Qwen3's are)."""
 
     def __init__(self, c):
-        hidden, heads, kv_heads, head_dim = c["hidden"], c["heads"], c["kv_heads"], c["head_dim"]
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.heads, self.kv_heads, self.head_dim = c["heads"], c["kv_heads"], c["head_dim"]
         self.theta, self.rope_scaling, self.rope = c["theta"], c["rope_scaling"], c.get("rope", True)
-        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=c["qkv_bias"], init=nn.normal(0.02))
-        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=c["qkv_bias"], init=nn.normal(0.02))
-        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=c["qkv_bias"], init=nn.normal(0.02))
-        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=c["o_bias"], init=nn.normal(0.02))
-        self.q_norm = nn.RMSNorm(head_dim, c["eps"]) if c["qk_norm"] else None
-        self.k_norm = nn.RMSNorm(head_dim, c["eps"]) if c["qk_norm"] else None
         self.scale = c["attention_scale"]
+        self.make_projections(c)
+        self.q_norm = nn.RMSNorm(self.head_dim, c["eps"]) if c["qk_norm"] else None
+        self.k_norm = nn.RMSNorm(self.head_dim, c["eps"]) if c["qk_norm"] else None
+
+    def make_projections(self, c):
+        hidden, q, kv = c["hidden"], self.heads * self.head_dim, self.kv_heads * self.head_dim
+        self.q_proj = nn.Linear(hidden, q, bias=c["qkv_bias"], init=nn.normal(0.02))
+        self.k_proj = nn.Linear(hidden, kv, bias=c["qkv_bias"], init=nn.normal(0.02))
+        self.v_proj = nn.Linear(hidden, kv, bias=c["qkv_bias"], init=nn.normal(0.02))
+        self.o_proj = nn.Linear(q, hidden, bias=c["o_bias"], init=nn.normal(0.02))
 
     def per_head(self, g, norm, x, heads):
         if norm is None:
@@ -72,13 +75,10 @@ class Phi3Attention(LlamaAttention):
     """Phi-3's attention: Llama's, its q, k and v one projection, ``qkv_proj``, whose
     output columns are q's, then k's, then v's."""
 
-    def __init__(self, c):
-        hidden, heads, kv_heads, head_dim = c["hidden"], c["heads"], c["kv_heads"], c["head_dim"]
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
-        self.theta, self.rope_scaling, self.scale = c["theta"], c["rope_scaling"], c["attention_scale"]
-        self.rope, self.q_norm, self.k_norm = True, None, None
-        self.qkv_proj = nn.Linear(hidden, (heads + 2 * kv_heads) * head_dim, bias=False, init=nn.normal(0.02))
-        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False, init=nn.normal(0.02))
+    def make_projections(self, c):
+        hidden, q, kv = c["hidden"], self.heads * self.head_dim, self.kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(hidden, q + 2 * kv, bias=False, init=nn.normal(0.02))
+        self.o_proj = nn.Linear(q, hidden, bias=False, init=nn.normal(0.02))
 
     def projections(self, g, x):
         qkv = self.qkv_proj(g, x)
@@ -339,8 +339,8 @@ class MistralModel(LlamaModel):
 
 
 class Phi3Model(LlamaModel):
-    """Phi-3 (Phi-3-mini and -medium at 4k tokens): Llama's layers without biases, q, k and v one
-    projection and gate and up another (their checkpoints' tensors); every layer attends
+    """Phi-3 (Phi-3-mini and -medium at 4k tokens): Llama's layers without biases, q, k and
+    v one projection and gate and up another (their checkpoints' tensors); every layer attends
     over ``sliding_window`` tokens where given, so that sequences stop there, as Mistral's.
     longrope (the 128k variants) and RoPE over part of each head (Phi-4-mini) are refused."""
 
