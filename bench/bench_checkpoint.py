@@ -2,7 +2,9 @@
 the same GPU in one process: a SmolLM2-135M-shaped Llama (random weights from its config:
 hidden 576, 30 layers, 9 heads over 3 kv heads, vocab 49152), or with ``--shape`` a
 Qwen2.5-0.5B-, Qwen3-0.6B- or Llama-3.2-1B-shaped one (the last with Llama 3's RoPE
-scaling), written with ``save_pretrained`` and read back by ``engine.load_model``.
+scaling), or one shaped like Granite-3.3-2B, OLMo-2-1B, SmolLM3-3B or Phi-3-mini-4k (their
+configs' sizes and multipliers as published), written with ``save_pretrained`` and read
+back by ``engine.load_model``.
 
     python3 bench/bench_checkpoint.py            # the SmolLM2-135M shape (meant for a real GPU)
     python3 bench/bench_checkpoint.py --shape qwen3-0.6b
@@ -55,14 +57,31 @@ LLAMA32_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, n
                   rms_norm_eps=1e-5, tie_word_embeddings=True,
                   rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=32.0, low_freq_factor=1.0,
                                        high_freq_factor=4.0, original_max_position_embeddings=8192))
+GRANITE_33_2B = dict(vocab_size=49159, hidden_size=2048, intermediate_size=8192, num_hidden_layers=40,
+                     num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
+                     rms_norm_eps=1e-5, rope_theta=10000000.0, tie_word_embeddings=True, embedding_multiplier=12.0,
+                     residual_multiplier=0.22, attention_multiplier=0.015625, logits_scaling=8.0)
+OLMO2_1B = dict(vocab_size=100352, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=4096, rms_norm_eps=1e-6,
+                rope_theta=500000.0, tie_word_embeddings=False, pad_token_id=0)
+SMOLLM3_3B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                  num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=65536, rms_norm_eps=1e-6,
+                  rope_theta=5000000.0, tie_word_embeddings=True, no_rope_layer_interval=4, pad_token_id=0)
+PHI3_MINI = dict(vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+                 num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096, rms_norm_eps=1e-5,
+                 rope_theta=10000.0, sliding_window=2047, tie_word_embeddings=False, pad_token_id=0)
 TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True)
+            num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True, pad_token_id=0)
 # --shape: the checkpoint's family (transformers' config and model classes) and its config's fields.
 SHAPES = {
     "smollm2-135m": ("SmolLM2-135M-shaped Llama", "Llama", SMOLLM2_135M),
     "qwen2.5-0.5b": ("Qwen2.5-0.5B-shaped Qwen2", "Qwen2", QWEN25_05B),
     "qwen3-0.6b": ("Qwen3-0.6B-shaped Qwen3", "Qwen3", QWEN3_06B),
     "llama3.2-1b": ("Llama-3.2-1B-shaped Llama", "Llama", LLAMA32_1B),
+    "granite-3.3-2b": ("Granite-3.3-2B-shaped Granite", "Granite", GRANITE_33_2B),
+    "olmo2-1b": ("OLMo-2-1B-shaped OLMo 2", "Olmo2", OLMO2_1B),
+    "smollm3-3b": ("SmolLM3-3B-shaped SmolLM3", "SmolLM3", SMOLLM3_3B),
+    "phi3-mini": ("Phi-3-mini-4k-shaped Phi-3", "Phi3", PHI3_MINI),
 }
 
 
