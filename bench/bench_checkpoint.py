@@ -3,8 +3,8 @@ the same GPU in one process: a SmolLM2-135M-shaped Llama (random weights from it
 hidden 576, 30 layers, 9 heads over 3 kv heads, vocab 49152), or with ``--shape`` a
 Qwen2.5-0.5B-, Qwen3-0.6B- or Llama-3.2-1B-shaped one (the last with Llama 3's RoPE
 scaling), or one shaped like Granite-3.3-2B, OLMo-2-1B, SmolLM3-3B or Phi-3-mini-4k (their
-configs' sizes and multipliers as published), written with ``save_pretrained`` and read
-back by ``engine.load_model``.
+layer sizes; the multipliers' values do not change the work), written with
+``save_pretrained`` and read back by ``engine.load_model``.
 
     python3 bench/bench_checkpoint.py            # the SmolLM2-135M shape (meant for a real GPU)
     python3 bench/bench_checkpoint.py --shape qwen3-0.6b
