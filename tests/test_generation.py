@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from llama_checkpoint import llama_relative
 import numpy as np
 import pytest
 
@@ -68,21 +69,10 @@ def qwen3_checkpoint(path):
 
 
 def relative_checkpoint(path, family: str, seed: int, **fields):
-    """A tiny random Llama relative (``family``: transformers' class prefix) with ``fields``
-    set, its q and k projections scaled up so that the attention's scale and softmax
-    matter and its norms moved off 1, saved to ``path``."""
-    torch.manual_seed(seed)
-    cfg = getattr(transformers, f"{family}Config")(
-        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=48, rms_norm_eps=1e-5, rope_theta=500.0, pad_token_id=0,
-        eos_token_id=None, bos_token_id=None, **fields)
-    hf = getattr(transformers, f"{family}ForCausalLM")(cfg).eval()
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if name.endswith(("q_proj.weight", "k_proj.weight", "qkv_proj.weight")):
-                p.mul_(12.0)
-            if name.endswith("norm.weight"):
-                p.add_(torch.randn_like(p) * 0.1)
+    """``llama_relative`` of ``family`` (no end-of-sequence id, so that generation runs its
+    full length), saved to ``path``."""
+    hf = llama_relative(family, seed, vocab_size=96, max_position_embeddings=48, pad_token_id=0,
+                        eos_token_id=None, bos_token_id=None, **fields)
     hf.save_pretrained(path)
     return hf, path
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+from llama_checkpoint import llama_relative
 import numpy as np
 import pytest
 
@@ -42,43 +43,28 @@ def llama(tie=True, **extra):
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
-# Llama's relatives: (config class, model class, config fields beyond the shared small shape).
+# Llama's relatives: (transformers' class prefix, config fields beyond llama_relative's small shape).
 RELATIVES = {
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16, attention_bias=True)),
-    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=16)),
-    "granite": ("GraniteConfig", "GraniteForCausalLM", dict(embedding_multiplier=3.0, residual_multiplier=0.4,
-                                                            attention_multiplier=0.3, logits_scaling=2.5,
-                                                            attention_bias=True, tie_word_embeddings=True)),
-    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(sliding_window=16, pad_token_id=0)),
-    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(attention_bias=True, pad_token_id=0)),
-    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(no_rope_layers=[1, 0], pad_token_id=0)),
-    "llama-biases": ("LlamaConfig", "LlamaForCausalLM", dict(attention_bias=True, mlp_bias=True)),
+    "qwen2": ("Qwen2", dict(tie_word_embeddings=True)),
+    "qwen3": ("Qwen3", dict(head_dim=16, attention_bias=True)),
+    "mistral": ("Mistral", dict(sliding_window=16)),
+    "granite": ("Granite", dict(embedding_multiplier=3.0, residual_multiplier=0.4, attention_multiplier=0.3,
+                                logits_scaling=2.5, attention_bias=True, tie_word_embeddings=True)),
+    "phi3": ("Phi3", dict(sliding_window=16, pad_token_id=0)),
+    "olmo2": ("Olmo2", dict(attention_bias=True, pad_token_id=0)),
+    "smollm3": ("SmolLM3", dict(no_rope_layers=[1, 0], pad_token_id=0)),
+    "llama-biases": ("Llama", dict(attention_bias=True, mlp_bias=True)),
     # Llama 3.1/3.2's RoPE scaling; its original context of 16 puts this head's wavelengths in all three bands
-    "llama-llama3-rope": ("LlamaConfig", "LlamaForCausalLM", dict(rope_parameters=dict(
+    "llama-llama3-rope": ("Llama", dict(rope_parameters=dict(
         rope_type="llama3", rope_theta=500.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
         original_max_position_embeddings=16))),
 }
 
 
 def relative(which, **fields):
-    """A tiny random model of a Llama-family ``which``, its biases and norms moved off their
-    initial zeros and ones so that a bias or norm bound to the wrong place shows, and its q
-    and k projections scaled up so that an attention scale or a RoPE left out shows too."""
-    config_class, model_class, extra = RELATIVES[which]
-    torch.manual_seed(4)
-    cfg = getattr(transformers, config_class)(
-        vocab_size=120, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=500.0,
-        **{**extra, **fields})
-    hf = getattr(transformers, model_class)(cfg).eval()
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if name.endswith(("bias", "norm.weight")):
-                p.add_(torch.randn_like(p) * 0.1)
-            if name.endswith(("q_proj.weight", "k_proj.weight", "qkv_proj.weight")):
-                p.mul_(12.0)   # scores far from 0: an attention scale ignored shows
-    return hf
+    """``llama_relative`` of the family ``which`` names in RELATIVES."""
+    family, extra = RELATIVES[which]
+    return llama_relative(family, 4, **{**extra, **fields})
 
 
 def gpt2():
