@@ -148,22 +148,18 @@ def test_vector_products_follow_the_tuning():
     ``vector_small_kib`` take 32 columns a workgroup, K split while their workgroups are
     fewer than a wave of matmul ones (Llama-3.2-1B's SwiGLU weights, 256 workgroups: 4
     slices; its down projection, 64: 16); a smaller B, or one stored transposed, 8."""
-    layout = vector_layout
     big, small = codegen.PLAIN, replace(codegen.PLAIN, tuning=SMALL_GPU)
-
-    def blocks(n):
-        return lambda columns: -(-n // columns)
-    assert layout(8192, 2048, blocks(8192), big, True, True) == (32, 4)
-    assert layout(2048, 8192, blocks(2048), big, True, True) == (32, 16)
-    assert layout(8192, 2048, blocks(8192), small, True, True) == (32, 1)       # 64 fill this GPU
-    assert layout(2048, 8192, blocks(2048), small, True, True) == (32, 1)
-    assert layout(8192, 2048, blocks(8192), big, False, True) == (8, 1)         # transposed: 1,024 workgroups
-    assert layout(2048, 8192, blocks(2048), big, True, False) == (32, 1)        # not splittable
-    assert layout(1536, 576, blocks(1536), big, True, True) == (8, 1)           # SmolLM2's: 3.4 MiB
+    assert vector_layout(8192, 2048, 1, big, True, True) == (32, 4)
+    assert vector_layout(2048, 8192, 1, big, True, True) == (32, 16)
+    assert vector_layout(8192, 2048, 1, small, True, True) == (32, 1)       # 64 fill this GPU
+    assert vector_layout(2048, 8192, 1, small, True, True) == (32, 1)
+    assert vector_layout(8192, 2048, 1, big, False, True) == (8, 1)         # transposed: 1,024 workgroups
+    assert vector_layout(2048, 8192, 1, big, True, False) == (32, 1)        # not splittable
+    assert vector_layout(1536, 576, 1, big, True, True) == (8, 1)           # SmolLM2's: 3.4 MiB
     tuned = replace(codegen.PLAIN, tuning=Tuning(vector_small_kib=1))
-    assert layout(1536, 576, blocks(1536), tuned, True, True) == (32, 2)        # 48 workgroups, K for 2 slices
+    assert vector_layout(1536, 576, 1, tuned, True, True) == (32, 2)        # 48 workgroups, K for 2 slices
     huge = replace(codegen.PLAIN, tuning=Tuning(vector_small_kib=1 << 20))
-    assert layout(2048, 8192, blocks(2048), huge, True, True) == (8, 1)
+    assert vector_layout(2048, 8192, 1, huge, True, True) == (8, 1)
 
 
 def test_the_lean_tiles_follow_the_tuning():

@@ -221,10 +221,10 @@ def vector_rows(m_: int, transpose_a: bool, caps: Capabilities) -> bool:
     return m_ <= VECTOR_ROWS and not transpose_a and caps.knobs.matmul == "auto"
 
 
-def vector_layout(n_: int, k_: int, blocks_of, caps: Capabilities, columns_contiguous: bool,
+def vector_layout(n_: int, k_: int, nbatch: int, caps: Capabilities, columns_contiguous: bool,
                   splittable: bool) -> tuple[int, int]:
-    """(columns a workgroup, K slices) of a vector product with ``n_`` columns and
-    reduction ``k_``; ``blocks_of(columns)``: its workgroups. A large B whose columns are
+    """(columns a workgroup, K slices) of a vector product with ``n_`` columns, reduction
+    ``k_`` and ``nbatch`` batches (a B each). A large B whose columns are
     contiguous takes 32 columns, so that a warp reads 128 bytes of a row, else 8 (lanes
     along K where B is stored transposed). Where its workgroups are fewer than a wave of
     matmul ones (``tuning.matmul_resident``), K is split into as many slices as make two
@@ -237,7 +237,7 @@ def vector_layout(n_: int, k_: int, blocks_of, caps: Capabilities, columns_conti
     SmolLM2-135M's weights (3.5 MB each) split this way decoded at 558 instead of 646."""
     small = n_ * k_ * 4 < caps.tuning.vector_small_kib * 1024
     cols = VECTOR_WIDE_COLUMNS if columns_contiguous and not small else VECTOR_COLUMNS
-    blocks, most = blocks_of(cols), max(1, k_ // VECTOR_MIN_SLICE)
+    blocks, most = -(-n_ // cols) * nbatch, max(1, k_ // VECTOR_MIN_SLICE)
     if not splittable:
         return cols, 1
     if caps.knobs.matmul_splits:
@@ -270,8 +270,7 @@ def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: in
     one_b = columns is _ONE_B
     k_ = meta[2]
     if one_b:
-        cols, splits = vector_layout(n_, k_, lambda c: -(-n_ // c) * nbatch, caps, columns_contiguous,
-                                     nbatch == 1 or not (norm or second))
+        cols, splits = vector_layout(n_, k_, nbatch, caps, columns_contiguous, nbatch == 1 or not (norm or second))
     else:
         cols, splits = VECTOR_COLUMNS, 1
     slices = VECTOR_THREADS // cols
