@@ -41,6 +41,7 @@ class Knobs:
     attention_dq: str = "auto"        # MEGANEURA_ATTENTION_DQ: auto | kernel (no dq as the product of dkdv's dS)
     thread_layout: str = ""           # MEGANEURA_THREAD_LAYOUT: rows | warp
     pool: bool = True                 # MEGANEURA_POOL=0: every tensor its own buffer
+    bf16_weights: bool = True         # MEGANEURA_BF16_WEIGHTS=0: generation keeps bf16 checkpoints' weights in f32
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class Config:
             attention_dq=_choice(get, "ATTENTION_DQ", ("auto", "kernel"), "auto"),
             thread_layout=get("THREAD_LAYOUT") or "",
             pool=_choice(get, "POOL", ("0", "1"), "1") == "1",
+            bf16_weights=_choice(get, "BF16_WEIGHTS", ("0", "1"), "1") == "1",
         )
         return cls(wgpu=_choice(get, "WGPU", BACKENDS, "native"),
                    precision=_choice(get, "PRECISION", PRECISIONS, "f32"),

@@ -13,6 +13,10 @@ fn flat_index(wg: vec3<u32>, nwg: vec3<u32>, lid: vec3<u32>, size: u32) -> u32 {
     return (wg.y * nwg.x + wg.x) * size + lid.x;
 }
 
+// Element i of a tensor stored as bf16, two to a u32 word (element 2j in the lower half of
+// word j): the word's half as the upper half of an f32, exact.
+fn bf16_(word: u32, i: u32) -> f32 { return bitcast<f32>(select(word << 16u, word & 0xffff0000u, (i & 1u) == 1u)); }
+
 fn sigmoid_(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
 
 // tanh with full relative accuracy near 0 and no overflow for large |x|.

@@ -14,7 +14,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let id = ids[idx / dim];
     var v = 0.0;
     if (id >= 0 && u32(id) < m(2u)) {
-        v = table[u32(id) * dim + idx % dim];
+        let at = u32(id) * dim + idx % dim;
+        v = {{TABLE_AT}};
     }
     out[idx] = v;
 }

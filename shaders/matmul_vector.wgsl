@@ -13,6 +13,8 @@
 // where the columns' workgroups are too few to fill the GPU, each slice writes its raw
 // sums (and its second sums, its sums of squares) and matmul_splits.wgsl adds them up
 // and applies the epilogue (codegen's _split_stores in EPILOGUE's place).
+// A B stored in bf16 (engine.optimize.bf16_weights) is read through codegen's stored_load: the u32
+// word holding the element, widened (common.wgsl's bf16_).
 // meta: [M, N, K, nbatch, eps, batch_shape[BR], per operand: batch_strides[BR], s_row, s_col,
 //        K slices, SPAN]
 

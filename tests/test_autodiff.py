@@ -163,6 +163,7 @@ NOT_GRADCHECKED = {
     "swiglu_matmul": "made by the few-row pass after autodiff (engine.optimize.few_rows); its rule refuses",
     "norm_matmuls": "made by the few-row pass after autodiff (engine.optimize.few_rows); its rule refuses",
     "attention_stats": "made after autodiff (engine.optimize.attention_stats); its rule refuses, test_attention_stats",
+    "widen": "made after autodiff (engine.optimize.bf16_weights) for generation; its rule refuses",
 }
 
 

@@ -599,21 +599,34 @@ def test_vector_products_split_along_k(splits, small, configure):
     assert wide == (0 if small else 4)   # B's columns contiguous: all but the transposed
 
 
-@pytest.mark.parametrize("rows,tb,widths", [(1, True, (96, 32, 32)), (3, False, (70, 33)), (2, True, (5, 64, 130))])
-def test_norm_matmuls_on_the_gpu(rows, tb, widths):
+@pytest.mark.parametrize("rows,tb,widths,split", [(1, True, (96, 32, 32), 0), (3, False, (70, 33), 0),
+                                                  (2, True, (5, 64, 130), 0), (1, False, (70, 34, 34), 3),
+                                                  (3, False, (70, 34, 34), 3)])
+def test_norm_matmuls_on_the_gpu(rows, tb, widths, split, configure):
     """Each weight's product lands in its place of the packed result (widths that are and
-    are not multiples of the 8 columns a workgroup takes; transposed weights or not)."""
+    are not multiples of the 8 columns a workgroup takes; transposed weights or not). With
+    ``split`` (and weights counted large, ``vector_small_kib``): 32 columns a workgroup and,
+    for one row, K in that many slices, added by matmul_splits.wgsl with the norm."""
+    if split:
+        configure(matmul_splits=split)
+    caps = device_capabilities()
+    if split:
+        caps = dataclasses.replace(caps, tuning=dataclasses.replace(caps.tuning, vector_small_kib=1))
     rng = np.random.default_rng(rows)
-    k = 300
+    k = 1300 if split else 300
     g = Graph("norm_matmuls")
     x, nw = g.input("x", (1, rows, k)), g.input("nw", (k,))
     weights = [g.input(f"w{i}", (n, k) if tb else (k, n)) for i, n in enumerate(widths)]
     g.output("y", g.apply("norm_matmuls", x, nw, *weights, transpose_b=tb, eps=1e-5))
     inputs = {name: rng.standard_normal(g.shape(i)).astype(np.float32) for name, i in g.inputs.items()}
-    session = Session(g)
+    session = Session(g, capabilities=caps)
     session.set_inputs(inputs)
     session.run()
-    assert session.plan.dispatches[0].variant.endswith(f"{len(widths)} weights ({' + '.join(map(str, widths))} columns)")
+    variant = session.plan.dispatches[0].variant
+    assert variant.startswith(f"{rows}-row vector kernel, {32 if split else 8} columns")
+    assert variant.endswith(f"{len(widths)} weights ({' + '.join(map(str, widths))} columns)")
+    assert ("K split" in variant) == bool(split and rows == 1) and (not split or f"K split {split} ways" in variant
+                                                                   or rows > 1)
     want = reference.run(g, inputs, {})["y"]
     got = session.read_output("y")
     assert np.abs(got - want).max() <= 2e-6 * np.abs(want).max()

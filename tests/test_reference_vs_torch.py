@@ -54,6 +54,7 @@ class Case:
     arrays: dict[str, np.ndarray]
     build: Callable[..., int]
     torch_fn: Callable[..., torch.Tensor]
+    bf16: tuple[str, ...] = ()   # arrays given as weights stored in bf16 (parameters, not inputs)
 
 
 def relative_error(got: np.ndarray, want: np.ndarray, floor: float = 1e-6) -> float:
@@ -66,10 +67,16 @@ def relative_error(got: np.ndarray, want: np.ndarray, floor: float = 1e-6) -> fl
 
 def build_graph(case: Case) -> Graph:
     g = Graph(case.id)
-    nodes = {name: g.input(name, a.shape, "i32" if a.dtype.kind in "iu" else "f32")
-             for name, a in case.arrays.items()}
+    nodes = {name: g.parameter(name, a.shape, dtype="bf16") if name in case.bf16 else
+             g.input(name, a.shape, "i32" if a.dtype.kind in "iu" else "f32") for name, a in case.arrays.items()}
     g.output("y", case.build(g, **nodes))
     return g
+
+
+def run_reference(case: Case, g: Graph, dtype) -> np.ndarray:
+    params = {k: v for k, v in case.arrays.items() if k in case.bf16}
+    inputs = {k: v for k, v in case.arrays.items() if k not in case.bf16}
+    return reference.run(g, inputs, params, dtype=dtype)["y"]
 
 
 def to_torch(array: np.ndarray, float_dtype: torch.dtype) -> torch.Tensor:
@@ -88,7 +95,7 @@ def run_torch(case: Case, dtype: torch.dtype) -> np.ndarray:
 
 def check_case(case: Case) -> None:
     g = build_graph(case)
-    ours32 = reference.run(g, case.arrays, {}, dtype=np.float32)["y"]
+    ours32 = run_reference(case, g, np.float32)
     torch32 = run_torch(case, torch.float32)
     assert ours32.shape == torch32.shape == g[g.outputs["y"]].shape
     assert ours32.dtype == np.float32
@@ -97,7 +104,7 @@ def check_case(case: Case) -> None:
     err = relative_error(ours32, torch32, floor)
     assert err < F32_REL_TOL, f"{case.id}: float32 relative error {err:.3g}"
 
-    ours64 = reference.run(g, case.arrays, {}, dtype=np.float64)["y"]
+    ours64 = run_reference(case, g, np.float64)
     torch64 = run_torch(case, torch.float64)
     assert ours64.dtype == np.float64
     scale = max(float(np.abs(torch64).max(initial=0.0)), 1e-300)
@@ -1014,6 +1021,14 @@ def cast_and_index_cases(rng):
             Case("index_wrap", {"ids": ids},
                  lambda g, ids: g.apply("cast", g.apply("index_wrap", ids, size=5), dtype="f32"),
                  lambda ids: torch.where(ids < 0, ids + 5, ids).double())]
+
+
+@case
+def widen_cases(rng):
+    """A weight stored as bf16, read back as f32: torch's bfloat16 holds the same values."""
+    w = torch.from_numpy(normal(rng, 6, 10, scale=3.0)).to(torch.bfloat16).float().numpy()
+    return [Case("bf16 -> f32", {"w": w}, lambda g, w: g.apply("widen", w),
+                 lambda w: w.to(torch.bfloat16).to(w.dtype), bf16=("w",))]
 
 
 ONNX_BINARY_TORCH = {"maximum": torch.maximum, "minimum": torch.minimum, "power": torch.pow,

@@ -500,6 +500,7 @@ GRADIENTS: dict[str, GradientRule] = {
     "swiglu_matmul": after_autodiff("the few-row pass of generation graphs"),
     "norm_matmuls": after_autodiff("the few-row pass of generation graphs"),
     "attention_stats": after_autodiff("engine.optimize.attention_stats"),
+    "widen": after_autodiff("engine.optimize.bf16_weights, for generation"),
     "conv1d": conv_grad,
     "conv2d": conv_grad,
     "reshape": lambda g, n, d: (g.reshape(d, g.shape(n.inputs[0])),),

@@ -32,38 +32,51 @@ def parse_ids(text: str) -> list[int]:
         raise MeganeuraError(f"--prompt-ids {text!r}: give integers separated by commas, e.g. 1,2,3") from None
 
 
+def _tokenizer(model, ids_given: bool):
+    """The model's tokenizer; None where it has none and the prompt came as ids (the new ids
+    are then printed as ids, and ``--json``'s text is null)."""
+    try:
+        return model.tokenizer()
+    except MeganeuraError:
+        if ids_given:
+            return None
+        raise
+
+
 def _generate(args) -> int:
     from ..data.tokenizer import TextStream
     from ..train.generation import Sampling
     model, params = load_model(args)
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
     generator = model.generator(params, backend=resolve_backend(args))
-    tokenizer = model.tokenizer()
-    if tokenizer.note and args.prompt is not None:
+    tokenizer = _tokenizer(model, ids_given=args.prompt is None)
+    if tokenizer is not None and tokenizer.note and args.prompt is not None:
         print(f"meganeura: note: {tokenizer.note}", file=sys.stderr, flush=True)
     prompt = tokenizer.encode(args.prompt) if args.prompt is not None else parse_ids(args.prompt_ids)
-    stream = TextStream(tokenizer)
+    stream = TextStream(tokenizer) if tokenizer is not None else None
 
     def show(token, _ms):
-        piece = stream.push(token)
+        piece = stream.push(token) if stream is not None else f"{token} "
         if not args.json and piece:
             print(piece, end="", flush=True)
 
     result = generator.generate(prompt, args.max_new_tokens, sampling, model.eos_ids(), on_token=show)
-    text = tokenizer.decode(result.tokens)
+    text = tokenizer.decode(result.tokens) if tokenizer is not None else None
     if args.json:
         _print_json({"model": model.name, "backend": generator.backend, "prompt_tokens": len(prompt),
                      "tokens": result.tokens, "text": text, "stopped": result.stopped,
                      "prefill_seconds": result.prefill_seconds,
                      "decode_tokens_per_second": result.decode_tokens_per_second,
                      "per_token_ms": result.per_token_ms, "capacity": result.capacity,
+                     "weights_in_bf16": len(generator.bf16_weights()),
                      "adapter": adapter_summary(generator.backend)})
         return 0
-    print(stream.flush(), flush=True)
+    print(stream.flush() if stream is not None else "", flush=True)
     rate = result.decode_tokens_per_second
+    kept = len(generator.bf16_weights())
     print(f"{len(result.tokens)} tokens ({result.stopped}); prefill of {len(prompt)} tokens "
-          f"{1000 * result.prefill_seconds:.1f} ms" + (f", decode {rate:.1f} tokens/s" if rate else ""),
-          file=sys.stderr)
+          f"{1000 * result.prefill_seconds:.1f} ms" + (f", decode {rate:.1f} tokens/s" if rate else "")
+          + (f"; {kept} weights kept in bf16, as the checkpoint stores them" if kept else ""), file=sys.stderr)
     return 0
 
 

@@ -175,7 +175,14 @@ def grid_1d(groups: int) -> tuple[int, int, int]:
 
 
 def _wgsl_type(dtype: str) -> str:
-    return "i32" if dtype == "i32" else "f32"
+    """The WGSL element type of a binding holding a tensor of ``dtype`` (bf16: two to a u32)."""
+    return {"i32": "i32", "bf16": "u32"}.get(dtype, "f32")
+
+
+def stored_load(binding: str, at: str, dtype: str) -> str:
+    """WGSL reading element ``at`` of ``binding``, a tensor of ``dtype``, as a number: a bf16
+    weight's element through its word (common.wgsl's ``bf16_``)."""
+    return f"bf16_({binding}[({at}) >> 1u], {at})" if dtype == "bf16" else f"{binding}[{at}]"
 
 
 def _bindings(names: list[str], types: list[str], out_type: str) -> str:

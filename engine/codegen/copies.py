@@ -8,7 +8,7 @@ import numpy as np
 from ..errors import DeviceError
 from ..graph.ir import Graph, Node
 from ..graph.ops import rope_inverse_frequencies
-from .common import (MAX_WORKGROUPS, PLAIN, WG, Capabilities, Kernel, _finish, _template, _wgsl_type,
+from .common import (MAX_WORKGROUPS, PLAIN, WG, Capabilities, Kernel, _finish, _template, _wgsl_type, stored_load,
                      broadcast_strides, contiguous_strides, f32_bits, grid_1d)
 from .reduction import add_copies
 
@@ -110,8 +110,15 @@ def _copy(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
 def _embedding(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     table = graph[node.inputs[0]]
     meta = [node.size, table.shape[1], table.shape[0]]
-    return _finish("gather:embedding", "gather", "embedding.wgsl", ["table", "ids"], ["f32", "i32"],
-                   "f32", meta, grid_1d(-(-node.size // WG)))
+    return _finish("gather:embedding", "gather", "embedding.wgsl", ["table", "ids"], [_wgsl_type(table.dtype), "i32"],
+                   "f32", meta, grid_1d(-(-node.size // WG)), TABLE_AT=stored_load("table", "at", table.dtype))
+
+
+def _widen(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    """widen.wgsl: a bf16 weight as f32, for a kernel that reads f32 only (a prefill's tiled
+    products), a word (two elements) a thread."""
+    return _finish("copy:widen", "copy", "widen.wgsl", ["in0"], ["u32"], "f32", [node.size],
+                   grid_1d(-(-node.size // (2 * WG))))
 
 
 # ---------------------------------------------------------------- rope, conv, attention

@@ -10,8 +10,8 @@ from .attention_coop import attention_forward, coop_attention_supported, split_p
 from .attention_coop_backward import attention_backward, coop_backward_supported
 from .common import Capabilities, Kernel, PLAIN, UnsupportedOpError
 from .convolution import _conv
-from .copies import _cache_write, _copy, _embedding, _embedding_grad, _rope
-from .matmul import _matmul, _norm_matmuls, _swiglu_matmul
+from .copies import _cache_write, _copy, _embedding, _embedding_grad, _rope, _widen
+from .matmul import _matmul, _norm_matmuls, _swiglu_matmul, vector_reads_bf16
 from .pointwise import POINTWISE_OPS, _pointwise
 from .pooling import _conv_direct, _conv_direct_grad, _max_pool_grad, _pool
 from .reduction import (_LOSS_ROWS, _LOSS_TERMS, _ROW_KERNELS, _ROW_MODES, _argmax, _loss, _row_kernel, _row_reduce,
@@ -37,6 +37,7 @@ _BUILDERS["argmax"] = _argmax
 for _op in ("transpose", "broadcast_to", "slice", "pad", "concat"):
     _BUILDERS[_op] = _copy
 _BUILDERS["embedding"] = _embedding
+_BUILDERS["widen"] = _widen
 _BUILDERS["rope"] = _rope
 _BUILDERS["conv1d"] = _BUILDERS["conv2d"] = _conv
 _BUILDERS["attention"] = _BUILDERS["attention_stats"] = attention_forward
@@ -63,6 +64,19 @@ def unsupported_ops() -> list[str]:
     return sorted(n for n, d in OPS.items() if n not in _BUILDERS and d.archetype not in ("source", "view"))
 
 
+_PRODUCTS = ("matmul", "fused_matmul", "norm_matmul", "swiglu_matmul", "norm_matmuls")
+
+
+def reads_bf16(graph: Graph, node: Node, index: int, caps: Capabilities = PLAIN) -> bool:
+    """Whether ``node``'s kernel reads its operand ``index`` stored as bf16 (widening it as it
+    loads): an embedding's table, a widen's operand, a vector product's weights
+    (``vector_reads_bf16``). Any other reader of a bf16 weight reads it through a widen
+    (engine.optimize.bf16_weights)."""
+    if node.op in _PRODUCTS:
+        return vector_reads_bf16(graph, node, index, caps)
+    return node.op in ("embedding", "widen") and index == 0
+
+
 def kernel_for(graph: Graph, node: Node, caps: Capabilities = PLAIN, sums: str = "") -> Kernel:
     """The kernel that runs ``node`` (one dispatch) on a device with ``caps``; ``sums``
     ("a" or "b", a plain product only): it also adds up that operand's rows (columns)
@@ -72,6 +86,10 @@ def kernel_for(graph: Graph, node: Node, caps: Capabilities = PLAIN, sums: str =
         raise UnsupportedOpError(
             f"no GPU kernel for op {node.op!r} yet ({graph.format_node(node)}); "
             f"run it with the reference backend (--backend reference)")
+    unread = [i for i, x in enumerate(node.inputs) if graph[x].dtype == "bf16" and not reads_bf16(graph, node, i, caps)]
+    if unread:
+        raise UnsupportedOpError(f"{graph.format_node(node)}: its kernel does not read operand {unread[0]} stored "
+                                 f"as bf16; widen it first (engine.optimize.bf16_weights)")
     if node.op == "pointwise":
         for op, _, _ in node.attrs["program"]:
             if op not in POINTWISE_OPS:

@@ -15,7 +15,7 @@ from ..errors import DeviceError
 from ..graph.ir import Graph, Node
 from ..graph.ops import GRADIENT_OF, norm_matmuls_layout
 from .common import (MAX_WORKGROUPS, PLAIN, TILE, WG, Capabilities, Kernel, UnsupportedOpError, _finish, _render,
-                     _thread_xy, contiguous_strides, f32_bits, forward_nodes, grid_1d)
+                     _thread_xy, _wgsl_type, contiguous_strides, f32_bits, forward_nodes, grid_1d, stored_load)
 from .matmul_coop import (COOP, COOP_FRAGMENT, CoopPreset, _coop_subs, _residual_init, coop_scratch_floats,
                           coop_workgroup_bytes)
 from .product_sums import NO_SUMS, sums_binding, sums_finish, sums_fit, sums_subs
@@ -56,24 +56,25 @@ def _fold_batch(out, a_shape, b_shape, extra_shapes):
     return (rows, n_), (rows, a_shape[-1]), pad(b_shape)[-2:], folded
 
 
+def _product_shapes(graph: Graph, node: Node):
+    """(output, A, B, extras) shapes of a product node as its kernel runs it, the batch folded
+    into the rows where it can be (``_fold_batch``); a norm_matmul's inputs are x, w, b:
+    A = x (prologue * w[k], epilogue * rsqrt(mean x^2 + eps)), B = b, no extras."""
+    norm = node.op == "norm_matmul"
+    a, b = graph[node.inputs[0]], graph[node.inputs[2 if norm else 1]]
+    extra_shapes = [] if norm else [tuple(graph[i].shape) for i in node.inputs[2:]]
+    shapes = node.shape, tuple(a.shape), tuple(b.shape), extra_shapes
+    return shapes if norm or node.attrs.get("transpose_a", False) else _fold_batch(*shapes)
+
+
 def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN, sums: str = "") -> Kernel:
     """The kernel of a product node; ``sums`` ("a" or "b", product_sums.py): it also adds
     up that operand's rows (columns), where its tiled kernel can (``Kernel.sums`` says)."""
-    a, b = graph[node.inputs[0]], graph[node.inputs[1]]
     attrs = node.attrs
     ta, tb = attrs.get("transpose_a", False), attrs.get("transpose_b", False)
     norm = node.op == "norm_matmul"
-    if norm:
-        # inputs: x, w, b  ->  A = x (prologue * w[k], epilogue * rsqrt(mean x^2 + eps)), B = b
-        b = graph[node.inputs[2]]
-        extras = []
-    else:
-        extras = [graph[i] for i in node.inputs[2:]]
-    out = node.shape
-    a_shape, b_shape = tuple(a.shape), tuple(b.shape)
-    extra_shapes = [tuple(e.shape) for e in extras]
-    if not norm and not ta:
-        out, a_shape, b_shape, extra_shapes = _fold_batch(out, a_shape, b_shape, extra_shapes)
+    extras = [] if norm else node.inputs[2:]
+    out, a_shape, b_shape, extra_shapes = _product_shapes(graph, node)
     batch = out[:-2]
     m_, n_ = out[-2:]
     k_ = a_shape[-2] if ta else a_shape[-1]
@@ -208,6 +209,7 @@ def _sums_plan(sums: str, variant: str, fetch_a: str, fetch_b: str, m_: int, n_:
 VECTOR_ROWS = 8        # outputs of at most this many rows take the vector kernel
 VECTOR_THREADS = 256
 VECTOR_UNROLL = 8      # K steps a thread loads at once (16 measured the same on the H100)
+VECTOR_UNROLL_BF16 = 16   # ... B in bf16, half the bytes a load (run 51: SmolLM2 598 -> 655 tokens/s with 16, 32 worse)
 VECTOR_COLUMNS = 8     # output columns of a workgroup where B is stored transposed (lanes along K)
 VECTOR_WIDE_COLUMNS = 32   # ... and where B's columns are contiguous: a warp reads 128 bytes of a row
 VECTOR_MIN_SLICE = 256     # K a slice of a split vector product keeps at least
@@ -219,6 +221,20 @@ def vector_rows(m_: int, transpose_a: bool, caps: Capabilities) -> bool:
     kernels (and split K in a second dispatch to fill the GPU). Not for a transposed A
     (weight gradients), nor where ``MEGANEURA_MATMUL`` forces a kernel."""
     return m_ <= VECTOR_ROWS and not transpose_a and caps.knobs.matmul == "auto"
+
+
+def vector_reads_bf16(graph: Graph, node: Node, index: int, caps: Capabilities) -> bool:
+    """Whether product ``node``'s kernel reads its operand ``index`` stored as bf16: a weight
+    (B, SwiGLU's two, norm_matmuls' several) of the few-row vector kernel, widened as it is
+    loaded. Those reads are nearly all of a decode step's bytes; the tiled kernels read f32."""
+    if node.op == "swiglu_matmul":
+        return index in (1, 2)
+    if node.op == "norm_matmuls":
+        return index >= 2
+    if index != (2 if node.op == "norm_matmul" else 1):
+        return False
+    out = _product_shapes(graph, node)[0]
+    return vector_rows(out[-2], node.attrs.get("transpose_a", False), caps)
 
 
 def vector_layout(n_: int, k_: int, nbatch: int, caps: Capabilities, columns_contiguous: bool,
@@ -248,8 +264,7 @@ def vector_layout(n_: int, k_: int, nbatch: int, caps: Capabilities, columns_con
     return cols, min(-(-fill // blocks), most, MATMUL_MAX_SPLITS)
 
 
-_ONE_B = dict(COLUMNS="    let N = m(1u);\n    let wsel = 0u;\n    let wx = wg.x;", OUT_AT="(b * M + row) * N + col",
-              LOAD_B="b_in[{}]")
+_ONE_B = dict(COLUMNS="    let N = m(1u);\n    let wsel = 0u;\n    let wx = wg.x;", OUT_AT="(b * M + row) * N + col")
 
 
 def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: int, nbatch: int, words_b,
@@ -259,20 +274,26 @@ def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: in
     along B's contiguous axis: 32 columns x 8 slices where its columns are contiguous
     (a warp reads 128 bytes of a row), 8 x 32 where K is (B stored transposed). Where
     those workgroups are too few to fill the GPU, K is split (``vector_layout``) and
-    matmul_splits.wgsl adds the slices and applies the epilogue; a single B only
-    (``_ONE_B``), and one batch where the kernel also sums a norm or a second B. ``norm``:
+    matmul_splits.wgsl adds the slices and applies the epilogue; one batch where the
+    kernel also sums a norm or a second B (norm_matmuls: one row). ``norm``:
     A is RMS-normalised (weight ``w_in``, eps in meta word 4), the norm applied to the
     sums before ``common``'s epilogue; ``second``: a second B ``u_in`` (operand 2)
     accumulates into ``v2`` beside ``v``; ``columns``: the template's COLUMNS and OUT_AT
-    and how B is loaded (``_ONE_B``, or norm_matmuls' several Bs over ``workgroups``
-    workgroups)."""
+    and which B (``_ONE_B``, or norm_matmuls' several Bs over ``workgroups`` workgroups,
+    its LAYOUT, its WEIGHTS and where its parts are, INSIDE). A B stored in bf16
+    (engine.optimize.bf16_weights) is widened as it is loaded."""
     columns_contiguous = words_b[-1] == 1
     one_b = columns is _ONE_B
+    stored = {name: graph[i].dtype for name, i in zip(names, node.inputs)}
+    types = [_wgsl_type(stored[name]) if stored[name] == "bf16" else t for name, t in zip(names, types)]
+    weights = columns.get("WEIGHTS", ["b_in"])   # B, or norm_matmuls' Bs (wsel picks one)
+    loads = [{"b": (lambda b: lambda at: stored_load(b, at, stored[b]))(b),
+              "u": lambda at: stored_load("u_in", at, stored.get("u_in", "f32"))} for b in weights]
     k_ = meta[2]
     if one_b:
         cols, splits = vector_layout(n_, k_, nbatch, caps, columns_contiguous, nbatch == 1 or not (norm or second))
     else:
-        cols, splits = VECTOR_COLUMNS, 1
+        cols, splits = columns["LAYOUT"]
     slices = VECTOR_THREADS // cols
     blocks = workgroups or -(-n_ // cols)
     span = -(-k_ // splits)
@@ -283,33 +304,36 @@ def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: in
         raise DeviceError(f"{graph.format_node(node)}: matmul grid {grid} exceeds {MAX_WORKGROUPS} "
                           f"workgroups per dimension")
     meta = [*meta, splits, span]
-    unroll = VECTOR_UNROLL
+    unroll = VECTOR_UNROLL_BF16 if "bf16" in stored.values() else VECTOR_UNROLL
     extra = _vector_extras(m_, slices, norm, second)
     norm_epilogue = extra.pop("NORM_EPILOGUE")
     first, out_at = dict(common, EPILOGUE=norm_epilogue + common["EPILOGUE"]), columns["OUT_AT"]
     if splits > 1:   # raw sums, slice after slice; the epilogue's operands are the finish's
         first = dict(common, EPILOGUE=_split_stores(second, norm, len(meta) - 2),
                      OPERANDS=_render("matmul_operands.wgsl", ACTIVATION="x"))
-        out_at = "wg.y * M * N * m(3u) + (b * M + row) * N + col"
+        out_at = f"wg.y * M * m(1u) * m(3u) + {out_at}"
     k = _finish(f"matmul:{node.op}", "matmul", "matmul_vector.wgsl", names, types, "f32", meta, grid,
                 ROWS=m_, COLS=cols, SLICES=slices, THREADS=VECTOR_THREADS, PARTIAL=m_ * VECTOR_THREADS,
                 COL_OF="t % COLS" if columns_contiguous else "t / SLICES",
                 SLICE_OF="t / COLS" if columns_contiguous else "t % SLICES", UNROLL=unroll, SPAN_WORD=len(meta) - 1,
-                ACCUMULATE=_vector_steps(m_, ["ka"], norm, second, columns["LOAD_B"]),
+                ACCUMULATE=_vector_steps(m_, ["ka"], norm, second, loads),
                 ACCUMULATE_UNROLLED=_vector_steps(m_, [f"(ka + {u}u * SLICES)" for u in range(unroll)], norm, second,
-                                                  columns["LOAD_B"]),
+                                                  loads),
                 COLUMNS=columns["COLUMNS"], OUT_AT=out_at, **extra, **first)
     k.notes["variant"] = f"{m_}-row vector kernel, {cols} columns x {slices} K slices"
     if splits > 1:
-        _split_finish(k, names, meta, m_ * n_ * nbatch, splits, common, norm_epilogue, second, norm)
+        _split_finish(k, names, meta, m_ * n_ * nbatch, splits, common, norm_epilogue, second, norm,
+                      operands=[n for n in names if n not in ("a_in", "u_in", "w_in", *weights)],
+                      inside=columns.get("INSIDE", ""))
     return k
 
 
 def _split_stores(second: bool, norm: bool, splits_word: int) -> str:
     """What a slice of a split vector product writes in its epilogue's place, besides its
     raw sums ``v`` (OUT_AT): its second sums after all the slices' first, then its sums
-    of squares (a row's, from column 0's threads)."""
-    total = "M * N * m(3u)"
+    of squares (a row's, from column 0's threads). ``m(1u)``: all the columns (norm_matmuls'
+    N is one weight's)."""
+    total = "M * m(1u) * m(3u)"
     lines = []
     if second:
         lines.append(f"        out[(m({splits_word}u) + wg.y) * {total} + (b * M + row) * N + col] = v2;")
@@ -320,12 +344,14 @@ def _split_stores(second: bool, norm: bool, splits_word: int) -> str:
 
 
 def _split_finish(k: Kernel, names, meta, total: int, splits: int, common: dict, norm_epilogue: str,
-                  second: bool, norm: bool) -> None:
+                  second: bool, norm: bool, operands: list[str], inside: str = "") -> None:
     """The second dispatch of a split vector product (matmul_splits.wgsl): the slices'
     sums added, their second sums and sums of squares where it has them, then the
-    norm and ``common``'s epilogue; bound to the partials and the epilogue's operands."""
-    extras = [i for i, name in enumerate(names) if name not in ("a_in", "b_in", "u_in", "w_in")]
-    sums = ["    let K = m(2u);"]
+    norm and ``common``'s epilogue; bound to the partials and the epilogue's ``operands``.
+    ``inside``: where the result's elements are (norm_matmuls' parts, between which its
+    packed result has gaps that no slice writes): the rest are written 0."""
+    extras = [names.index(name) for name in operands]
+    sums = ["    let K = m(2u);"] + ([f"    if (!({inside})) {{ v = 0.0; }}"] if inside else [])
     if second:
         sums += ["    var v2 = 0.0;",
                  "    for (var p = 0u; p < splits; p = p + 1u) { v2 = v2 + partials[(splits + p) * total + i]; }"]
@@ -343,14 +369,23 @@ def _split_finish(k: Kernel, names, meta, total: int, splits: int, common: dict,
     k.notes["variant"] += f", K split {splits} ways"
 
 
-def _vector_steps(rows: int, ks: list[str], norm: bool, second: bool, load_b: str = "b_in[{}]") -> str:
+def _vector_steps(rows: int, ks: list[str], norm: bool, second: bool, loads: list[dict]) -> str:
     """The vector kernel's loads and sums for K steps ``ks``: their loads first, all
-    independent, then the sums (each A value once, squared too for a norm)."""
+    independent, then the sums (each A value once, squared too for a norm). ``loads``:
+    B's and the second B's load of an element, as functions of its index; with several Bs
+    (norm_matmuls), the steps of each in a case of a switch on ``wsel``, so that each
+    case's loads are straight-line reads of one binding."""
+    if len(loads) > 1:
+        cases = [f"case {i}u: {{\n" if i else "default: {\n" for i in range(len(loads))]
+        body = [case + _vector_steps(rows, ks, norm, second, [load]) + "\n            }"
+                for case, load in zip(cases, loads)]
+        return "            switch wsel {\n            " + "\n            ".join(body[1:] + body[:1]) + "\n            }"
+    load_b, load_u = loads[0]["b"], loads[0]["u"]
     lines = []
     for u, k in enumerate(ks):
-        lines.append(f"let bv{u} = {load_b.format(f'b0 + {k} * sbk + col_b * sbn')};")
+        lines.append(f"let bv{u} = {load_b(f'b0 + {k} * sbk + col_b * sbn')};")
         if second:
-            lines.append(f"let uv{u} = u_in[u0 + {k} * suk + col_b * sun];")
+            lines.append(f"let uv{u} = {load_u(f'u0 + {k} * suk + col_b * sun')};")
         for r in range(rows):
             lines.append(f"let a{r}_{u} = a_in[a0 + {r}u * sam + {k} * sak];")
     for r in range(rows):
@@ -413,7 +448,10 @@ def _norm_matmuls(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kerne
     into its place in the packed result (norm_matmuls_layout): a decode step's q, k and v
     projections, which were three dispatches each taking the norm again. Workgroup x
     belongs to one weight (the first ceil(N_0 / COLS) to w_0, and so on), so a
-    workgroup's loads all come from one binding."""
+    workgroup's loads all come from one binding. Columns and K slices as one product of
+    all the columns (``vector_layout``; K split for one row only). Run 51, Llama-3.2-1B's
+    decode with bf16 weights: 8 columns and K whole read its q, k and v at 0.3 TB/s (96
+    workgroups of 32 columns would not fill the GPU either); split, 443 -> 497 tokens/s."""
     x, _, *weights = (graph[i] for i in node.inputs)
     tb = node.attrs["transpose_b"]
     rows, k_ = math.prod(x.shape[:-1]), x.shape[-1]
@@ -422,19 +460,20 @@ def _norm_matmuls(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kerne
                                  f"({rows} rows, at most {VECTOR_ROWS}, and no MEGANEURA_MATMUL forced)")
     shapes, offsets, _ = norm_matmuls_layout(x.shape, [w.shape for w in weights], tb)
     widths = [shape[-1] for shape in shapes]
-    blocks = [-(-n // VECTOR_COLUMNS) for n in widths]
+    cols, splits = vector_layout(sum(widths), k_, 1, caps, not tb, rows == 1)
+    blocks = [-(-n // cols) for n in widths]
     words = [[1, k_] if tb else [n, 1] for n in widths]    # each weight's strides of (k, n)
-    meta = [rows, sum(widths), k_, 1, f32_bits(node.attrs["eps"]), k_, 1] + [w for pair in words for w in pair]
+    # N (meta word 1): the packed result's elements a row, gaps between the parts included (what a split's finish covers)
+    meta = [rows, node.size // rows, k_, 1, f32_bits(node.attrs["eps"]), k_, 1] + [w for pair in words for w in pair]
     bs = ["b_in"] + [f"b{i}_in" for i in range(1, len(weights))]
     select = ["    var wsel = 0u;", "    var wx = wg.x;", f"    var N = {widths[0]}u;", "    var out0 = 0u;"]
     select += [f"    if (wsel == {i - 1}u && wx >= {blocks[i - 1]}u) {{ wsel = {i}u; wx = wx - {blocks[i - 1]}u; "
                f"N = {widths[i]}u; out0 = {offsets[i]}u; }}" for i in range(1, len(weights))]
-    cases = "\n".join(f"        case {i}u: {{ return {b}[at]; }}" for i, b in enumerate(bs) if i)
-    common = dict(BR=0, OPERANDS=_render("matmul_operands.wgsl", ACTIVATION="x") +
-                  f"\n\nfn weight(w: u32, at: u32) -> f32 {{\n    switch w {{\n{cases}\n"
-                  f"        default: {{ return b_in[at]; }}\n    }}\n}}", EPILOGUE="")
-    columns = dict(COLUMNS="\n".join(select), OUT_AT="out0 + row * N + col", LOAD_B="weight(wsel, {})")
-    kernel = _vector_kernel(graph, node, ["a_in", "w_in", *bs], ["f32"] * (2 + len(bs)), meta, rows, sum(widths), 1,
+    common = dict(BR=0, OPERANDS=_render("matmul_operands.wgsl", ACTIVATION="x"), EPILOGUE="")
+    inside = " || ".join(f"(i >= {at}u && i < {at + n}u)" for at, n in zip(offsets, widths))
+    columns = dict(COLUMNS="\n".join(select), OUT_AT="out0 + row * N + col", LAYOUT=(cols, splits), INSIDE=inside,
+                   WEIGHTS=bs)
+    kernel = _vector_kernel(graph, node, ["a_in", "w_in", *bs], ["f32"] * (2 + len(bs)), meta, rows, meta[1], 1,
                             words[0], common, norm=True, columns=columns, workgroups=sum(blocks))
     kernel.notes["variant"] += f", {len(weights)} weights ({' + '.join(map(str, widths))} columns)"
     return kernel

@@ -24,6 +24,10 @@ from ..errors import GraphError, ShapeError
 from .ops import OPS, OpShapeError, TensorType
 
 DTYPES = {"f32": np.float32, "i32": np.int32}
+# Bytes an element of each dtype takes in memory. bf16 is a storage type only: a parameter
+# kept as the upper halves of its f32 values (exactly, engine.optimize.bf16_weights), which
+# the kernels reading it widen back to f32.
+ITEMSIZE = {"f32": 4, "i32": 4, "bf16": 2}
 FORMAT_VERSION = 1
 
 
@@ -51,7 +55,7 @@ class Node:
 
     @property
     def nbytes(self) -> int:
-        return 4 * self.size
+        return ITEMSIZE[self.dtype] * self.size
 
     @property
     def label(self) -> str:
@@ -169,11 +173,15 @@ class Graph:
         return self.inputs[name]
 
     def parameter(self, name: str, shape: Sequence[int], init: dict | None = None,
-                  trainable: bool = True, decay: bool | None = None) -> int:
+                  trainable: bool = True, decay: bool | None = None, dtype: str = "f32") -> int:
         """A learned tensor. ``init`` describes how to initialise it (see engine.nn);
-        ``decay`` says whether weight decay applies (default: only for rank >= 2)."""
+        ``decay`` says whether weight decay applies (default: only for rank >= 2);
+        ``dtype`` how it is stored (f32, or bf16 for a weight an inference plan reads
+        halved, ``engine.optimize.bf16_weights``)."""
         self._check_new_name(name, self.parameters)
-        self.parameters[name] = self._append("parameter", (), TensorType(tuple(shape)), {}, name)
+        if dtype not in ("f32", "bf16"):
+            raise GraphError(f"parameter {name!r}: dtype must be f32 or bf16, found {dtype!r}")
+        self.parameters[name] = self._append("parameter", (), TensorType(tuple(shape), dtype), {}, name)
         self.param_meta[name] = {"init": init or {}, "trainable": trainable,
                                  "decay": len(shape) >= 2 if decay is None else decay}
         return self.parameters[name]
@@ -498,7 +506,7 @@ class Graph:
                 elif op == "parameter":
                     meta = d["param_meta"].get(pnames[i], {})
                     g.parameter(pnames[i], nd["shape"], meta.get("init"), meta.get("trainable", True),
-                                meta.get("decay"))
+                                meta.get("decay"), nd["dtype"])
                 elif op == "constant":
                     c = consts[i]
                     arr = np.frombuffer(base64.b64decode(c["data"]), dtype=c["dtype"]).reshape(c["shape"])

@@ -17,7 +17,8 @@ from .ops import OPS
 
 def check_array(kind: str, name: str, arr, node, float_dtype=np.float32) -> np.ndarray:
     """``arr`` as the value of a graph input or parameter ``node``: its shape, and integers for
-    an i32 node (as int32), else floats of ``float_dtype``; ShapeError otherwise."""
+    an i32 node (as int32), else floats of ``float_dtype`` (bf16 values for a bf16 node: a tensor
+    stored in bf16 is kept exactly or not at all); ShapeError otherwise."""
     arr = np.asarray(arr)
     if tuple(arr.shape) != node.shape:
         raise ShapeError(f"{kind} {name!r}: expected shape {list(node.shape)}, found {list(arr.shape)}")
@@ -25,7 +26,21 @@ def check_array(kind: str, name: str, arr, node, float_dtype=np.float32) -> np.n
         if not np.issubdtype(arr.dtype, np.integer):
             raise ShapeError(f"{kind} {name!r}: expected integers (i32), found {arr.dtype}")
         return arr.astype(np.int32)
+    if node.dtype == "bf16" and not bf16_exact(arr):
+        raise ShapeError(f"{kind} {name!r} is stored as bf16, but its values are not all bf16 values")
     return arr.astype(float_dtype)
+
+
+def bf16_exact(arr: np.ndarray) -> bool:
+    """Whether every value of ``arr`` is a bf16 value (as a checkpoint stored in bf16 gives,
+    widened): the lower 16 bits of each f32 are zero."""
+    bits = np.ascontiguousarray(arr, np.float32).reshape(-1).view(np.uint16)
+    return not bits[0::2].any()   # little-endian: the lower half first
+
+
+def bf16_bits(arr) -> np.ndarray:
+    """The bf16 bit patterns (uint16) of bf16 values held as f32 (``bf16_exact``)."""
+    return (np.ascontiguousarray(arr, np.float32).view(np.uint32) >> 16).astype(np.uint16)
 
 
 def evaluate(graph: Graph, inputs: Mapping[str, np.ndarray], params: Mapping[str, np.ndarray],

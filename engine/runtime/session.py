@@ -26,7 +26,7 @@ from .device import (_limit, backend, device_capabilities, device_guard, get_dev
                      offered_capabilities, shader_checks, shader_module, wgpu_module)
 from ..errors import DeviceError, MeganeuraError, ShapeError
 from ..graph.ir import Graph
-from ..graph.reference import check_array
+from ..graph.reference import bf16_bits, check_array
 
 _NP = {"f32": np.float32, "i32": np.int32}
 
@@ -266,6 +266,8 @@ class Session:
 
     def _write(self, node_id: int, arr: np.ndarray):
         data = np.ascontiguousarray(arr)
+        if self.graph[node_id].dtype == "bf16":   # whole 4-byte words, as WebGPU writes them
+            data = np.concatenate([bf16_bits(data).reshape(-1), np.zeros(data.size % 2, np.uint16)])
         if data.nbytes:
             buffer, offset = self._locate(node_id)
             with device_guard("uploading a tensor", self.device):
@@ -286,7 +288,10 @@ class Session:
             return np.zeros(node.shape, dtype=_NP[node.dtype])
         buffer, offset = self._locate(node.id)
         with device_guard("reading a tensor back", self.device):
-            raw = self.device.queue.read_buffer(buffer, offset, node.nbytes)
+            raw = self.device.queue.read_buffer(buffer, offset, -(-node.nbytes // 4) * 4)
+        if node.dtype == "bf16":
+            bits = np.frombuffer(raw, np.uint16, count=node.size).astype(np.uint32) << 16
+            return bits.view(np.float32).reshape(node.shape)
         return np.frombuffer(raw, dtype=_NP[node.dtype], count=node.size).reshape(node.shape).copy()
 
     # ------------------------------------------------------------ public API

@@ -31,6 +31,7 @@ import numpy as np
 
 from ..errors import MeganeuraError
 from ..graph.kv_cache import CACHE_PREFIX, NEXT_ID
+from ..optimize.bf16_weights import bf16_candidates, direct_readers, store_weights_bf16
 
 MIN_CAPACITY = 256
 MAX_PREFILLS = 4     # prefill sessions (one per prompt length) a generator keeps
@@ -153,18 +154,32 @@ class _GpuSteps:
     weights and caches, prefill sessions per prompt length sharing them."""
 
     def __init__(self, model, params: Mapping[str, np.ndarray], capacity: int):
+        from ..codegen import reads_bf16
+        from ..runtime.device import device_capabilities, get_device
         self.model, self.capacity = model, capacity
         self.reports: dict[str, tuple] = {}   # "prefill" / "decode" -> (OptimizeReport, few-row fusions)
-        self.decode = self._build(model.generation_graph(1, capacity, prefill=False), "decode")
+        caps = device_capabilities(get_device())
+        self._reads_bf16 = lambda graph, node, i: reads_bf16(graph, node, i, caps)
+        self.bf16: set[str] = set()   # the weights kept in bf16 (engine.optimize.bf16_weights)
+        decode = self._optimized(model.generation_graph(1, capacity, prefill=False), "decode")
+        if caps.knobs.bf16_weights:
+            used = {k: v for k, v in params.items() if k in decode.parameters}
+            self.bf16 = direct_readers(decode, bf16_candidates(used), self._reads_bf16)
+        self.decode = self._build(decode)
         self.decode.set_parameters({k: v for k, v in params.items() if k in self.decode.graph.parameters})
         self.prefills: dict[int, object] = {}
         self.readback = self._readback_buffer(self.decode)
         self.id_readbacks = None   # greedy's two batches of ids in flight, made on first use
 
-    def _build(self, graph, phase: str, share_with=None):
-        from ..runtime.session import build_inference_session
+    def _optimized(self, graph, phase: str):
         graph, report, few = optimize_generation(graph)
         self.reports[phase] = (report, few)
+        return graph
+
+    def _build(self, graph, share_with=None):
+        """A session of an optimized generation graph, the weights in ``bf16`` stored so."""
+        from ..runtime.session import build_inference_session
+        graph, _ = store_weights_bf16(graph, self.bf16, self._reads_bf16)
         return build_inference_session(graph, share_with=share_with, optimize=False)
 
     def _readback_buffer(self, session):
@@ -180,8 +195,8 @@ class _GpuSteps:
         if seq not in self.prefills:
             if len(self.prefills) >= MAX_PREFILLS:   # each holds its own intermediates: keep the recent ones
                 del self.prefills[next(iter(self.prefills))]
-            graph = self.model.generation_graph(seq, self.capacity, prefill=True)
-            self.prefills[seq] = self._build(graph, "prefill", share_with=self.decode)
+            graph = self._optimized(self.model.generation_graph(seq, self.capacity, prefill=True), "prefill")
+            self.prefills[seq] = self._build(graph, share_with=self.decode)
         return self.prefills[seq]
 
     def run(self, ids: Sequence[int], start: int, prefill: bool) -> np.ndarray:
@@ -315,6 +330,11 @@ class Generator:
             kind = _GpuSteps if self.backend == "gpu" else _ReferenceSteps
             self._steps = {capacity: kind(self.model, self.params, capacity)}  # one capacity's buffers at a time
         return self._steps[capacity]
+
+    def bf16_weights(self) -> set[str]:
+        """The weights the GPU sessions keep in bf16, as the checkpoint stored them
+        (engine.optimize.bf16_weights); none on the reference backend or before a generation."""
+        return set().union(*(getattr(steps, "bf16", set()) for steps in self._steps.values()))
 
     def runs_ahead(self, sampling: Sampling) -> bool:
         """Whether decoding runs ahead on the GPU (greedy there): the ids then come back

@@ -874,3 +874,13 @@ def embedding_ref(table, ids):
 
 
 defop("embedding", GATHER, _embedding_shape, embedding_ref, doc="rows of table [vocab, dim] picked by i32 ids")
+
+
+def _widen_shape(ts, a):
+    if ts[0].dtype != "bf16":
+        _fail(f"widen reads a tensor stored as bf16, found {ts[0].dtype}")
+    return TensorType(ts[0].shape)
+
+
+defop("widen", COPY, _widen_shape, lambda x: np.asarray(x, np.float32),
+      doc="a weight stored as bf16 as f32 (exact), for a kernel that reads f32 only")

@@ -76,8 +76,9 @@ def broadcast_shapes(*shapes: Shape) -> Shape:
 
 
 def _require_float(ts: list[TensorType], what="operand"):
+    """f32, or a weight stored as bf16 (which only kernels that widen it as they read see)."""
     for i, t in enumerate(ts):
-        if t.dtype != "f32":
+        if t.dtype not in ("f32", "bf16"):
             _fail(f"{what} {i} must be f32, found {t.dtype}")
 
 

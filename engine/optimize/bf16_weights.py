@@ -1,0 +1,72 @@
+"""Weights kept in bf16 for generation: half the bytes a decode step reads, exactly.
+
+Most checkpoints on the Hub are stored in bf16, which the importer widens to f32. A decode
+step reads every weight once and little else, so its time is the weights' bytes over the
+memory bandwidth: kept as the bf16 they were, they are half the bytes, and the same
+numbers (a bf16 value is an f32 whose lower 16 bits are zero). Kernels that read them
+(the vector products, the embedding gather: ``codegen.reads_bf16``) widen each element
+as they load it and compute in f32 as before, so the results are the f32 results, bit
+for bit. Other readers (a prefill's tiled products) read a ``widen`` of the weight, an
+f32 copy made in the step.
+
+The caller chooses the weights (``bf16_candidates``: their values must all be bf16
+values) and gives the predicate of the kernels that read bf16; this module knows no
+kernels.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Mapping
+
+import numpy as np
+
+from ..graph.ir import Graph, Node
+from ..graph.ops import TensorType
+from ..graph.reference import bf16_exact
+
+ReadsBf16 = Callable[[Graph, Node, int], bool]
+
+
+def bf16_candidates(params: Mapping[str, np.ndarray]) -> set[str]:
+    """The weights that can be stored in bf16: matrices (of an even count, whole u32 words)
+    whose values are all bf16 values, so that nothing is rounded."""
+    return {name for name, value in params.items()
+            if np.ndim(value) == 2 and np.size(value) % 2 == 0 and bf16_exact(value)}
+
+
+def direct_readers(graph: Graph, names: Iterable[str], reads_bf16: ReadsBf16) -> set[str]:
+    """Those of parameters ``names`` that every reader in ``graph`` reads in bf16 itself: in
+    a decode step, a weight a widen would copy on every step is better left in f32."""
+    users = graph.users()
+    return {name for name in names if name in graph.parameters
+            and all(reads_bf16(graph, graph[u], i) for u in users[graph.parameters[name]]
+                    for i, x in enumerate(graph[u].inputs) if x == graph.parameters[name])}
+
+
+def store_weights_bf16(graph: Graph, names: Iterable[str], reads_bf16: ReadsBf16) -> tuple[Graph, int]:
+    """``graph`` with parameters ``names`` stored as bf16: readers that ``reads_bf16`` read
+    them so, the others a ``widen`` of them (one per weight, made where first needed).
+    Returns the graph and how many readers read a widen."""
+    names = {n for n in names if n in graph.parameters}
+    if not names:
+        return graph, 0
+    stored = {graph.parameters[n] for n in names}
+    users = graph.users()
+    widened = {u for p in stored for u in users[p]   # readers (old ids) that read a widen
+               if not all(reads_bf16(graph, graph[u], i) for i, x in enumerate(graph[u].inputs) if x == p)}
+    widen_of: dict[int, int] = {}
+
+    def stand_in(g: Graph, n: Node, remap: dict[int, int]):
+        if n.id in stored:
+            return g._append("parameter", (), TensorType(n.shape, "bf16"), {}, n.name, n.modules)
+        if n.id not in widened:
+            return None
+        for x in n.inputs:
+            if x in stored and x not in widen_of:
+                widen_of[x] = g._append("widen", (remap[x],), TensorType(graph[x].shape), {}, f"{graph[x].name}:f32",
+                                        n.modules)
+        inputs = tuple(widen_of.get(x, remap[x]) for x in n.inputs)
+        return g._append(n.op, inputs, TensorType(n.shape, n.dtype), n.attrs, n.name, n.modules)
+
+    new, _ = graph.rebuild(stand_in=stand_in)
+    return new, len(widened)

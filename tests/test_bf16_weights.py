@@ -1,0 +1,189 @@
+"""Weights kept in bf16 for generation (engine.optimize.bf16_weights): only where every value
+is a bf16 value, read by the vector products and the embedding gather as they are, by
+other kernels through a widen; the results are the f32 weights' results, bit for bit."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from engine.codegen import UnsupportedOpError, kernel_for, reads_bf16
+from engine.errors import ShapeError
+from engine.graph import reference
+from engine.graph.ir import Graph
+from engine.importers.hf import load_checkpoint
+from engine.optimize.bf16_weights import bf16_candidates, direct_readers, store_weights_bf16
+from engine.runtime.device import device_capabilities
+from engine.runtime.session import Session
+from engine.train.generation import Generator
+
+from llama_checkpoint import llama_relative
+
+
+def bf16_values(rng, *shape, scale=1.0) -> np.ndarray:
+    """Random f32 values that bf16 holds exactly (the lower 16 bits zero)."""
+    x = (rng.standard_normal(shape) * scale).astype(np.float32)
+    return (x.view(np.uint32) & 0xFFFF0000).view(np.float32)
+
+
+def predicate(caps=None):
+    caps = caps or device_capabilities()
+    return lambda graph, node, i: reads_bf16(graph, node, i, caps)
+
+
+def products_graph(k: int, n: int) -> Graph:
+    """Every vector product that reads a weight (plain with an epilogue, B transposed,
+    SwiGLU's two, a norm's, norm_matmuls' three) and a product of 64 rows, which reads f32."""
+    g = Graph("bf16 products")
+    x, nw = g.input("x", (1, 2, k)), g.input("nw", (k,))
+    w, wt, wu = g.parameter("w", (k, n)), g.parameter("wt", (n, k)), g.parameter("wu", (k, n))
+    qkv = [g.parameter(f"p{i}", (k, width)) for i, width in enumerate((70, 34, 34))]
+    g.output("fused", g.apply("fused_matmul", x, w, g.input("bias", (n,)), g.input("res", (1, 2, n)),
+                              activation="gelu", has_add=True, has_residual=True))
+    g.output("transposed", g.matmul(x, wt, transpose_b=True))
+    g.output("swiglu", g.apply("swiglu_matmul", x, w, wu, nw, transpose_b=False, eps=1e-5))
+    g.output("norm", g.apply("norm_matmul", x, nw, wt, eps=1e-5, transpose_b=True))
+    g.output("packed", g.apply("norm_matmuls", x, nw, *qkv, transpose_b=False, eps=1e-5))
+    g.output("tall", g.matmul(g.input("rows", (64, k)), w))
+    return g
+
+
+def run(graph, caps, inputs, params):
+    session = Session(graph, capabilities=caps)
+    session.set_inputs(inputs)
+    session.set_parameters(params)
+    session.run()
+    return session, {name: session.read_output(name) for name in graph.outputs}
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_vector_products_read_bf16_weights_exactly(splits, configure):
+    """The same outputs, bit for bit, from the weights stored in bf16 as from them in f32,
+    whole and with K in 3 slices (matmul_splits.wgsl adding them), and the reference's."""
+    configure(matmul_splits=splits)
+    caps = device_capabilities()
+    caps = dataclasses.replace(caps, tuning=dataclasses.replace(caps.tuning, vector_small_kib=1))
+    rng = np.random.default_rng(splits)
+    k, n = 1300, 70
+    g = products_graph(k, n)
+    inputs = {name: rng.standard_normal(g.shape(i)).astype(np.float32) for name, i in g.inputs.items()}
+    params = {name: bf16_values(rng, *g.shape(i)) for name, i in g.parameters.items()}
+    stored, widened = store_weights_bf16(g, params, predicate(caps))
+    assert widened == 1   # the 64-row product reads w through a widen
+    assert [stored[i].dtype for i in stored.parameters.values()] == ["bf16"] * 6
+    session, got = run(stored, caps, inputs, params)
+    _, want = run(g, caps, inputs, params)
+    for name in g.outputs:
+        assert np.array_equal(got[name], want[name]), name
+    expected = reference.run(g, inputs, params)
+    for name in g.outputs:   # SwiGLU: silu of one sum times another (test_vector_products_split_along_k)
+        bound = (1e-5 if name == "swiglu" else 2e-6) * np.abs(expected[name]).max()
+        assert np.abs(got[name] - expected[name]).max() <= bound, name
+    assert "32 columns x 8 K slices, 3 weights" in next(d.variant for d in session.plan.dispatches
+                                                        if d.kernel.startswith("norm_matmuls"))
+    split = [d for d in session.plan.dispatches if "vector kernel" in d.variant and "K split" in d.variant]
+    assert len(split) == (0 if splits == 1 else 4)   # norm_matmuls keeps K whole
+    weights = {b.names[0]: b.nbytes for b in session.plan.buffers if b.kind == "parameter"}
+    assert weights["w"] == -(-2 * k * n // 256) * 256
+    assert session.get_parameter("wt").tobytes() == params["wt"].tobytes()
+
+
+def test_kernels_that_read_f32_refuse_a_bf16_operand():
+    """A tiled product, a copy: codegen names the operand rather than read its words as floats."""
+    g = Graph("refused")
+    w = g.parameter("w", (8, 16), dtype="bf16")
+    tall = g.matmul(g.input("x", (64, 8)), w)
+    g.output("y", tall)
+    g.output("t", g.transpose(w, (1, 0)))
+    caps = device_capabilities()
+    for node in (g[tall], g[g.outputs["t"]]):
+        assert not reads_bf16(g, node, node.inputs.index(w), caps)
+        with pytest.raises(UnsupportedOpError, match="stored as bf16; widen it first"):
+            kernel_for(g, node, caps)
+
+
+def test_only_exact_matrices_are_candidates_and_a_decode_keeps_widened_ones_in_f32():
+    rng = np.random.default_rng(0)
+    exact = bf16_values(rng, 4, 6)
+    rounded = exact.copy()
+    rounded[2, 3] = np.float32(1.0) + np.float32(2.0 ** -10)   # one value bf16 cannot hold
+    params = {"exact": exact, "rounded": rounded, "vector": bf16_values(rng, 6), "odd": bf16_values(rng, 3, 5)}
+    assert bf16_candidates(params) == {"exact"}
+    g = Graph("readers")
+    x = g.input("x", (1, 4))
+    a, b = g.parameter("a", (4, 6)), g.parameter("b", (4, 6))
+    g.output("y", g.add(g.matmul(x, a), g.matmul(g.input("rows", (64, 4)), b)))
+    assert direct_readers(g, {"a", "b"}, predicate()) == {"a"}
+
+
+def test_a_bf16_parameter_takes_bf16_values_only():
+    g = Graph("upload")
+    w = g.parameter("w", (4, 6), dtype="bf16")
+    g.output("y", g.matmul(g.input("x", (1, 4)), w))
+    session = Session(g)
+    with pytest.raises(ShapeError, match="'w' is stored as bf16, but its values are not all bf16 values"):
+        session.set_parameter("w", np.full((4, 6), 0.1, np.float32))
+    value = bf16_values(np.random.default_rng(1), 4, 6)
+    session.set_parameter("w", value)
+    assert session.get_parameter("w").tobytes() == value.tobytes()
+
+
+@pytest.fixture(scope="module")
+def bf16_llama(tmp_path_factory):
+    """A tiny Llama saved in bf16, as most checkpoints on the Hub are."""
+    import torch
+    path = tmp_path_factory.mktemp("bf16-llama")
+    llama_relative("Llama", 3, tie_word_embeddings=True).to(torch.bfloat16).save_pretrained(path)
+    return load_checkpoint(path, {})
+
+
+def test_a_bf16_checkpoint_generates_as_in_f32_bit_for_bit(bf16_llama, configure):
+    """Its weights stay bf16 on the GPU (half the bytes), and the logits of a prefill and of
+    decode steps, and greedy ids, equal those of the same weights in f32."""
+    model = bf16_llama
+    params = model.init_params()
+    prompt = [3, 17, 9, 44, 101, 5, 60]
+    results = {}
+    for kept in (True, False):
+        configure(bf16_weights=kept)
+        generator = Generator(model, params)
+        steps = generator.steps(generator.check(prompt, 6))
+        logits = [steps.run(prompt, 0, prefill=True)] + [steps.run([t], len(prompt) + j, prefill=False)
+                                                         for j, t in enumerate((7, 8, 9))]
+        weight_bytes = sum(b.nbytes for b in steps.decode.plan.buffers if b.kind == "parameter")
+        results[kept] = logits, generator.generate(prompt, 6).tokens, weight_bytes, steps.bf16
+    (logits, ids, nbytes, kept), (logits32, ids32, nbytes32, none) = results[True], results[False]
+    matrices = {name for name, value in params.items() if value.ndim == 2}
+    assert kept == matrices and not none
+    assert all(np.array_equal(a, b) for a, b in zip(logits, logits32))
+    assert ids == ids32
+    assert nbytes < 0.6 * nbytes32
+    expected = Generator(model, params, backend="reference").steps(256).run(prompt, 0, prefill=True)
+    assert np.abs(logits[0] - expected).max() <= 1e-4 * np.abs(expected).max()
+
+
+def test_a_checkpoint_in_f32_keeps_its_weights_in_f32(tmp_path):
+    model = load_checkpoint(llama_relative("Llama", 4).save_pretrained(tmp_path) or tmp_path, {})
+    generator = Generator(model, model.init_params())
+    steps = generator.steps(256)
+    assert steps.bf16 == set()
+    assert all(steps.decode.graph[i].dtype == "f32" for i in steps.decode.graph.parameters.values())
+
+
+def test_cli_generate_says_how_many_weights_stay_bf16(bf16_llama, capsys, configure):
+    from engine.cli import main
+    argv = ["generate", str(bf16_llama.folder), "--prompt-ids", "3,17,9", "--max-new-tokens", "3", "--backend", "gpu"]
+    assert main(argv + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["weights_in_bf16"] == sum(v.ndim == 2 for v in bf16_llama.init_params().values())
+    assert out["text"] is None and len(out["tokens"]) == 3   # no tokenizer, a vocabulary of 120: ids in, ids out
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert captured.out.split() == [str(t) for t in out["tokens"]]
+    assert f"; {out['weights_in_bf16']} weights kept in bf16, as the checkpoint stores them" in captured.err
+    configure(bf16_weights=False)
+    assert main(argv + ["--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["weights_in_bf16"] == 0
