@@ -85,9 +85,11 @@ SHAPES = {
 }
 
 
-def random_checkpoint(shape: str, quick: bool):
+def random_checkpoint(shape: str, quick: bool, weights: str = "f32"):
     """(transformers model, its folder, config fields, title): random weights of ``shape``'s
-    config (``--quick``: the family at TINY's sizes) written with save_pretrained."""
+    config (``--quick``: the family at TINY's sizes) written with save_pretrained, in f32
+    or (``weights`` "bf16") rounded to bf16 and stored so, as most checkpoints on the Hub
+    are; the model returned holds the same values in f32."""
     title, family, cfg = SHAPES[shape]
     if quick:
         cfg, title = TINY, f"tiny {family} (--quick)"
@@ -95,9 +97,14 @@ def random_checkpoint(shape: str, quick: bool):
     config = getattr(transformers, f"{family}Config")(**cfg)
     hf = getattr(transformers, f"{family}ForCausalLM")(config).eval()
     folder = Path(tempfile.mkdtemp(prefix=f"bench-{family.lower()}-"))
-    hf.save_pretrained(folder)
+    if weights == "bf16":   # read back as a user would: hf.float() would keep RoPE's inv_freq rounded to bf16
+        hf.to(torch.bfloat16).save_pretrained(folder)
+        hf = getattr(transformers, f"{family}ForCausalLM").from_pretrained(folder, dtype=torch.float32).eval()
+    else:
+        hf.save_pretrained(folder)
     n_params = sum(t.numel() for t in hf.parameters())
-    return hf, folder, cfg, title if quick else f"{title} ({n_params / 1e6:.1f} M parameters, random weights)"
+    return hf, folder, cfg, (title if quick else f"{title} ({n_params / 1e6:.1f} M parameters, random weights") + \
+        f"{' (' if quick else ', '}stored in {weights})"
 
 
 def wall_ms(fn, steps, sync, warmup=2) -> float:

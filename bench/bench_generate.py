@@ -1,7 +1,9 @@
 """Greedy generation with the KV cache, ours against transformers' ``generate`` on the same
 GPU in one process: a SmolLM2-135M-shaped Llama (random weights from its config, written
-with ``save_pretrained`` and opened from the folder; ``--shape`` picks a Qwen2.5-0.5B- or
-Qwen3-0.6B-shaped one instead) and the built-in gpt-tiny.
+with ``save_pretrained`` and opened from the folder; ``--shape`` picks another family's
+shape) and the built-in gpt-tiny. The checkpoint is stored in bf16, as most on the Hub
+are (``--weights f32``: in f32); we keep such weights in bf16 for generation, exactly,
+and transformers reads them as the dtype of its row.
 
     python3 bench/bench_generate.py            # the SmolLM2-135M shape (meant for a real GPU)
     python3 bench/bench_generate.py --shape qwen2.5-0.5b
@@ -58,6 +60,8 @@ def ours(model, prompt, new, calls):
     t = time.perf_counter()
     gen.generate(prompt, new, Sampling())
     build_s = time.perf_counter() - t
+    steps = gen.steps(gen.check(prompt, new))
+    log(f"weights kept in bf16: {len(steps.bf16)} of {len(steps.decode.graph.parameters)}")
     prefills, rates, ids = [], [], None
     for _ in range(calls):
         r = gen.generate(prompt, new, Sampling())
@@ -133,12 +137,14 @@ def main(argv=None) -> int:
     p.add_argument("--no-peers", action="store_true", help="leave transformers out (quick iterations)")
     p.add_argument("--compile", action="store_true", help="time transformers' compiled decode under --quick too")
     p.add_argument("--no-compile", action="store_true", help="leave transformers' compiled decode out")
+    p.add_argument("--weights", choices=("bf16", "f32"), default="bf16",
+                   help="how the checkpoint stores its weights (default bf16, as most on the Hub; we keep them so)")
     args = p.parse_args(argv)
     global PROFILE
     PROFILE = args.profile
     prompt_len, new, calls = (16, 8, 1) if args.quick else (args.prompt, args.new, args.calls)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    hf, folder, cfg, title = random_checkpoint(args.shape, args.quick)
+    hf, folder, cfg, title = random_checkpoint(args.shape, args.quick, args.weights)
     prompt = np.random.default_rng(0).integers(0, cfg["vocab_size"], prompt_len).tolist()
 
     rows, failed = [], []
@@ -161,7 +167,7 @@ def main(argv=None) -> int:
     base = fp32[2] if fp32 else o_rate
     match = next((i for i, (a, b) in enumerate(zip(o_ids, fp32[3])) if a != b), len(o_ids)) if fp32 else 0
     from engine import config
-    table = [[f"ours ({config.current().precision})", fmt(o_prefill, " ms"), fmt(o_rate), fmt(o_rate / base)],
+    table = [[f"ours ({config.current().precision}, {args.weights} checkpoint)", fmt(o_prefill, " ms"), fmt(o_rate), fmt(o_rate / base)],
              ["ours, sampled (T=0.8, top-k 50)", "", fmt(o_sampled), fmt(o_sampled / base)]]
     table += [[label, fmt(pre, " ms"), fmt(rate), fmt(rate / base)] for label, pre, rate, _ in rows]
 
