@@ -161,6 +161,6 @@ def test_bench_generate_quick(quick_output):
     """Greedy generation from a Llama checkpoint beside transformers' generate; ids compared."""
     stdout = quick_output["bench_generate"]
     rows = table_rows(stdout)
-    for name in ("ours (f32)", "transformers fp32", "transformers fp16", "transformers bf16"):
+    for name in ("ours (f32, bf16 checkpoint)", "transformers fp32", "transformers fp16", "transformers bf16"):
         assert float(rows[name][1].split()[0]) > 0 and float(rows[name][2]) > 0, rows[name]
     assert "equal transformers' fp32 for the first 8 of 8" in stdout
