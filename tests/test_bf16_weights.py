@@ -189,3 +189,27 @@ def test_cli_generate_says_how_many_weights_stay_bf16(bf16_llama, capsys, config
     configure(bf16_weights=False)
     assert main(argv + ["--json"]) == 0
     assert json.loads(capsys.readouterr().out)["weights_in_bf16"] == 0
+
+
+@pytest.mark.parametrize("family,fields", [
+    ("Phi3", dict(pad_token_id=0)),
+    ("Granite", dict(embedding_multiplier=3.0, residual_multiplier=0.4, attention_multiplier=0.3, logits_scaling=2.5,
+                     attention_bias=True, tie_word_embeddings=True))])
+def test_relatives_in_bf16_generate_as_in_f32(family, fields, tmp_path, configure):
+    """Phi-3's fused q/k/v and gate/up weights, which its graph slices (the slices fold into
+    the products, at offsets within the weight), and Granite's scales and biases around
+    bf16 weights: every matrix stays bf16, and the logits are the f32 weights', bit for bit."""
+    import torch
+    llama_relative(family, 5, **fields).to(torch.bfloat16).save_pretrained(tmp_path)
+    model = load_checkpoint(tmp_path, {})
+    params, prompt = model.init_params(), [5, 9, 33, 2]
+    logits = {}
+    for kept in (True, False):
+        configure(bf16_weights=kept)
+        steps = Generator(model, params).steps(256)
+        logits[kept] = [steps.run(prompt, 0, prefill=True), steps.run([7], 4, prefill=False)]
+        if kept:
+            assert steps.bf16 == {name for name, value in params.items() if value.ndim == 2}
+            fused = [name for name in steps.bf16 if name.endswith(("qkv_proj.weight", "gate_up_proj.weight"))]
+            assert len(fused) == (4 if family == "Phi3" else 0)
+    assert all(np.array_equal(a, b) for a, b in zip(logits[True], logits[False]))
