@@ -53,6 +53,11 @@ def parse_prompt_ids(text: str) -> list[int]:
                              f"commas or spaces, e.g. 1, 2, 3") from None
 
 
+WEIGHTS_TIP = ("Weight matrices the GPU keeps in bf16, exactly as the checkpoint stores them: half the memory and "
+               "half the bytes a decode step reads. The kernels widen them to f32 as they read them, so the results "
+               "are those of f32 weights, bit for bit.")
+
+
 @thread_worker
 def generation_run(generator, prompt, max_new_tokens, sampling, eos_ids, arrived: list, stop: threading.Event):
     """The ``Generation``; each token's (id, ms) is appended to ``arrived`` as it comes."""
@@ -168,7 +173,7 @@ class GeneratePanel(QWidget):
 
     def _readouts_box(self) -> QGroupBox:
         rows = (("prompt", "Prompt"), ("tokens", "New tokens"), ("prefill", "Prefill"), ("speed", "Decode"),
-                ("median", "Per token"), ("stopped", "Stopped"))
+                ("median", "Per token"), ("stopped", "Stopped"), ("weights", "Weights"))
         self.readouts = {key: QLabel("–") for key, _ in rows}
         form = QFormLayout()
         for key, label in rows:
@@ -431,6 +436,9 @@ class GeneratePanel(QWidget):
             self.readouts["prefill"].setText(f"{1000 * result.prefill_seconds:,.1f} ms")
             rate = result.decode_tokens_per_second
             self.readouts["speed"].setText(f"{rate:,.1f} tokens/s" if rate else "– (one token: prefill only)")
+            kept = len(self.generator.bf16_weights()) if self.generator is not None else 0
+            self.readouts["weights"].setText(f"{kept} in bf16, as stored" if kept else "f32")
+            self.readouts["weights"].setToolTip(WEIGHTS_TIP if kept else "")
         self.readouts["stopped"].setText(STOP_REASONS.get(self._end_reason, self._end_reason))
         self._update_controls()
         self.generationFinished.emit(self._end_reason)

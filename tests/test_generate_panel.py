@@ -66,6 +66,7 @@ def test_greedy_text_streams_as_the_engine_generates_it(window, qtbot, errors):
     assert text["prefill"] == f"{1000 * panel.result.prefill_seconds:,.1f} ms"
     assert text["speed"] == f"{panel.result.decode_tokens_per_second:,.1f} tokens/s"
     assert text["median"].endswith("ms median") and text["stopped"] == "reached max new tokens"
+    assert text["weights"] == "f32"
     assert panel.button.text() == "Generate" and panel.button.isEnabled() and not errors
 
     # the compiled generator is kept for the next run, and dropped when the weights change
@@ -91,6 +92,24 @@ def test_greedy_on_the_gpu_says_its_points_are_batches(window, qtbot, errors):
     panel.temperature.setValue(0.8)
     assert generate(qtbot, panel, "the dog ", 4, timeout=120000) == "length"
     assert not panel.batched and "greedy" not in panel.plot_title.text() and not errors
+
+
+def test_a_bf16_checkpoint_says_its_weights_stay_bf16(window, qtbot, errors, tmp_path):
+    """A checkpoint stored in bf16, generated from on the GPU: the read-out counts the weights
+    kept in bf16 (engine.optimize.bf16_weights), the ids those of the reference."""
+    import torch
+    from llama_checkpoint import llama_relative
+    llama_relative("Llama", 2).to(torch.bfloat16).save_pretrained(tmp_path)
+    assert window.load_model(str(tmp_path), {})
+    panel, state = window.generate_panel, window.state
+    panel.backend.setCurrentIndex(panel.backend.findData("gpu"))
+    panel.prompt_kind.setCurrentIndex(panel.prompt_kind.findData("ids"))
+    assert generate(qtbot, panel, "3, 17, 9", 4, timeout=120000) == "length"
+    matrices = sum(value.ndim == 2 for value in state.params.values())
+    assert panel.readouts["weights"].text() == f"{matrices} in bf16, as stored"
+    assert "bit for bit" in panel.readouts["weights"].toolTip()
+    expected = state.model.generator(state.params, backend="reference").generate([3, 17, 9], 4, Sampling())
+    assert panel.result.tokens == expected.tokens and not errors
 
 
 def test_stop_cancels_a_long_generation(window, qtbot, errors):
