@@ -4,7 +4,8 @@ The prompt runs once through a prefill graph that writes the cache; each new tok
 a one-token decode graph that appends to the cache and attends over it (both built by
 the model, ``engine.graph.kv_cache``). On the GPU both are compiled plans built once
 per cache capacity (and prompt length, for the prefill): the decode session owns the
-weights and the caches, the prefill session shares them, and a decode step uploads
+weights (those a bf16 checkpoint stored, in bf16: engine.optimize.bf16_weights) and the
+caches, the prefill session shares them, and a decode step uploads
 two ints, records the plan's dispatches, copies the last logits into a mapped buffer
 kept for the purpose and reads them: it allocates nothing. On the reference backend
 the same graphs run in numpy, the caches passed from one step's outputs to the next.
