@@ -167,7 +167,8 @@ def main(argv=None) -> int:
     base = fp32[2] if fp32 else o_rate
     match = next((i for i, (a, b) in enumerate(zip(o_ids, fp32[3])) if a != b), len(o_ids)) if fp32 else 0
     from engine import config
-    table = [[f"ours ({config.current().precision}, {args.weights} checkpoint)", fmt(o_prefill, " ms"), fmt(o_rate), fmt(o_rate / base)],
+    ours_label = f"ours ({config.current().precision}, {args.weights} checkpoint)"
+    table = [[ours_label, fmt(o_prefill, " ms"), fmt(o_rate), fmt(o_rate / base)],
              ["ours, sampled (T=0.8, top-k 50)", "", fmt(o_sampled), fmt(o_sampled / base)]]
     table += [[label, fmt(pre, " ms"), fmt(rate), fmt(rate / base)] for label, pre, rate, _ in rows]
 

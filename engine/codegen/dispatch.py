@@ -64,15 +64,12 @@ def unsupported_ops() -> list[str]:
     return sorted(n for n, d in OPS.items() if n not in _BUILDERS and d.archetype not in ("source", "view"))
 
 
-_PRODUCTS = ("matmul", "fused_matmul", "norm_matmul", "swiglu_matmul", "norm_matmuls")
-
-
 def reads_bf16(graph: Graph, node: Node, index: int, caps: Capabilities = PLAIN) -> bool:
     """Whether ``node``'s kernel reads its operand ``index`` stored as bf16 (widening it as it
     loads): an embedding's table, a widen's operand, a vector product's weights
     (``vector_reads_bf16``). Any other reader of a bf16 weight reads it through a widen
     (engine.optimize.bf16_weights)."""
-    if node.op in _PRODUCTS:
+    if _BUILDERS.get(node.op) in (_matmul, _norm_matmuls, _swiglu_matmul):
         return vector_reads_bf16(graph, node, index, caps)
     return node.op in ("embedding", "widen") and index == 0
 

@@ -15,7 +15,7 @@ from ..errors import DeviceError
 from ..graph.ir import Graph, Node
 from ..graph.ops import GRADIENT_OF, norm_matmuls_layout
 from .common import (MAX_WORKGROUPS, PLAIN, TILE, WG, Capabilities, Kernel, UnsupportedOpError, _finish, _render,
-                     _thread_xy, _wgsl_type, contiguous_strides, f32_bits, forward_nodes, grid_1d, stored_load)
+                     _thread_xy, contiguous_strides, f32_bits, forward_nodes, grid_1d, stored_load)
 from .matmul_coop import (COOP, COOP_FRAGMENT, CoopPreset, _coop_subs, _residual_init, coop_scratch_floats,
                           coop_workgroup_bytes)
 from .product_sums import NO_SUMS, sums_binding, sums_finish, sums_fit, sums_subs
@@ -285,7 +285,7 @@ def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: in
     columns_contiguous = words_b[-1] == 1
     one_b = columns is _ONE_B
     stored = {name: graph[i].dtype for name, i in zip(names, node.inputs)}
-    types = [_wgsl_type(stored[name]) if stored[name] == "bf16" else t for name, t in zip(names, types)]
+    types = ["u32" if stored[name] == "bf16" else t for name, t in zip(names, types)]   # two bf16 a word
     weights = columns.get("WEIGHTS", ["b_in"])   # B, or norm_matmuls' Bs (wsel picks one)
     loads = [{"b": (lambda b: lambda at: stored_load(b, at, stored[b]))(b),
               "u": lambda at: stored_load("u_in", at, stored.get("u_in", "f32"))} for b in weights]
@@ -379,7 +379,8 @@ def _vector_steps(rows: int, ks: list[str], norm: bool, second: bool, loads: lis
         cases = [f"case {i}u: {{\n" if i else "default: {\n" for i in range(len(loads))]
         body = [case + _vector_steps(rows, ks, norm, second, [load]) + "\n            }"
                 for case, load in zip(cases, loads)]
-        return "            switch wsel {\n            " + "\n            ".join(body[1:] + body[:1]) + "\n            }"
+        switch = "\n            ".join(["switch wsel {", *body[1:], body[0], "}"])   # default last
+        return "            " + switch
     load_b, load_u = loads[0]["b"], loads[0]["u"]
     lines = []
     for u, k in enumerate(ks):
@@ -463,7 +464,8 @@ def _norm_matmuls(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kerne
     cols, splits = vector_layout(sum(widths), k_, 1, caps, not tb, rows == 1)
     blocks = [-(-n // cols) for n in widths]
     words = [[1, k_] if tb else [n, 1] for n in widths]    # each weight's strides of (k, n)
-    # N (meta word 1): the packed result's elements a row, gaps between the parts included (what a split's finish covers)
+    # N (meta word 1): the packed result's elements a row, the gaps between its parts included
+    # (what a split's finish covers)
     meta = [rows, node.size // rows, k_, 1, f32_bits(node.attrs["eps"]), k_, 1] + [w for pair in words for w in pair]
     bs = ["b_in"] + [f"b{i}_in" for i in range(1, len(weights))]
     select = ["    var wsel = 0u;", "    var wx = wg.x;", f"    var N = {widths[0]}u;", "    var out0 = 0u;"]

@@ -34,13 +34,17 @@ def bf16_candidates(params: Mapping[str, np.ndarray]) -> set[str]:
             if np.ndim(value) == 2 and np.size(value) % 2 == 0 and bf16_exact(value)}
 
 
+def _reads_itself(graph: Graph, reader: int, weight: int, reads_bf16: ReadsBf16) -> bool:
+    """Whether node ``reader`` reads node ``weight`` in bf16 wherever it is one of its operands."""
+    return all(reads_bf16(graph, graph[reader], i) for i, x in enumerate(graph[reader].inputs) if x == weight)
+
+
 def direct_readers(graph: Graph, names: Iterable[str], reads_bf16: ReadsBf16) -> set[str]:
     """Those of parameters ``names`` that every reader in ``graph`` reads in bf16 itself: in
     a decode step, a weight a widen would copy on every step is better left in f32."""
     users = graph.users()
     return {name for name in names if name in graph.parameters
-            and all(reads_bf16(graph, graph[u], i) for u in users[graph.parameters[name]]
-                    for i, x in enumerate(graph[u].inputs) if x == graph.parameters[name])}
+            and all(_reads_itself(graph, u, graph.parameters[name], reads_bf16) for u in users[graph.parameters[name]])}
 
 
 def store_weights_bf16(graph: Graph, names: Iterable[str], reads_bf16: ReadsBf16) -> tuple[Graph, int]:
@@ -52,8 +56,7 @@ def store_weights_bf16(graph: Graph, names: Iterable[str], reads_bf16: ReadsBf16
         return graph, 0
     stored = {graph.parameters[n] for n in names}
     users = graph.users()
-    widened = {u for p in stored for u in users[p]   # readers (old ids) that read a widen
-               if not all(reads_bf16(graph, graph[u], i) for i, x in enumerate(graph[u].inputs) if x == p)}
+    widened = {u for p in stored for u in users[p] if not _reads_itself(graph, u, p, reads_bf16)}   # old ids
     widen_of: dict[int, int] = {}
 
     def stand_in(g: Graph, n: Node, remap: dict[int, int]):
