@@ -225,10 +225,11 @@ def test_generation_ops_refuse_gradients_and_bad_positions():
         cache_write_ref(np.zeros((1, 4, 2)), np.zeros((1, 1, 2)), np.array([[4]]))
 
 
-@pytest.mark.parametrize("shape", [(3, 1, 5000), (3, 7), (4, 2049)])
+@pytest.mark.parametrize("shape", [(3, 1, 5000), (3, 7), (4, 2049), (3, 40000)])
 def test_argmax_on_the_gpu_matches_numpy(shape):
-    """Rows over several rounds of the 8-deep loads and their tail; ties (the first wins),
-    NaN (counts as the largest, as numpy's) and a row of -inf."""
+    """Rows over several rounds of the deep loads and their tail, with 256 threads and (the
+    longest row, where the adapter allows) 1024; ties (the first wins), NaN (counts as the
+    largest, as numpy's) and a row of -inf."""
     rng = np.random.default_rng(shape[-1])
     x = rng.standard_normal(shape).astype(np.float32)
     rows = x.reshape(-1, shape[-1])

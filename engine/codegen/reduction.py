@@ -138,11 +138,19 @@ def _row_reduce(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
                    THREADS=row_threads(n))
 
 
+ARGMAX_UNROLL = 16   # loads a thread keeps in flight
+
+
 def _argmax(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    """argmax.wgsl: a row a workgroup, as many threads as the adapter allows (a power of two,
+    at most 1024) where the row fills them, else 256."""
     x = graph[node.inputs[0]]
     n = x.shape[-1]
+    threads = 256
+    while threads * 2 <= min(caps.invocations, 1024) and threads * 2 * ARGMAX_UNROLL <= n:
+        threads *= 2
     return _finish("reduce:argmax", "reduction", "argmax.wgsl", ["x"], ["f32"], "i32", [x.size // n, n],
-                   grid_1d(x.size // n))
+                   grid_1d(x.size // n), THREADS=threads, UNROLL=ARGMAX_UNROLL)
 
 
 SHORT_ROW = 64   # rows this short take a thread each (reduce_short_rows.wgsl), not a workgroup
