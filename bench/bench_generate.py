@@ -61,7 +61,9 @@ def ours(model, prompt, new, calls):
     gen.generate(prompt, new, Sampling())
     build_s = time.perf_counter() - t
     steps = gen.steps(gen.check(prompt, new))
-    log(f"weights kept in bf16: {len(steps.bf16)} of {len(steps.decode.graph.parameters)}")
+    widens = sum(n.op == "widen" for n in steps.session(len(prompt), prefill=True).graph.nodes)
+    log(f"weights kept in bf16: {len(steps.bf16)} of {len(steps.decode.graph.parameters)}; "
+        f"the prefill reads {widens} through a widen")
     prefills, rates, ids = [], [], None
     for _ in range(calls):
         r = gen.generate(prompt, new, Sampling())

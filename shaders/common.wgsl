@@ -16,6 +16,10 @@ fn flat_index(wg: vec3<u32>, nwg: vec3<u32>, lid: vec3<u32>, size: u32) -> u32 {
 // Element i of a tensor stored as bf16, two to a u32 word (element 2j in the lower half of
 // word j): the word's half as the upper half of an f32, exact.
 fn bf16_(word: u32, i: u32) -> f32 { return bitcast<f32>(select(word << 16u, word & 0xffff0000u, (i & 1u) == 1u)); }
+// Four consecutive bf16 elements, the first at an index that is a multiple of 4: two words.
+fn bf16x4_(w: vec2<u32>) -> vec4<f32> {
+    return bitcast<vec4<f32>>(vec4<u32>(w.x << 16u, w.x & 0xffff0000u, w.y << 16u, w.y & 0xffff0000u));
+}
 
 fn sigmoid_(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
 

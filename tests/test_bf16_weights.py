@@ -1,5 +1,5 @@
 """Weights kept in bf16 for generation (engine.optimize.bf16_weights): only where every value
-is a bf16 value, read by the vector products and the embedding gather as they are, by
+is a bf16 value, read by the product kernels and the embedding gather as they are, by
 other kernels through a widen; the results are the f32 weights' results, bit for bit."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def predicate(caps=None):
 
 def products_graph(k: int, n: int) -> Graph:
     """Every vector product that reads a weight (plain with an epilogue, B transposed,
-    SwiGLU's two, a norm's, norm_matmuls' three) and a product of 64 rows, which reads f32."""
+    SwiGLU's two, a norm's, norm_matmuls' three) and a product of 64 rows (a tiled kernel)."""
     g = Graph("bf16 products")
     x, nw = g.input("x", (1, 2, k)), g.input("nw", (k,))
     w, wt, wu = g.parameter("w", (k, n)), g.parameter("wt", (n, k)), g.parameter("wu", (k, n))
@@ -72,7 +72,7 @@ def test_vector_products_read_bf16_weights_exactly(splits, configure):
     inputs = {name: rng.standard_normal(g.shape(i)).astype(np.float32) for name, i in g.inputs.items()}
     params = {name: bf16_values(rng, *g.shape(i)) for name, i in g.parameters.items()}
     stored, widened = store_weights_bf16(g, params, predicate(caps))
-    assert widened == 1   # the 64-row product reads w through a widen
+    assert widened == 0
     assert [stored[i].dtype for i in stored.parameters.values()] == ["bf16"] * 6
     assert Graph.from_dict(stored.to_dict()).structural_hash() == stored.structural_hash()   # as plans cache it
     session, got = run(stored, caps, inputs, params)
@@ -80,8 +80,9 @@ def test_vector_products_read_bf16_weights_exactly(splits, configure):
     for name in g.outputs:
         assert np.array_equal(got[name], want[name]), name
     expected = reference.run(g, inputs, params)
+    coop = any("cooperative" in d.variant for d in session.plan.dispatches)   # the tall product's, on Dawn
     for name in g.outputs:   # SwiGLU: silu of one sum times another (test_vector_products_split_along_k)
-        bound = (1e-5 if name == "swiglu" else 2e-6) * np.abs(expected[name]).max()
+        bound = (5e-3 if name == "tall" and coop else 1e-5 if name == "swiglu" else 2e-6) * np.abs(expected[name]).max()
         assert np.abs(got[name] - expected[name]).max() <= bound, name
     assert "32 columns x 8 K slices, 3 weights" in next(d.variant for d in session.plan.dispatches
                                                         if d.kernel.startswith("norm_matmuls"))
@@ -92,18 +93,76 @@ def test_vector_products_read_bf16_weights_exactly(splits, configure):
     assert session.get_parameter("wt").tobytes() == params["wt"].tobytes()
 
 
+@pytest.mark.parametrize("kernel", ["auto", "simple", "64", "128k8u"])
+def test_tiled_products_read_bf16_weights_exactly(kernel, configure):
+    """A prefill's products (more rows than the vector kernel takes) read their weights in
+    bf16 on every kernel, each way of fetching B (columns one at a time or four as two
+    words, a transposed B four along K), edge tiles included, and give the f32 weights'
+    results bit for bit, with no widen. ``auto`` is the cooperative kernels where the
+    adapter has them (Dawn: f16, or f32 as three f16 products)."""
+    configure(matmul=kernel)
+    rng = np.random.default_rng(len(kernel))
+    k = 200
+    g = Graph("bf16 tiled products")
+    rows = g.input("rows", (2, 37, k))
+    w, w4, wt = g.parameter("w", (k, 70)), g.parameter("w4", (k, 64)), g.parameter("wt", (72, k))
+    g.output("scalar", g.apply("fused_matmul", rows, w, g.input("res", (2, 37, 70)), activation="none",
+                               has_residual=True))
+    g.output("vec4", g.matmul(rows, w4))
+    g.output("transposed", g.matmul(rows, wt, transpose_b=True))
+    g.output("norm", g.apply("norm_matmul", rows, g.input("nw", (k,)), wt, eps=1e-5, transpose_b=True))
+    inputs = {name: rng.standard_normal(g.shape(i)).astype(np.float32) for name, i in g.inputs.items()}
+    params = {name: bf16_values(rng, *g.shape(i)) for name, i in g.parameters.items()}
+    stored, widened = store_weights_bf16(g, params, predicate())
+    assert widened == 0 and all(stored[i].dtype == "bf16" for i in stored.parameters.values())
+    session, got = run(stored, None, inputs, params)
+    _, want = run(g, None, inputs, params)
+    for name in g.outputs:
+        assert np.array_equal(got[name], want[name]), name
+    variants = {d.variant for d in session.plan.dispatches if "matmul" in d.kernel}
+    assert not any("vector" in v for v in variants), variants
+    fetches = " ".join(variants)
+    if kernel not in ("auto", "simple"):
+        assert all(f in fetches for f in ("B outer-scalar", "B outer-vec4", "B k-vec4")), variants
+
+
+def test_copies_and_stacked_weights_read_bf16_exactly():
+    """A prefill stacks its k and v weights (engine.optimize.stacked_products): reshapes of
+    the weights, their concat, a batched product. The reshapes stay bf16 (views), the
+    concat widens as it copies (never placed over the weights' words in place), and so do
+    a transpose and a slice; no widen, the f32 weights' results bit for bit."""
+    rng = np.random.default_rng(7)
+    k, n = 64, 48
+    g = Graph("stacked")
+    x = g.input("x", (1, 70, k))
+    wk, wv = g.parameter("wk", (k, n)), g.parameter("wv", (k, n))
+    stack = g.apply("concat", g.reshape(wk, (1, k, n)), g.reshape(wv, (1, k, n)), axis=0)
+    g.output("kv", g.matmul(x, stack))   # x broadcast over the two
+    g.output("t", g.transpose(wk, (1, 0)))
+    g.output("s", g.apply("slice", wv, axis=1, start=3, stop=40))
+    inputs = {"x": rng.standard_normal((1, 70, k)).astype(np.float32)}
+    params = {name: bf16_values(rng, k, n) for name in ("wk", "wv")}
+    stored, widened = store_weights_bf16(g, params, predicate())
+    assert widened == 0
+    assert [stored[i].dtype for i in stored[stored.outputs["kv"]].inputs] == ["f32", "f32"]
+    assert {stored[i].dtype for i in stored[stored.outputs["kv"]].inputs[1:] for i in stored[i].inputs} == {"bf16"}
+    session, got = run(stored, None, inputs, params)
+    _, want = run(g, None, inputs, params)
+    for name in g.outputs:
+        assert np.array_equal(got[name], want[name]), name
+    assert direct_readers(g, {"wk", "wv"}, predicate()) == {"wk", "wv"}
+
+
 def test_kernels_that_read_f32_refuse_a_bf16_operand():
-    """A tiled product, a copy: codegen names the operand rather than read its words as floats."""
+    """An elementwise op: codegen names the operand rather than read its words as floats."""
     g = Graph("refused")
     w = g.parameter("w", (8, 16), dtype="bf16")
-    tall = g.matmul(g.input("x", (64, 8)), w)
-    g.output("y", tall)
-    g.output("t", g.transpose(w, (1, 0)))
+    g.output("t", g.add(w, g.input("x", (8, 16))))
     caps = device_capabilities()
-    for node in (g[tall], g[g.outputs["t"]]):
-        assert not reads_bf16(g, node, node.inputs.index(w), caps)
-        with pytest.raises(UnsupportedOpError, match="stored as bf16; widen it first"):
-            kernel_for(g, node, caps)
+    node = g[g.outputs["t"]]
+    assert not reads_bf16(g, node, node.inputs.index(w), caps)
+    with pytest.raises(UnsupportedOpError, match="stored as bf16; widen it first"):
+        kernel_for(g, node, caps)
 
 
 def test_only_exact_matrices_are_candidates_and_a_decode_keeps_widened_ones_in_f32():
@@ -117,7 +176,8 @@ def test_only_exact_matrices_are_candidates_and_a_decode_keeps_widened_ones_in_f
     x = g.input("x", (1, 4))
     a, b = g.parameter("a", (4, 6)), g.parameter("b", (4, 6))
     g.output("y", g.add(g.matmul(x, a), g.matmul(g.input("rows", (64, 4)), b)))
-    assert direct_readers(g, {"a", "b"}, predicate()) == {"a"}
+    g.output("t", g.exp(b))
+    assert direct_readers(g, {"a", "b"}, predicate()) == {"a"}   # b's exp would read a widen
 
 
 def test_a_bf16_parameter_takes_bf16_values_only():
@@ -137,7 +197,8 @@ def bf16_llama(tmp_path_factory):
     """A tiny Llama saved in bf16, as most checkpoints on the Hub are."""
     import torch
     path = tmp_path_factory.mktemp("bf16-llama")
-    llama_relative("Llama", 3, tie_word_embeddings=True).to(torch.bfloat16).save_pretrained(path)
+    llama_relative("Llama", 3, tie_word_embeddings=True, max_position_embeddings=128).to(torch.bfloat16) \
+        .save_pretrained(path)
     return load_checkpoint(path, {})
 
 
@@ -146,7 +207,7 @@ def test_a_bf16_checkpoint_generates_as_in_f32_bit_for_bit(bf16_llama, configure
     decode steps, and greedy ids, equal those of the same weights in f32."""
     model = bf16_llama
     params = model.init_params()
-    prompt = [3, 17, 9, 44, 101, 5, 60]
+    prompt = [3, 17, 9, 44, 101, 5, 60] * 10 + [1, 2]   # a prefill of tiled products, k and v stacked
     results = {}
     for kept in (True, False):
         configure(bf16_weights=kept)
@@ -155,15 +216,19 @@ def test_a_bf16_checkpoint_generates_as_in_f32_bit_for_bit(bf16_llama, configure
         logits = [steps.run(prompt, 0, prefill=True)] + [steps.run([t], len(prompt) + j, prefill=False)
                                                          for j, t in enumerate((7, 8, 9))]
         weight_bytes = sum(b.nbytes for b in steps.decode.plan.buffers if b.kind == "parameter")
+        prefill = steps.session(len(prompt), prefill=True)
+        assert not any(n.op == "widen" for n in prefill.graph.nodes)
+        assert any(n.op == "concat" and prefill.graph[n.inputs[0]].op == "reshape" for n in prefill.graph.nodes)
+        coop = any("cooperative" in d.variant for d in prefill.plan.dispatches)   # f16 products (Dawn)
         results[kept] = logits, generator.generate(prompt, 6).tokens, weight_bytes, steps.bf16
     (logits, ids, nbytes, kept), (logits32, ids32, nbytes32, none) = results[True], results[False]
     matrices = {name for name, value in params.items() if value.ndim == 2}
     assert kept == matrices and not none
     assert all(np.array_equal(a, b) for a, b in zip(logits, logits32))
     assert ids == ids32
-    assert nbytes < 0.6 * nbytes32
+    assert nbytes32 - nbytes >= 0.9 * sum(2 * params[name].size for name in kept)   # half of each kept
     expected = Generator(model, params, backend="reference").steps(256).run(prompt, 0, prefill=True)
-    assert np.abs(logits[0] - expected).max() <= 1e-4 * np.abs(expected).max()
+    assert np.abs(logits[0] - expected).max() <= (5e-3 if coop else 1e-4) * np.abs(expected).max()
 
 
 def test_a_checkpoint_in_f32_keeps_its_weights_in_f32(tmp_path):

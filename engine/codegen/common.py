@@ -185,6 +185,20 @@ def stored_load(binding: str, at: str, dtype: str) -> str:
     return f"bf16_({binding}[({at}) >> 1u], {at})" if dtype == "bf16" else f"{binding}[{at}]"
 
 
+def stored_load4(binding: str, at4: str, dtype: str) -> str:
+    """WGSL reading elements 4 at4 .. 4 at4 + 3 of ``binding`` as a vec4<f32>: a binding of
+    vec4s, or of a bf16 tensor two words at a time (``stored_type4``, common.wgsl's ``bf16x4_``)."""
+    return f"bf16x4_({binding}[{at4}])" if dtype == "bf16" else f"{binding}[{at4}]"
+
+
+def stored_type(wgsl: str, dtype: str) -> str:
+    """The binding element type that holds a tensor of ``dtype`` read as ``wgsl`` elements
+    ("f32" or "vec4<f32>"): a bf16 tensor's two elements a u32, four a vec2<u32>."""
+    if dtype != "bf16":
+        return wgsl
+    return "vec2<u32>" if wgsl == "vec4<f32>" else "u32"
+
+
 def _bindings(names: list[str], types: list[str], out_type: str) -> str:
     lines = [f"@group(0) @binding({i + 1}) var<storage, read> {n}: array<{t}>;"
              for i, (n, t) in enumerate(zip(names, types))]

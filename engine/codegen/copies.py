@@ -52,7 +52,8 @@ def _transpose_tiles(graph: Graph, node: Node) -> Kernel | None:
     rank = len(node.shape)
     rows, cols = graph[node.inputs[0]].shape[-2:]
     batches = node.size // (rows * cols) if rows * cols else 0
-    if (tuple(node.attrs["perm"]) != (*range(rank - 2), rank - 1, rank - 2) or min(rows, cols) < TRANSPOSE_TILE
+    if (graph[node.inputs[0]].dtype != node.dtype
+            or tuple(node.attrs["perm"]) != (*range(rank - 2), rank - 1, rank - 2) or min(rows, cols) < TRANSPOSE_TILE
             or not 0 < batches <= MAX_WORKGROUPS or -(-rows // TRANSPOSE_TILE) > MAX_WORKGROUPS
             or -(-cols // TRANSPOSE_TILE) > MAX_WORKGROUPS):
         return None
@@ -64,6 +65,10 @@ def _transpose_tiles(graph: Graph, node: Node) -> Kernel | None:
 
 
 def _copy(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+    """copy.wgsl, or a faster kernel for a concat or a transpose where one applies. An
+    operand stored in bf16 (a weight, engine.optimize.bf16_weights) is read in words and
+    widened into an f32 result: the stack of a prefill's k and v weights
+    (engine.optimize.stacked_products) is one copy, not two widens and a copy."""
     special = _concat_rows(graph, node) or _transpose_tiles(graph, node)
     if special is not None:
         return special
@@ -99,7 +104,7 @@ def _copy(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     for k, (start, ln, base, strides) in enumerate(pieces):
         meta += [start, ln, base] + list(strides)
         lines.append(f"    if (c >= {start}u && c < {start + ln}u) "
-                     f"{{ out[idx] = in{k}[piece_offset({k}u, idx)]; return; }}")
+                     f"{{ out[idx] = {stored_load(f'in{k}', f'piece_offset({k}u, idx)', operands[k].dtype)}; return; }}")
     t = _wgsl_type(node.dtype)
     names = [f"in{k}" for k in range(len(operands))]
     return _finish(f"copy:{node.op}", "copy", "copy.wgsl", names,

@@ -11,7 +11,7 @@ from .attention_coop_backward import attention_backward, coop_backward_supported
 from .common import Capabilities, Kernel, PLAIN, UnsupportedOpError
 from .convolution import _conv
 from .copies import _cache_write, _copy, _embedding, _embedding_grad, _rope, _widen
-from .matmul import _matmul, _norm_matmuls, _swiglu_matmul, vector_reads_bf16
+from .matmul import _matmul, _norm_matmuls, _swiglu_matmul, product_reads_bf16
 from .pointwise import POINTWISE_OPS, _pointwise
 from .pooling import _conv_direct, _conv_direct_grad, _max_pool_grad, _pool
 from .reduction import (_LOSS_ROWS, _LOSS_TERMS, _ROW_KERNELS, _ROW_MODES, _argmax, _loss, _row_kernel, _row_reduce,
@@ -66,11 +66,14 @@ def unsupported_ops() -> list[str]:
 
 def reads_bf16(graph: Graph, node: Node, index: int, caps: Capabilities = PLAIN) -> bool:
     """Whether ``node``'s kernel reads its operand ``index`` stored as bf16 (widening it as it
-    loads): an embedding's table, a widen's operand, a vector product's weights
-    (``vector_reads_bf16``). Any other reader of a bf16 weight reads it through a widen
-    (engine.optimize.bf16_weights)."""
-    if _BUILDERS.get(node.op) in (_matmul, _norm_matmuls, _swiglu_matmul):
-        return vector_reads_bf16(graph, node, index, caps)
+    loads): an embedding's table, a widen's operand, a product's weights
+    (``product_reads_bf16``), a copy's operands into an f32 result. Any other reader of a
+    bf16 weight reads it through a widen (engine.optimize.bf16_weights)."""
+    builder = _BUILDERS.get(node.op)
+    if builder in (_matmul, _norm_matmuls, _swiglu_matmul):
+        return product_reads_bf16(node, index)
+    if builder is _copy:
+        return node.dtype == "f32"
     return node.op in ("embedding", "widen") and index == 0
 
 

@@ -15,7 +15,8 @@ from ..errors import DeviceError
 from ..graph.ir import Graph, Node
 from ..graph.ops import GRADIENT_OF, norm_matmuls_layout
 from .common import (MAX_WORKGROUPS, PLAIN, TILE, WG, Capabilities, Kernel, UnsupportedOpError, _finish, _render,
-                     _thread_xy, contiguous_strides, f32_bits, forward_nodes, grid_1d, stored_load)
+                     _thread_xy, contiguous_strides, f32_bits, forward_nodes, grid_1d, stored_load, stored_load4,
+                     stored_type)
 from .matmul_coop import (COOP, COOP_FRAGMENT, CoopPreset, _coop_subs, _residual_init, coop_scratch_floats,
                           coop_workgroup_bytes)
 from .product_sums import NO_SUMS, sums_binding, sums_finish, sums_fit, sums_subs
@@ -153,8 +154,9 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN, sums: str = ""
     if max(gx, gy, nbatch) > MAX_WORKGROUPS:
         raise DeviceError(f"{graph.format_node(node)}: matmul grid {gx} x {gy} x {nbatch} exceeds "
                           f"{MAX_WORKGROUPS} workgroups per dimension")
+    stored_b = graph[node.inputs[names.index("b_in")]].dtype   # a bf16 weight is widened as it is read
     if variant == "simple":
-        types[names.index("b_in")], load_b = _simple_load_b(words_b, n_, k_)
+        types[names.index("b_in")], load_b = _simple_load_b(words_b, n_, k_, stored_b)
         k = _finish(f"matmul:{node.op}", "matmul", "matmul.wgsl", names, types, "f32", meta,
                     (gx, gy, max(nbatch, 1)), A_PROLOGUE=prologue, ROW_SETUP=row_setup, LOAD_B=load_b, **common)
         k.notes["variant"] = f"{TILE}x{SIMPLE_COLUMNS * TILE} tile, {SIMPLE_COLUMNS} columns a thread"
@@ -163,10 +165,10 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN, sums: str = ""
     fetch_a = operand_fetch(words_a, m_, k_)
     fetch_b = operand_fetch(words_b[:-2] + [words_b[-1], words_b[-2]], n_, k_)
     types[0] = "vec4<f32>" if fetch_a.endswith("vec4") else "f32"
-    types[1] = "vec4<f32>" if fetch_b.endswith("vec4") else "f32"
+    types[1] = stored_type("vec4<f32>" if fetch_b.endswith("vec4") else "f32", stored_b)
     scaled = _scaled_operands(graph, node, variant, node.inputs[0], node.inputs[1])
     note = f"{_tile_note(variant, scaled)}, A {fetch_a}, B {fetch_b}"
-    subs = _tile_subs(variant, fetch_a, fetch_b, mnk=(m_, n_, k_), scaled=scaled)
+    subs = _tile_subs(variant, fetch_a, fetch_b, mnk=(m_, n_, k_), scaled=scaled, stored_b=stored_b)
     if residual is not None:
         line, words, operand = residual
         if variant in COOP and act == "x" and br == 0 and words == [n_, 1] and not any(scaled):
@@ -181,13 +183,15 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN, sums: str = ""
                          fill=slice_fill(variant, gx * gy * max(nbatch, 1), caps.tuning))
 
 
-def _simple_load_b(words_b, n_: int, k_: int) -> tuple[str, str]:
+def _simple_load_b(words_b, n_: int, k_: int, stored: str = "f32") -> tuple[str, str]:
     """(B's binding type, matmul.wgsl's load of B's four columns at (kb, col0)): one vec4
-    where B's columns are contiguous and aligned, else four checked loads of f32."""
+    where B's columns are contiguous and aligned, else four checked loads; B ``stored`` in
+    bf16 is read in words and widened."""
     if operand_fetch(words_b[:-2] + [words_b[-1], words_b[-2]], n_, k_) == "outer-vec4":
-        return "vec4<f32>", "            bv = b_in[(b0 + kb * sbk + col0) / 4u];"
-    return "f32", ("            for (var j = 0u; j < 4u && col0 + j < N; j = j + 1u) "
-                   "{ bv[j] = b_in[b0 + kb * sbk + (col0 + j) * sbn]; }")
+        return (stored_type("vec4<f32>", stored),
+                f"            bv = {stored_load4('b_in', '(b0 + kb * sbk + col0) / 4u', stored)};")
+    return stored_type("f32", stored), ("            for (var j = 0u; j < 4u && col0 + j < N; j = j + 1u) "
+                                        f"{{ bv[j] = {stored_load('b_in', 'b0 + kb * sbk + (col0 + j) * sbn', stored)}; }}")
 
 
 def _sums_plan(sums: str, variant: str, fetch_a: str, fetch_b: str, m_: int, n_: int) -> dict | None:
@@ -223,18 +227,18 @@ def vector_rows(m_: int, transpose_a: bool, caps: Capabilities) -> bool:
     return m_ <= VECTOR_ROWS and not transpose_a and caps.knobs.matmul == "auto"
 
 
-def vector_reads_bf16(graph: Graph, node: Node, index: int, caps: Capabilities) -> bool:
-    """Whether product ``node``'s kernel reads its operand ``index`` stored as bf16: a weight
-    (B, SwiGLU's two, norm_matmuls' several) of the few-row vector kernel, widened as it is
-    loaded. Those reads are nearly all of a decode step's bytes; the tiled kernels read f32."""
+def product_reads_bf16(node: Node, index: int) -> bool:
+    """Whether product ``node``'s kernel reads its operand ``index`` stored as bf16: its
+    weight (B, SwiGLU's two, norm_matmuls' several), which every product kernel (the
+    few-row vector kernel, the simple, tiled and cooperative ones) widens as it loads it.
+    Those reads are nearly all of a decode step's bytes; a prefill's tiled products read
+    the weights through a widen into an f32 buffer until run 52 (2.7 ms of Llama-3.2-1B's
+    512-token prefill on the H100)."""
     if node.op == "swiglu_matmul":
         return index in (1, 2)
     if node.op == "norm_matmuls":
         return index >= 2
-    if index != (2 if node.op == "norm_matmul" else 1):
-        return False
-    out = _product_shapes(graph, node)[0]
-    return vector_rows(out[-2], node.attrs.get("transpose_a", False), caps)
+    return index == (2 if node.op == "norm_matmul" else 1)
 
 
 def vector_layout(n_: int, k_: int, nbatch: int, caps: Capabilities, columns_contiguous: bool,
@@ -799,15 +803,16 @@ TILED = {"64": TilePreset(4, 4, 16, False), "64u": TilePreset(4, 4, 16, True),
 MATMUL_KERNELS = ("simple", *TILED, *COOP)
 
 def _tile_subs(variant: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=None, lets=(),
-               mnk=(0, 0, 0), scaled=(False, False)) -> dict:
+               mnk=(0, 0, 0), scaled=(False, False), stored_b: str = "f32") -> dict:
     """matmul_tiled.wgsl's generated parts for any tiled variant, f32 or cooperative, for
     an m x n x k product (which operand tiles always lie inside their operand); a
-    cooperative kernel scales the ``scaled`` operands into f16's range."""
+    cooperative kernel scales the ``scaled`` operands into f16's range. ``stored_b``: B's
+    dtype (a bf16 weight is widened as it is fetched)."""
     make = _coop_subs if variant in COOP else _tiled_subs
     (bm, bn), bk = _tile_of(variant), _preset(variant).bk
     m_, n_, k_ = mnk
     edges = [_edges(extent, tile, k_, bk) for extent, tile in ((m_, bm), (n_, bn))]
-    return make(variant, fetch_a, fetch_b, gather_a, gather_b, lets, edges, scaled)
+    return make(variant, fetch_a, fetch_b, gather_a, gather_b, lets, edges, scaled, stored_b)
 
 
 def _edges(extent: int, tile: int, k_: int, bk: int) -> str:
@@ -820,7 +825,7 @@ def _edges(extent: int, tile: int, k_: int, bk: int) -> str:
 
 
 def _tiled_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=None, lets=(),
-                edges=(None, None), scaled=(False, False)) -> dict:
+                edges=(None, None), scaled=(False, False), stored_b: str = "f32") -> dict:
     """The generated parts of matmul_tiled.wgsl for a ``TILED`` preset and the given
     operand fetches (see ``operand_fetch`` and ``_fetch_operand``); ``lets`` are extra
     lines at the top of the kernel (values the gathers read). ``edges``: how A's and B's
@@ -851,7 +856,7 @@ def _tiled_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b
     threads = TILED[preset].threads
     edges = [mode or "checked" for mode in edges]
     ca, da, la, ra = _fetch_operand("a", fetch_a, bm, bk, gather_a, threads, edges[0])
-    cb, db, lb, rb = _fetch_operand("b", fetch_b, bn, bk, gather_b, threads, edges[1])
+    cb, db, lb, rb = _fetch_operand("b", fetch_b, bn, bk, gather_b, threads, edges[1], stored_b)
     sa, sb = _store_tiled("a", fetch_a, ra), _store_tiled("b", fetch_b, rb)
     smem = (f"var<workgroup> As: array<vec4<f32>, {2 * bk * (bm // 4 + 1)}>;\n"
             f"var<workgroup> Bs: array<vec4<f32>, {2 * bk * (bn // 4 + 1)}>;")

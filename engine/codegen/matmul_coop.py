@@ -209,7 +209,7 @@ def _coop_fragment(name: str, fetch: str, outer: str, kk: int, part: str = "h") 
 
 
 def _coop_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=None, lets=(),
-               edges=(None, None), scaled=(False, False)) -> dict:
+               edges=(None, None), scaled=(False, False), stored_b: str = "f32") -> dict:
     """matmul_tiled.wgsl's generated parts for a ``COOP`` preset: the operands are fetched
     as for the f32 kernel (``_fetch_operand``), rounded to f16 into tiles laid out along
     their fetch (``_coop_layout``), and each subgroup multiplies its fragments with
@@ -241,7 +241,7 @@ def _coop_subs(preset: str, fetch_a: str, fetch_b: str, gather_a=None, gather_b=
                  for x, y in terms for i, j in frags]
     edges = [mode or "tiles" for mode in edges]
     ca, da, la, ra = _fetch_operand("a", fetch_a, c.bm, c.bk, gather_a, c.threads, edges[0])
-    cb, db, lb, rb = _fetch_operand("b", fetch_b, c.bn, c.bk, gather_b, c.threads, edges[1])
+    cb, db, lb, rb = _fetch_operand("b", fetch_b, c.bn, c.bk, gather_b, c.threads, edges[1], stored_b)
     picked = [n for n, on in zip("ab", scaled) if on]
     scales = (_coop_scales(picked, [f"acc{i}_{j}" for i, j in frags], c.threads // 32) if picked
               else dict(KEPT_SCALES="", ATTEMPT_BEGIN="", ATTEMPT_END="", back=""))

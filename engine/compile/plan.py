@@ -516,10 +516,12 @@ def _place_pinned(b: _PlanBuilder, pinned: dict[int, tuple[str, str]]) -> None:
             b.place(i, b.new_buffer(b.graph[b.root[i]].nbytes, kind, [name]))
 
 
-def _first_axis_concat(n) -> bool:
-    """A concat along its first axis (every axis before the joined one of extent 1): its
-    operands lie one after the other in its result."""
-    return n.op == "concat" and math.prod(n.shape[:n.attrs["axis"] % len(n.shape)]) == 1
+def _first_axis_concat(g, n) -> bool:
+    """A concat along its first axis (every axis before the joined one of extent 1) of
+    operands of its own dtype (not bf16 weights it widens): its operands' bytes lie one
+    after the other in its result."""
+    return (n.op == "concat" and math.prod(n.shape[:n.attrs["axis"] % len(n.shape)]) == 1
+            and all(g[i].dtype == n.dtype for i in n.inputs))
 
 
 def _pack_concatenated(b: _PlanBuilder, pinned: dict[int, tuple[str, str]]) -> None:
@@ -531,7 +533,7 @@ def _pack_concatenated(b: _PlanBuilder, pinned: dict[int, tuple[str, str]]) -> N
     slots, and none may have a place yet (a parameter in two such concats joins the
     first)."""
     g, root = b.graph, b.root
-    for n in filter(_first_axis_concat, g.nodes):
+    for n in (n for n in g.nodes if _first_axis_concat(g, n)):
         roots = [root[i] for i in n.inputs]
         whole = all(r in pinned and pinned[r][0] in ("parameter", "constant") and g[i].size == g[r].size
                     and i not in b.within for i, r in zip(n.inputs, roots))
@@ -742,7 +744,7 @@ def _concats_in_place(b: _PlanBuilder, order: list) -> set[int]:
     g, root = b.graph, b.root
     params = set(g.parameters.values()) | set(g.constants)
     found = set()
-    for n in filter(_first_axis_concat, order):
+    for n in (n for n in order if _first_axis_concat(g, n)):
         slots = [b.storage.get(root[i]) if root[i] in params and g[i].size == g[root[i]].size
                  and not b.within.get(i) else None for i in n.inputs]
         if None in slots or len({buf for buf, _, _ in slots}) != 1:

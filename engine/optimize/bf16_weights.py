@@ -4,10 +4,10 @@ Most checkpoints on the Hub are stored in bf16, which the importer widens to f32
 step reads every weight once and little else, so its time is the weights' bytes over the
 memory bandwidth: kept as the bf16 they were, they are half the bytes, and the same
 numbers (a bf16 value is an f32 whose lower 16 bits are zero). Kernels that read them
-(the vector products, the embedding gather: ``codegen.reads_bf16``) widen each element
-as they load it and compute in f32 as before, so the results are the f32 results, bit
-for bit. Other readers (a prefill's tiled products) read a ``widen`` of the weight, an
-f32 copy made in the step.
+(the products, the embedding gather: ``codegen.reads_bf16``) widen each element as they
+load it and compute in f32 as before, so the results are the f32 results, bit for bit.
+Any other reader (none in the generation graphs of the importer's families) reads a
+``widen`` of the weight, an f32 copy made in the step.
 
 The caller chooses the weights (``bf16_candidates``: their values must all be bf16
 values) and gives the predicate of the kernels that read bf16; this module knows no
@@ -39,12 +39,27 @@ def _reads_itself(graph: Graph, reader: int, weight: int, reads_bf16: ReadsBf16)
     return all(reads_bf16(graph, graph[reader], i) for i, x in enumerate(graph[reader].inputs) if x == weight)
 
 
+def _readers(graph: Graph, users, node: int):
+    """(reader, what it reads) for the readers of ``node``, through reshapes: a reshape of a
+    bf16 weight is the same words (a view), so it is bf16 too and its readers read the weight."""
+    for u in users[node]:
+        if graph[u].op == "reshape":
+            yield from _readers(graph, users, u)
+        else:
+            yield u, node
+
+
+def _views(graph: Graph, users, node: int) -> set[int]:
+    """The reshapes of ``node``, and theirs."""
+    return {v for u in users[node] if graph[u].op == "reshape" for v in {u} | _views(graph, users, u)}
+
+
 def direct_readers(graph: Graph, names: Iterable[str], reads_bf16: ReadsBf16) -> set[str]:
     """Those of parameters ``names`` that every reader in ``graph`` reads in bf16 itself: in
     a decode step, a weight a widen would copy on every step is better left in f32."""
     users = graph.users()
     return {name for name in names if name in graph.parameters
-            and all(_reads_itself(graph, u, graph.parameters[name], reads_bf16) for u in users[graph.parameters[name]])}
+            and all(_reads_itself(graph, u, x, reads_bf16) for u, x in _readers(graph, users, graph.parameters[name]))}
 
 
 def store_weights_bf16(graph: Graph, names: Iterable[str], reads_bf16: ReadsBf16) -> tuple[Graph, int]:
@@ -56,16 +71,20 @@ def store_weights_bf16(graph: Graph, names: Iterable[str], reads_bf16: ReadsBf16
         return graph, 0
     stored = {graph.parameters[n] for n in names}
     users = graph.users()
-    widened = {u for p in stored for u in users[p] if not _reads_itself(graph, u, p, reads_bf16)}   # old ids
+    views = {v for p in stored for v in _views(graph, users, p)}   # reshapes of them: bf16 as well
+    widened = {u for p in stored for u, x in _readers(graph, users, p)
+               if not _reads_itself(graph, u, x, reads_bf16)}   # old ids
     widen_of: dict[int, int] = {}
 
     def stand_in(g: Graph, n: Node, remap: dict[int, int]):
         if n.id in stored:
             return g._append("parameter", (), TensorType(n.shape, "bf16"), {}, n.name, n.modules)
+        if n.id in views:
+            return g._append(n.op, (remap[n.inputs[0]],), TensorType(n.shape, "bf16"), n.attrs, n.name, n.modules)
         if n.id not in widened:
             return None
         for x in n.inputs:
-            if x in stored and x not in widen_of:
+            if (x in stored or x in views) and x not in widen_of:
                 widen_of[x] = g._append("widen", (remap[x],), TensorType(graph[x].shape), {}, f"{graph[x].name}:f32",
                                         n.modules)
         inputs = tuple(widen_of.get(x, remap[x]) for x in n.inputs)
