@@ -351,15 +351,17 @@ def test_a_decode_step_allocates_nothing(llama, monkeypatch):
 def test_greedy_decoding_runs_ahead_on_the_gpu(llama, monkeypatch):
     """19 decode steps (batches of 8, 8, 3) without reading a step's logits back: the same
     ids as the reference; EOS and a cancel in the middle of a batch stop at that token,
-    and the generator is sound for the next call."""
+    and the generator is sound for the next call. Sampling reads each step's logits, the
+    next step recorded before it waits for them."""
     from engine.train import generation
     model = load_model(str(llama[1]))
     prompt = [5, 17, 3]
     want = model.generate(prompt, 20, backend="reference").tokens
     gen = model.generator(backend="gpu")
-    reads = []
-    run_step = generation.run_step
-    monkeypatch.setattr(generation, "run_step", lambda *a: reads.append(1) or run_step(*a))
+    reads, events = [], []
+    read_logits, step_commands = generation.read_logits, generation.step_commands
+    monkeypatch.setattr(generation, "read_logits", lambda *a: reads.append(1) or events.append("read") or read_logits(*a))
+    monkeypatch.setattr(generation, "step_commands", lambda *a: events.append("record") or step_commands(*a))
     got = gen.generate(prompt, 20)
     assert got.tokens == want and len(got.per_token_ms) == 19 and all(ms > 0 for ms in got.per_token_ms)
     assert len(reads) == 1, "only the prefill's logits come back to the host"
@@ -370,8 +372,10 @@ def test_greedy_decoding_runs_ahead_on_the_gpu(llama, monkeypatch):
     cancelled = gen.generate(prompt, 20, on_token=lambda t, ms: seen.append(t), should_stop=lambda: len(seen) >= 5)
     assert cancelled.tokens == seen == want[:5] and cancelled.stopped == "cancelled"
     assert gen.generate(prompt, 20).tokens == want
+    events.clear()
     sampled = gen.generate(prompt, 6, Sampling(temperature=1e-6, seed=1))   # the host path, one step a read
     assert sampled.tokens == want[:6] and len(reads) == 4 + 6
+    assert events == ["record", "read"] + ["record"] + ["record", "read"] * 4 + ["read"]   # the prefill, then ahead
 
 
 # ---------------------------------------------------------------- sampling and limits
