@@ -1,9 +1,10 @@
 // The index of each row's largest element (a decode step's greedy token): one workgroup of
 // THREADS threads a row; each thread keeps the best (value, index) of its elements, loaded
 // UNROLL at a time so that their loads overlap, then a tree in workgroup memory. A row is
-// a few rounds of memory latency: with 256 threads 8 deep, Llama 3's 128,256 logits took 63
-// rounds, 71 us of a 2 ms decode step on the H100 (run 52). Ties go to the lower index and a NaN beats any number,
-// as numpy's argmax has it. out is i32.
+// a few rounds of memory latency: with 256 threads 8 deep, Llama 3's 128,256 logits took
+// 63 rounds, 71 us of a 2 ms decode step on the H100 (run 52). Ties go to the lower index
+// and a NaN beats any number, as numpy's argmax has it; a row whose best is NaN or +inf
+// (an overflow) gives -1, which the host refuses. out is i32.
 // meta: [rows, N]
 
 {{PRELUDE}}
@@ -59,5 +60,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         }
         workgroupBarrier();
     }
-    if (t == 0u) { out[row] = i32(best_i[0]); }
+    if (t == 0u) {
+        let top = best_v[0];
+        out[row] = select(i32(best_i[0]), -1, is_nan(top) || bitcast<u32>(top) == 0x7f800000u);
+    }
 }

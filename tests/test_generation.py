@@ -21,7 +21,7 @@ from engine.cli import main
 from engine.errors import GraphError, MeganeuraError
 from engine.graph import reference
 from engine.graph.ir import Graph
-from engine.graph.ops import norm_matmuls_layout
+from engine.graph.ops import argmax_ref, norm_matmuls_layout
 from engine.importers import load_model
 from engine.runtime.device import device_capabilities
 from engine.runtime.session import Session
@@ -225,17 +225,18 @@ def test_generation_ops_refuse_gradients_and_bad_positions():
         cache_write_ref(np.zeros((1, 4, 2)), np.zeros((1, 1, 2)), np.array([[4]]))
 
 
-@pytest.mark.parametrize("shape", [(3, 1, 5000), (3, 7), (4, 2049), (3, 40000)])
+@pytest.mark.parametrize("shape", [(4, 1, 5000), (4, 7), (5, 2049), (4, 40000)])
 def test_argmax_on_the_gpu_matches_numpy(shape):
     """Rows over several rounds of the deep loads and their tail, with 256 threads and (the
-    longest row, where the adapter allows) 1024; ties (the first wins), NaN (counts as the
-    largest, as numpy's) and a row of -inf."""
+    longest row, where the adapter allows) 1024; ties (the first wins), a row of -inf, and
+    rows holding a NaN or +inf, which give -1."""
     rng = np.random.default_rng(shape[-1])
     x = rng.standard_normal(shape).astype(np.float32)
     rows = x.reshape(-1, shape[-1])
     rows[0, [3, shape[-1] - 1]] = rows[0].max() + 1.0
     rows[1, [5, 1]] = np.nan
     rows[2] = -np.inf
+    rows[3, 4] = np.inf
     g = Graph("argmax")
     g.output("i", g.argmax(g.input("x", shape)))
     session = Session(g)
@@ -243,8 +244,8 @@ def test_argmax_on_the_gpu_matches_numpy(shape):
     session.run()
     got = session.read_output("i")
     assert got.dtype == np.int32 and got.shape == shape[:-1]
-    np.testing.assert_array_equal(got, np.argmax(x, axis=-1))
-    assert got.reshape(-1)[:3].tolist() == [3, 1, 0]
+    np.testing.assert_array_equal(got, argmax_ref(x))
+    assert got.reshape(-1).tolist() == [3, -1, 0, -1, *np.argmax(rows[4:], axis=-1)]
 
 
 def test_plan_writes_the_cache_in_place_and_binds_it_once():
@@ -395,6 +396,43 @@ def test_sampling_rules():
     for bad in (dict(temperature=-1.0), dict(top_k=-2), dict(top_p=0.0), dict(top_p=1.5)):
         with pytest.raises(MeganeuraError):
             Sampling(**bad)
+
+
+def test_logits_that_are_not_numbers_are_an_error_naming_the_step(tmp_path, capsys):
+    """NaN or +inf logits (an overflow) give no meaningful token: greedy and sampled choices
+    refuse them, naming the step; -inf (a masked token) is a number. A checkpoint whose
+    weights hold a NaN gets one line from `meganeura generate`, exit status 2."""
+    rng = np.random.default_rng(0)
+    for bad in (np.nan, np.inf):
+        logits = np.array([1.0, bad, 0.5], np.float32)
+        for sampling in (Sampling(), Sampling(temperature=0.8), Sampling(temperature=0.8, top_k=2)):
+            with pytest.raises(MeganeuraError, match=r"new token 7 \(position 40\): 1 of 3 logits are NaN or \+inf"):
+                sampling.choose(logits, rng, "the logits of new token 7 (position 40)")
+    assert Sampling(temperature=0.8).choose(np.array([-np.inf, 2.0, 1.0]), rng) in (1, 2)
+    hf = llama_relative("Llama", 2)
+    with torch.no_grad():
+        hf.model.norm.weight[3] = float("nan")
+    hf.save_pretrained(tmp_path)
+    assert main(["generate", str(tmp_path), "--prompt-ids", "3,9,27", "--max-new-tokens", "4",
+                 "--temperature", "0.8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("meganeura: error: the prompt's logits (new token 1): ") and "NaN or +inf" in err
+
+
+def test_greedy_decoding_on_the_gpu_refuses_logits_that_are_not_numbers(tmp_path):
+    """The argmax marks a row holding a NaN with -1, and the host names the step: here the
+    embedding of the first new token is NaN (untied, so the prompt's logits are numbers)."""
+    prompt = [3, 9, 27]
+    hf = llama_relative("Llama", 2)
+    hf.save_pretrained(tmp_path / "clean")
+    first = load_model(str(tmp_path / "clean")).generate(prompt, 1).tokens[0]
+    assert first not in prompt
+    with torch.no_grad():
+        hf.model.embed_tokens.weight[first] = float("nan")
+    hf.save_pretrained(tmp_path / "nan")
+    generator = load_model(str(tmp_path / "nan")).generator(backend="gpu")
+    with pytest.raises(MeganeuraError, match=r"the logits of new token 2 \(position 3\): they hold NaN"):
+        generator.generate(prompt, 12)
 
 
 def test_sampling_sorts_only_what_it_needs():

@@ -60,12 +60,16 @@ class Sampling:
         if not 0 < self.top_p <= 1:
             raise MeganeuraError(f"top-p must lie in (0, 1], found {self.top_p}")
 
-    def choose(self, logits: np.ndarray, rng: np.random.Generator) -> int:
+    def choose(self, logits: np.ndarray, rng: np.random.Generator, step: str = "") -> int:
         """The next id. The candidates are picked on the logits as they come (f32 from the
         GPU: their order and ties are those of their f64 values, and selecting in f32 took
         0.3 ms of the 2.4 ms that f64 did for Llama 3's 128,256 logits on this project's
-        2-core CI host); their probabilities are computed in f64."""
+        2-core CI host); their probabilities are computed in f64. Logits that are NaN or
+        +inf are an error naming ``step``: no id chosen from them would mean anything."""
         logits = np.asarray(logits).reshape(-1)
+        broken = int(np.count_nonzero(np.isnan(logits) | (logits == np.inf)))
+        if broken:
+            raise unusable_logits(step or "the logits", f"{broken} of {logits.size} logits are")
         if self.temperature == 0:
             return int(np.argmax(logits))
         candidates = largest_first(logits, self.top_k) if self.top_k else np.arange(logits.size)
@@ -158,7 +162,7 @@ class _ReferenceSteps:
         chosen from the last one's logits."""
         for j in range(count):
             t0 = time.perf_counter()
-            token = sampling.choose(self.run([token], start + j, prefill=False), rng)
+            token = sampling.choose(self.run([token], start + j, prefill=False), rng, decode_step(j, start))
             yield token, 1000.0 * (time.perf_counter() - t0)
 
 
@@ -231,7 +235,7 @@ class _GpuSteps:
                 session.set_inputs(step_inputs(self.model, [token], start + j))
                 session.device.queue.submit(ahead)
                 ahead = list(step_commands(session, self.readback)) if j + 1 < count else []
-                token = sampling.choose(read_logits(session, self.readback), rng)
+                token = sampling.choose(read_logits(session, self.readback), rng, decode_step(j, start))
                 yield token, 1000.0 * (time.perf_counter() - t0)
 
     def greedy(self, token: int, start: int, count: int) -> Iterator[tuple[list[int], float]]:
@@ -252,6 +256,7 @@ class _GpuSteps:
         chosen_at = session.output_location(NEXT_ID)[:2]
         sizes = [min(GREEDY_BATCH, count - i) for i in range(0, count, GREEDY_BATCH)]
         inflight: list[tuple[object, int]] = []
+        produced = 0
         last = time.perf_counter()
         with device_guard("running greedy decode steps", device):
             session.set_input(self.model.token_input, np.array([[token]], np.int32))
@@ -272,6 +277,9 @@ class _GpuSteps:
                 else:
                     continue
                 ids = [i for readback, n in done for i in _read_ids(readback, n)]
+                if -1 in ids:   # the argmax's mark of logits holding a NaN or +inf
+                    raise unusable_logits(decode_step(produced + ids.index(-1), start), "they hold")
+                produced += len(ids)
                 now = time.perf_counter()
                 yield ids, 1000.0 * (now - last) / len(ids)
                 last = now
@@ -335,6 +343,18 @@ def read_logits(session, readback) -> np.ndarray:
     finally:
         readback.unmap()
     return np.frombuffer(raw, np.float32).copy()
+
+
+def unusable_logits(step: str, which: str) -> MeganeuraError:
+    """The error for a step whose logits hold a NaN or +inf: no token chosen from them means anything."""
+    return MeganeuraError(f"{step}: {which} NaN or +inf, so no token can be chosen (the model's numbers "
+                          f"overflowed, or a weight is not finite; f32 precision, MEGANEURA_PRECISION=f32, "
+                          f"avoids f16's overflow)")
+
+
+def decode_step(j: int, start: int) -> str:
+    """How an error names decode step ``j`` of those after a prompt of ``start`` tokens."""
+    return f"the logits of new token {j + 2} (position {start + j})"
 
 
 def step_inputs(model, ids: Sequence[int], start: int) -> dict[str, np.ndarray]:
@@ -412,7 +432,7 @@ class Generator:
         rng = np.random.default_rng(sampling.seed)
         result = Generation(prompt, capacity=steps.capacity)
         start = time.perf_counter()
-        token = sampling.choose(steps.run(prompt, 0, prefill=True), rng)
+        token = sampling.choose(steps.run(prompt, 0, prefill=True), rng, "the prompt's logits (new token 1)")
         result.prefill_seconds = time.perf_counter() - start
         eos = {int(e) for e in eos_ids}
         later = decode_stream(steps, sampling, rng, token, len(prompt), max_new_tokens - 1, self.runs_ahead(sampling))

@@ -187,11 +187,15 @@ def _argmax_shape(ts, a):
 
 
 def argmax_ref(x):
-    """The index of each row's largest element (the first of equals; a NaN counts as the
-    largest, as numpy's argmax has it), i32."""
-    return np.asarray(np.argmax(x, axis=-1)).astype(np.int32)
+    """The index of each row's largest element (the first of equals), i32; -1 for a row
+    holding a NaN or +inf, whose choice would mean nothing (an overflow), so that the host
+    can refuse it without reading the row."""
+    x = np.asarray(x)
+    broken = np.isnan(x).any(axis=-1) | (x == np.inf).any(axis=-1)
+    return np.where(broken, -1, np.argmax(x, axis=-1)).astype(np.int32)
 
 
 defop("argmax", REDUCTION, _argmax_shape, argmax_ref,
-      doc="the index of the largest element along the last axis, i32 (the first of equals; NaN counts as the "
-          "largest): a decode step's greedy choice, made on the GPU so the next step needs no read-back")
+      doc="the index of the largest element along the last axis, i32 (the first of equals; -1 where the row "
+          "holds a NaN or +inf): a decode step's greedy choice, made on the GPU so the next step needs no "
+          "read-back")
