@@ -361,7 +361,8 @@ def test_greedy_decoding_runs_ahead_on_the_gpu(llama, monkeypatch):
     gen = model.generator(backend="gpu")
     reads, events = [], []
     read_logits, step_commands = generation.read_logits, generation.step_commands
-    monkeypatch.setattr(generation, "read_logits", lambda *a: reads.append(1) or events.append("read") or read_logits(*a))
+    monkeypatch.setattr(generation, "read_logits",
+                        lambda *a: reads.append(1) or events.append("read") or read_logits(*a))
     monkeypatch.setattr(generation, "step_commands", lambda *a: events.append("record") or step_commands(*a))
     got = gen.generate(prompt, 20)
     assert got.tokens == want and len(got.per_token_ms) == 19 and all(ms > 0 for ms in got.per_token_ms)

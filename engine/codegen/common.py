@@ -187,7 +187,7 @@ def stored_load(binding: str, at: str, dtype: str) -> str:
 
 def stored_load4(binding: str, at4: str, dtype: str) -> str:
     """WGSL reading elements 4 at4 .. 4 at4 + 3 of ``binding`` as a vec4<f32>: a binding of
-    vec4s, or of a bf16 tensor two words at a time (``stored_type4``, common.wgsl's ``bf16x4_``)."""
+    vec4s, or of a bf16 tensor two words at a time (``stored_type``, common.wgsl's ``bf16x4_``)."""
     return f"bf16x4_({binding}[{at4}])" if dtype == "bf16" else f"{binding}[{at4}]"
 
 

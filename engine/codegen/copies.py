@@ -103,8 +103,8 @@ def _copy(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
     lines = []
     for k, (start, ln, base, strides) in enumerate(pieces):
         meta += [start, ln, base] + list(strides)
-        lines.append(f"    if (c >= {start}u && c < {start + ln}u) "
-                     f"{{ out[idx] = {stored_load(f'in{k}', f'piece_offset({k}u, idx)', operands[k].dtype)}; return; }}")
+        value = stored_load(f"in{k}", f"piece_offset({k}u, idx)", operands[k].dtype)
+        lines.append(f"    if (c >= {start}u && c < {start + ln}u) {{ out[idx] = {value}; return; }}")
     t = _wgsl_type(node.dtype)
     names = [f"in{k}" for k in range(len(operands))]
     return _finish(f"copy:{node.op}", "copy", "copy.wgsl", names,

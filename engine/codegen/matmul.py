@@ -190,8 +190,9 @@ def _simple_load_b(words_b, n_: int, k_: int, stored: str = "f32") -> tuple[str,
     if operand_fetch(words_b[:-2] + [words_b[-1], words_b[-2]], n_, k_) == "outer-vec4":
         return (stored_type("vec4<f32>", stored),
                 f"            bv = {stored_load4('b_in', '(b0 + kb * sbk + col0) / 4u', stored)};")
+    value = stored_load("b_in", "b0 + kb * sbk + (col0 + j) * sbn", stored)
     return stored_type("f32", stored), ("            for (var j = 0u; j < 4u && col0 + j < N; j = j + 1u) "
-                                        f"{{ bv[j] = {stored_load('b_in', 'b0 + kb * sbk + (col0 + j) * sbn', stored)}; }}")
+                                        f"{{ bv[j] = {value}; }}")
 
 
 def _sums_plan(sums: str, variant: str, fetch_a: str, fetch_b: str, m_: int, n_: int) -> dict | None:
