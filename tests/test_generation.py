@@ -26,7 +26,8 @@ from engine.importers import load_model
 from engine.runtime.device import device_capabilities
 from engine.runtime.session import Session
 from engine.runtime.session import submission_chunks
-from engine.train.generation import Sampling, cache_capacity, largest_first
+from engine.train.generation import Sampling, cache_capacity
+from engine.train.sampling import draw, largest_first, reach_blocked
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -437,22 +438,73 @@ def test_greedy_decoding_on_the_gpu_refuses_logits_that_are_not_numbers(tmp_path
 
 
 def test_sampling_sorts_only_what_it_needs():
-    """The top-k and top-p candidates as a stable sort of the whole vocabulary gives them,
-    sorting at most 1,024 where the nucleus lies among them (a peaked distribution), all
-    otherwise (a flat one)."""
+    """The top-k candidates are those of a stable sort of the whole vocabulary, in its
+    order, whatever the ties, the -inf and the length (runs of FLOOR_BLOCK and a tail)."""
     rng = np.random.default_rng(5)
     values = rng.integers(0, 50, 3000).astype(np.float64)   # many ties
-    for k in (1, 7, 1024, 2999, 3000):
+    for k in (1, 7, 46, 47, 1024, 2999, 3000):
         assert largest_first(values, k).tolist() == np.argsort(-values, kind="stable")[:k].tolist()
-    for logits in (rng.standard_normal(5000) * 4, rng.standard_normal(5000) * 0.01):
-        z = logits / 0.7
-        p = np.exp(z - z.max())
-        p /= p.sum()
-        order = np.argsort(-logits, kind="stable")
-        keep = int(np.searchsorted(np.cumsum(p[order]), 0.8)) + 1
-        kept, q = Sampling(temperature=0.7, top_p=0.8)._nucleus(logits, np.arange(5000), p)
-        assert kept.tolist() == order[:keep].tolist()
-        np.testing.assert_allclose(q, p[order[:keep]] / p[order[:keep]].sum())
+    vocab = rng.standard_normal(128_256 + 37).astype(np.float32)
+    vocab[rng.integers(0, vocab.size, 500)] = np.float32(vocab.max())   # ties at the top
+    vocab[rng.integers(0, vocab.size, 500)] = -np.inf
+    order = np.argsort(-vocab, kind="stable")
+    for k in (1, 50, 501, 1024, 2100):
+        assert largest_first(vocab, k).tolist() == order[:k].tolist()
+
+
+def _nucleus_by_sorting(logits, temperature, top_p):
+    """The nucleus as its definition reads: a stable sort of all the logits, the shortest
+    prefix whose weights reach top_p of their sum."""
+    w = np.exp((logits - logits.max()) * (1.0 / temperature))
+    order = np.argsort(-logits, kind="stable")
+    cumulative = np.cumsum(w[order], dtype=np.float64)
+    return order[:int(np.searchsorted(cumulative, top_p * w.sum(dtype=np.float64))) + 1]
+
+
+def test_the_nucleus_is_the_shortest_likeliest_prefix():
+    """Peaked logits (the nucleus among the likeliest 1,024) and flat ones (most of the
+    vocabulary: found from the sorted values), f32 and f64, with ties where it ends."""
+    rng = np.random.default_rng(6)
+    cases = [rng.standard_normal(5000) * 4, rng.standard_normal(5000) * 0.01,
+             (rng.standard_normal(128_256) * 3).astype(np.float32),
+             (rng.standard_normal(128_256) * 0.02).astype(np.float32),
+             np.round(rng.standard_normal(20_000), 1)]   # many equal values
+    for logits in cases:
+        for top_p in (0.3, 0.8, 0.95):
+            sampling = Sampling(temperature=0.7, top_p=top_p)
+            weights = sampling._weights(logits, logits.max())
+            kept = sampling.nucleus(logits, weights, logits.max())
+            assert sorted(kept.tolist()) == sorted(_nucleus_by_sorting(logits, 0.7, top_p).tolist())
+            draws = {sampling.choose(logits, rng) for _ in range(50)}
+            assert draws <= set(kept.tolist())
+
+
+def test_a_draw_follows_its_weights_and_never_takes_a_zero():
+    """draw() against numpy's inverse CDF from the same uniform (the blocks only change
+    where the sum is found), on weights crossing many blocks; zeros are never drawn, and
+    the frequencies follow the weights."""
+    rng = np.random.default_rng(7)
+    weights = rng.random(1000) ** 8
+    weights[::3] = 0.0
+    for seed in range(300):
+        u = np.random.default_rng(seed).random()
+        expected = int(np.searchsorted(np.cumsum(weights), u * weights.sum(), side="right"))
+        assert draw(weights, np.random.default_rng(seed)) == expected
+    small = np.array([0.0, 3.0, 0.0, 1.0, 6.0], np.float32)
+    counts = np.bincount([draw(small, rng) for _ in range(20_000)], minlength=5) / 20_000
+    np.testing.assert_allclose(counts, small / small.sum(), atol=0.015)
+    last = np.zeros(700)
+    last[-1] = 1e-300   # one tiny weight, at the end of a partial block
+    assert all(draw(last, rng) == 699 for _ in range(20))
+    w = rng.random(128_256).astype(np.float32)
+    for target in (0.0, 1.0, 0.37 * w.sum(dtype=np.float64), w.sum(dtype=np.float64) * 0.999):
+        cumulative = np.cumsum(w, dtype=np.float64)
+        assert reach_blocked(w, target) == min(int(np.searchsorted(cumulative, target)) + 1, w.size)
+
+
+def test_logits_all_minus_infinity_are_refused():
+    with pytest.raises(MeganeuraError, match="every logit is -inf"):
+        Sampling(temperature=0.8).choose(np.full(8, -np.inf, np.float32), np.random.default_rng(0), "step 3")
 
 
 def test_same_seed_same_sample_and_eos_stops(llama):

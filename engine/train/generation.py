@@ -10,9 +10,7 @@ two ints, records the plan's dispatches, copies the last logits into a mapped bu
 kept for the purpose and reads them: it allocates nothing. On the reference backend
 the same graphs run in numpy, the caches passed from one step's outputs to the next.
 
-Sampling happens on the host from the last position's logits: greedy at temperature 0,
-else softmax(logits / T) restricted to the ``top_k`` most likely and the smallest set
-whose probability reaches ``top_p``, drawn with a generator seeded by ``seed``. Greedy
+Sampling happens on the host from the last position's logits (engine.train.sampling). Greedy
 decoding on the GPU does not come back to the host between steps: each decode step also
 takes its logits' argmax (the graph's ``next_id``), copied on the GPU into the next step's
 token input, so the host records steps ahead while the GPU runs and reads their ids a
@@ -22,7 +20,6 @@ on an H100, and waiting for each token's logits left the GPU idle a third of the
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,78 +30,11 @@ import numpy as np
 from ..errors import MeganeuraError
 from ..graph.kv_cache import CACHE_PREFIX, NEXT_ID
 from ..optimize.bf16_weights import bf16_candidates, direct_readers, store_weights_bf16
+from .sampling import Sampling, unusable_logits
 
 MIN_CAPACITY = 256
 MAX_PREFILLS = 4     # prefill sessions (one per prompt length) a generator keeps
-NUCLEUS_SORTED = 1024  # candidates top-p sampling sorts first
 GREEDY_BATCH = 8     # greedy decode steps the host reads back at once (two batches in flight)
-
-
-# ---------------------------------------------------------------- sampling
-
-@dataclass(frozen=True)
-class Sampling:
-    """How the next token is chosen: greedy (temperature 0), else sampled with top-k
-    (0: no limit) and nucleus (top-p) filtering."""
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-
-    def __post_init__(self):
-        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
-            raise MeganeuraError(f"temperature must be a finite number >= 0, found {self.temperature}")
-        if self.top_k < 0:
-            raise MeganeuraError(f"top-k must be >= 0 (0: no limit), found {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise MeganeuraError(f"top-p must lie in (0, 1], found {self.top_p}")
-
-    def choose(self, logits: np.ndarray, rng: np.random.Generator, step: str = "") -> int:
-        """The next id. The candidates are picked on the logits as they come (f32 from the
-        GPU: their order and ties are those of their f64 values, and selecting in f32 took
-        0.3 ms of the 2.4 ms that f64 did for Llama 3's 128,256 logits on this project's
-        2-core CI host); their probabilities are computed in f64. Logits that are NaN or
-        +inf are an error naming ``step``: no id chosen from them would mean anything."""
-        logits = np.asarray(logits).reshape(-1)
-        broken = int(np.count_nonzero(np.isnan(logits) | (logits == np.inf)))
-        if broken:
-            raise unusable_logits(step or "the logits", f"{broken} of {logits.size} logits are")
-        if self.temperature == 0:
-            return int(np.argmax(logits))
-        candidates = largest_first(logits, self.top_k) if self.top_k else np.arange(logits.size)
-        z = logits[candidates].astype(np.float64) / self.temperature
-        p = np.exp(z - z.max())
-        p /= p.sum()
-        if self.top_p < 1:
-            candidates, p = self._nucleus(logits, candidates, p)
-        return int(candidates[rng.choice(len(candidates), p=p)])
-
-    def _nucleus(self, logits, candidates, p):
-        """The most likely candidates whose probabilities reach top_p, renormalised. Only
-        the likeliest 1,024 are sorted where they reach it (sorting a 49,152-token
-        vocabulary each step took 4.5 ms, several decode steps' worth), else all."""
-        if self.top_k:
-            ranked = np.arange(len(candidates))   # largest_first's order already
-        else:
-            ranked = largest_first(logits, NUCLEUS_SORTED)
-            if p[ranked].sum() < self.top_p:
-                ranked = largest_first(logits, logits.size)
-        cumulative = np.cumsum(p[ranked])
-        keep = min(int(np.searchsorted(cumulative, self.top_p) + 1), len(ranked))
-        kept = ranked[:keep]
-        return candidates[kept], p[kept] / p[kept].sum()
-
-
-def largest_first(values: np.ndarray, count: int) -> np.ndarray:
-    """Indices of the ``count`` largest values, largest first, equal values by index (what
-    a stable sort of -values gives), without sorting them all."""
-    if count >= values.size:
-        return np.argsort(-values, kind="stable")
-    kth = -np.partition(-values, count - 1)[count - 1]   # the value alone: no index array to permute
-    above = np.flatnonzero(values > kth)
-    chosen = np.concatenate([above, np.flatnonzero(values == kth)[:count - above.size]])
-    return chosen[np.lexsort((chosen, -values[chosen]))]
 
 
 # ---------------------------------------------------------------- results
@@ -343,13 +273,6 @@ def read_logits(session, readback) -> np.ndarray:
     finally:
         readback.unmap()
     return np.frombuffer(raw, np.float32).copy()
-
-
-def unusable_logits(step: str, which: str) -> MeganeuraError:
-    """The error for a step whose logits hold a NaN or +inf: no token chosen from them means anything."""
-    return MeganeuraError(f"{step}: {which} NaN or +inf, so no token can be chosen (the model's numbers "
-                          f"overflowed, or a weight is not finite; f32 precision, MEGANEURA_PRECISION=f32, "
-                          f"avoids f16's overflow)")
 
 
 def decode_step(j: int, start: int) -> str:
