@@ -14,7 +14,8 @@
 // sums (and its second sums, its sums of squares) and matmul_splits.wgsl adds them up
 // and applies the epilogue (codegen's _split_stores in EPILOGUE's place).
 // A B stored in bf16 (engine.optimize.bf16_weights) is read through codegen's stored_load: the u32
-// word holding the element, widened (common.wgsl's bf16_).
+// word holding the element, widened (common.wgsl's bf16_); or, WIDTH = 4, four columns a thread
+// from two words at once (bf16x4_), the sums vec4s (ACC).
 // meta: [M, N, K, nbatch, eps, batch_shape[BR], per operand: batch_strides[BR], s_row, s_col,
 //        K slices, SPAN]
 
@@ -27,9 +28,10 @@ const ROWS: u32 = {{ROWS}}u;
 const COLS: u32 = {{COLS}}u;
 const SLICES: u32 = {{SLICES}}u;
 const UNROLL: u32 = {{UNROLL}}u;
+const WIDTH: u32 = {{WIDTH}}u;   // consecutive columns a thread, its sums an ACC
 const SPAN_WORD: u32 = {{SPAN_WORD}}u;   // the meta word of a K slice's length
 
-var<workgroup> part: array<f32, {{PARTIAL}}>;
+var<workgroup> part: array<{{ACC}}, {{PARTIAL}}>;
 {{EXTRA_DECL}}
 
 {{OPERANDS}}
@@ -50,10 +52,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     let sbk = srow(1u + wsel);
     let sbn = scol(1u + wsel);
 {{EXTRA_SETUP}}
-    let col_b = wx * COLS + c;
+    let col_b = (wx * COLS + c) * WIDTH;
     let k_lo = wg.y * m(SPAN_WORD);
     let k_hi = min(K, k_lo + m(SPAN_WORD));
-    var acc: array<f32, ROWS>;
+    var acc: array<{{ACC}}, ROWS>;
     if (col_b < N) {
         // UNROLL steps of K at a time, their loads independent: one load in flight per
         // thread left the kernel waiting on memory latency (17 us for 576 x 576 on the H100).
@@ -68,12 +70,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     for (var r = 0u; r < ROWS; r = r + 1u) { part[(r * COLS + c) * SLICES + s] = acc[r]; }
 {{EXTRA_STORE}}
     workgroupBarrier();
-    for (var o = t; o < ROWS * COLS; o = o + COLS * SLICES) {
-        let row = o / COLS;
-        let col = wx * COLS + o % COLS;
+    for (var o = t; o < ROWS * COLS * WIDTH; o = o + COLS * SLICES) {
+        let row = o / (COLS * WIDTH);
+        let within = o % (COLS * WIDTH);
+        let col = wx * COLS * WIDTH + within;
         if (col >= N) { continue; }
+        let pi = (row * COLS + within / WIDTH) * SLICES;   // this column's sums, slice after slice
+        let lane = within % WIDTH;
         var v = 0.0;
-        for (var j = 0u; j < SLICES; j = j + 1u) { v = v + part[o * SLICES + j]; }
+        for (var j = 0u; j < SLICES; j = j + 1u) { v = v + part[pi + j]{{LANE}}; }
 {{EXTRA_SUM}}
 {{EPILOGUE}}
         out[{{OUT_AT}}] = v;

@@ -34,14 +34,14 @@ def predicate(caps=None):
     return lambda graph, node, i: reads_bf16(graph, node, i, caps)
 
 
-def products_graph(k: int, n: int) -> Graph:
+def products_graph(k: int, n: int, rows: int = 2, qkv_widths=(70, 34, 34)) -> Graph:
     """Every vector product that reads a weight (plain with an epilogue, B transposed,
     SwiGLU's two, a norm's, norm_matmuls' three) and a product of 64 rows (a tiled kernel)."""
     g = Graph("bf16 products")
-    x, nw = g.input("x", (1, 2, k)), g.input("nw", (k,))
+    x, nw = g.input("x", (1, rows, k)), g.input("nw", (k,))
     w, wt, wu = g.parameter("w", (k, n)), g.parameter("wt", (n, k)), g.parameter("wu", (k, n))
-    qkv = [g.parameter(f"p{i}", (k, width)) for i, width in enumerate((70, 34, 34))]
-    g.output("fused", g.apply("fused_matmul", x, w, g.input("bias", (n,)), g.input("res", (1, 2, n)),
+    qkv = [g.parameter(f"p{i}", (k, width)) for i, width in enumerate(qkv_widths)]
+    g.output("fused", g.apply("fused_matmul", x, w, g.input("bias", (n,)), g.input("res", (1, rows, n)),
                               activation="gelu", has_add=True, has_residual=True))
     g.output("transposed", g.matmul(x, wt, transpose_b=True))
     g.output("swiglu", g.apply("swiglu_matmul", x, w, wu, nw, transpose_b=False, eps=1e-5))
@@ -91,6 +91,37 @@ def test_vector_products_read_bf16_weights_exactly(splits, configure):
     weights = {b.names[0]: b.nbytes for b in session.plan.buffers if b.kind == "parameter"}
     assert weights["w"] == -(-2 * k * n // 256) * 256
     assert session.get_parameter("wt").tobytes() == params["wt"].tobytes()
+
+
+@pytest.mark.parametrize("n,splits", [(132, 1), (132, 3), (70, 3)])
+def test_one_row_reads_four_bf16_columns_a_thread_exactly(n, splits, configure):
+    """A decode step's products (one row) read bf16 weights four columns a thread, two
+    words at once, where every B's columns come in fours (132: a last workgroup of 4
+    columns past 128), else one (70); the f32 weights' results bit for bit, whole and
+    with K in 3 slices (a tail of K too), and the reference's."""
+    configure(matmul_splits=splits)
+    caps = device_capabilities()
+    caps = dataclasses.replace(caps, tuning=dataclasses.replace(caps.tuning, vector_small_kib=1))
+    rng = np.random.default_rng(n + splits)
+    k = 1300
+    g = products_graph(k, n, rows=1, qkv_widths=(68, 36, 36) if n % 4 == 0 else (70, 34, 34))
+    inputs = {name: rng.standard_normal(g.shape(i)).astype(np.float32) for name, i in g.inputs.items()}
+    params = {name: bf16_values(rng, *g.shape(i)) for name, i in g.parameters.items()}
+    stored, _ = store_weights_bf16(g, params, predicate(caps))
+    session, got = run(stored, caps, inputs, params)
+    _, want = run(g, caps, inputs, params)
+    expected = reference.run(g, inputs, params)
+    for name in g.outputs:
+        assert np.array_equal(got[name], want[name]), name
+        if name != "tall":
+            bound = (1e-5 if name == "swiglu" else 2e-6) * np.abs(expected[name]).max()
+            assert np.abs(got[name] - expected[name]).max() <= bound, name
+    vector = {d.kernel.split(":")[0]: d.variant for d in session.plan.dispatches if "vector kernel" in d.variant}
+    wide = {op for op, variant in vector.items() if "4 columns a thread" in variant}
+    assert wide == ({"fused_matmul", "swiglu_matmul", "norm_matmuls"} if n % 4 == 0 else set())
+    assert "matmul" not in wide   # B transposed (its rows contiguous): one column a thread
+    fused = next(d for d in session.plan.dispatches if d.kernel.startswith("fused_matmul") and "vector" in d.variant)
+    assert fused.workgroups[0] == -(-n // (128 if n % 4 == 0 else 32))   # 32 threads a row of the workgroup
 
 
 @pytest.mark.parametrize("kernel", ["auto", "simple", "64", "128k8u"])

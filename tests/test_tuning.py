@@ -12,7 +12,7 @@ import pytest
 from engine import codegen
 from engine.codegen import Tuning
 from engine.cli.tune import format_tuning
-from engine.codegen.matmul import coop_variant, vector_layout
+from engine.codegen.matmul import coop_variant, vector_layout, vector_width
 from engine.compile.plan import compile_plan
 from engine.config import current, use
 from engine.graph.ir import Graph
@@ -160,6 +160,15 @@ def test_vector_products_follow_the_tuning():
     assert vector_layout(1536, 576, 1, tuned, True, True) == (32, 2)        # 48 workgroups, K for 2 slices
     huge = replace(codegen.PLAIN, tuning=Tuning(vector_small_kib=1 << 20))
     assert vector_layout(2048, 8192, 1, huge, True, True) == (8, 1)
+    # bf16 weights, four columns a thread: a quarter of the workgroups, so K splits further
+    assert vector_layout(8192, 2048, 1, big, True, True, width=4) == (32, 8)
+    assert vector_layout(2048, 8192, 1, big, True, True, width=4) == (32, 16)
+    assert vector_width(1, ["bf16", "bf16"], True, [8192, 8192], small=False) == 4
+    assert vector_width(1, ["bf16", "f32"], True, [8192, 8192], small=False) == 1   # one B in f32
+    assert vector_width(2, ["bf16"], True, [8192, 8192], small=False) == 1          # two rows
+    assert vector_width(1, ["bf16"], True, [8190, 8190], small=False) == 1          # columns not in fours
+    assert vector_width(1, ["bf16"], False, [8192, 8192], small=False) == 1         # B transposed
+    assert vector_width(1, ["bf16"], True, [576, 576], small=True) == 1             # SmolLM2's: 3.4 MiB
 
 
 def test_the_lean_tiles_follow_the_tuning():

@@ -218,6 +218,8 @@ VECTOR_UNROLL_BF16 = 16   # ... B in bf16, half the bytes a load (run 51: SmolLM
 VECTOR_COLUMNS = 8     # output columns of a workgroup where B is stored transposed (lanes along K)
 VECTOR_WIDE_COLUMNS = 32   # ... and where B's columns are contiguous: a warp reads 128 bytes of a row
 VECTOR_MIN_SLICE = 256     # K a slice of a split vector product keeps at least
+VECTOR_WIDTH_BF16 = 4      # consecutive columns a thread of a one-row product whose Bs are bf16 reads at once
+VECTOR_UNROLL_WIDE = 8     # ... and the K steps it loads at once (run 53: 16 lost 2%)
 
 
 def vector_rows(m_: int, transpose_a: bool, caps: Capabilities) -> bool:
@@ -242,8 +244,26 @@ def product_reads_bf16(node: Node, index: int) -> bool:
     return index == (2 if node.op == "norm_matmul" else 1)
 
 
+def vector_width(rows: int, stored: list[str], columns_contiguous: bool, extents: list[int], small: bool) -> int:
+    """Consecutive columns a thread of the vector kernel takes: VECTOR_WIDTH_BF16 where
+    every B is stored in bf16 with its columns contiguous and there is one row, each as two
+    words (``stored_load4``), else 1. ``extents``: the Bs' column counts and row strides
+    (and norm_matmuls' places in its packed result), which must be whole vec4s of columns.
+    Not for a ``small`` B (``vector_small``), whose workgroups would be a quarter as many.
+    Run 53: a decode step read its bf16 weights at 0.7-1.8 TB/s, each thread loading the word
+    of one element."""
+    whole = all(e % VECTOR_WIDTH_BF16 == 0 for e in extents)
+    wide = rows == 1 and columns_contiguous and whole and set(stored) == {"bf16"} and not small
+    return VECTOR_WIDTH_BF16 if wide else 1
+
+
+def vector_small(n_: int, k_: int, caps: Capabilities) -> bool:
+    """Whether a B of k x n is under ``tuning.vector_small_kib`` (counted in f32): ``vector_layout``."""
+    return n_ * k_ * 4 < caps.tuning.vector_small_kib * 1024
+
+
 def vector_layout(n_: int, k_: int, nbatch: int, caps: Capabilities, columns_contiguous: bool,
-                  splittable: bool) -> tuple[int, int]:
+                  splittable: bool, width: int = 1) -> tuple[int, int]:
     """(columns a workgroup, K slices) of a vector product with ``n_`` columns, reduction
     ``k_`` and ``nbatch`` batches (a B each). A large B whose columns are
     contiguous takes 32 columns, so that a warp reads 128 bytes of a row, else 8 (lanes
@@ -255,10 +275,11 @@ def vector_layout(n_: int, k_: int, nbatch: int, caps: Capabilities, columns_con
     Run 50, Llama-3.2-1B's decode on the H100: its 2048 x 8192 SwiGLU weights read at 1.0
     TB/s in workgroups of 8 columns (a warp's loads 32 bytes of 4 rows), its 8192 x 2048 down
     projection in 32 columns only when split (64 workgroups whole); 270 -> 357 tokens/s.
-    SmolLM2-135M's weights (3.5 MB each) split this way decoded at 558 instead of 646."""
-    small = n_ * k_ * 4 < caps.tuning.vector_small_kib * 1024
+    SmolLM2-135M's weights (3.5 MB each) split this way decoded at 558 instead of 646.
+    ``width``: columns a thread (``vector_width``): a workgroup takes ``cols`` x width."""
+    small = vector_small(n_, k_, caps)
     cols = VECTOR_WIDE_COLUMNS if columns_contiguous and not small else VECTOR_COLUMNS
-    blocks, most = -(-n_ // cols) * nbatch, max(1, k_ // VECTOR_MIN_SLICE)
+    blocks, most = -(-n_ // (cols * width)) * nbatch, max(1, k_ // VECTOR_MIN_SLICE)
     if not splittable:
         return cols, 1
     if caps.knobs.matmul_splits:
@@ -285,22 +306,32 @@ def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: in
     sums before ``common``'s epilogue; ``second``: a second B ``u_in`` (operand 2)
     accumulates into ``v2`` beside ``v``; ``columns``: the template's COLUMNS and OUT_AT
     and which B (``_ONE_B``, or norm_matmuls' several Bs over ``workgroups`` workgroups,
-    its LAYOUT, its WEIGHTS and where its parts are, INSIDE). A B stored in bf16
-    (engine.optimize.bf16_weights) is widened as it is loaded."""
+    its LAYOUT (with its ``vector_width``), its WEIGHTS and where its parts are, INSIDE). A B
+    stored in bf16 (engine.optimize.bf16_weights) is widened as it is loaded, four columns a
+    thread where ``vector_width`` says."""
     columns_contiguous = words_b[-1] == 1
     one_b = columns is _ONE_B
     stored = {name: graph[i].dtype for name, i in zip(names, node.inputs)}
-    types = ["u32" if stored[name] == "bf16" else t for name, t in zip(names, types)]   # two bf16 a word
     weights = columns.get("WEIGHTS", ["b_in"])   # B, or norm_matmuls' Bs (wsel picks one)
-    loads = [{"b": (lambda b: lambda at: stored_load(b, at, stored[b]))(b),
-              "u": lambda at: stored_load("u_in", at, stored.get("u_in", "f32"))} for b in weights]
     k_ = meta[2]
     if one_b:
-        cols, splits = vector_layout(n_, k_, nbatch, caps, columns_contiguous, nbatch == 1 or not (norm or second))
+        width = vector_width(m_ * nbatch, [stored[b] for b in ["b_in"] + (["u_in"] if second else [])],
+                             columns_contiguous, [n_, words_b[-2]], vector_small(n_, k_, caps))
+        cols, splits = vector_layout(n_, k_, nbatch, caps, columns_contiguous, nbatch == 1 or not (norm or second),
+                                     width)
     else:
-        cols, splits = columns["LAYOUT"]
+        cols, splits, width = columns["LAYOUT"]
+    wide = width > 1
+    held = "vec2<u32>" if wide else "u32"   # two bf16 a word; four in two
+    types = [held if stored[name] == "bf16" else t for name, t in zip(names, types)]
+
+    def load_of(binding: str):
+        if wide:
+            return lambda at: stored_load4(binding, f"({at}) / {width}u", "bf16")
+        return lambda at: stored_load(binding, at, stored.get(binding, "f32"))
+    loads = [{"b": load_of(b), "u": load_of("u_in")} for b in weights]
     slices = VECTOR_THREADS // cols
-    blocks = workgroups or -(-n_ // cols)
+    blocks = workgroups or -(-n_ // (cols * width))
     span = -(-k_ // splits)
     span = -(-span // slices) * slices    # whole steps of the slices a slice, none of them empty
     splits = -(-k_ // span)
@@ -309,8 +340,8 @@ def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: in
         raise DeviceError(f"{graph.format_node(node)}: matmul grid {grid} exceeds {MAX_WORKGROUPS} "
                           f"workgroups per dimension")
     meta = [*meta, splits, span]
-    unroll = VECTOR_UNROLL_BF16 if "bf16" in stored.values() else VECTOR_UNROLL
-    extra = _vector_extras(m_, slices, norm, second)
+    unroll = VECTOR_UNROLL_WIDE if wide else VECTOR_UNROLL_BF16 if "bf16" in stored.values() else VECTOR_UNROLL
+    extra = _vector_extras(m_, slices, norm, second, width)
     norm_epilogue = extra.pop("NORM_EPILOGUE")
     first, out_at = dict(common, EPILOGUE=norm_epilogue + common["EPILOGUE"]), columns["OUT_AT"]
     if splits > 1:   # raw sums, slice after slice; the epilogue's operands are the finish's
@@ -319,13 +350,15 @@ def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: in
         out_at = f"wg.y * M * m(1u) * m(3u) + {out_at}"
     k = _finish(f"matmul:{node.op}", "matmul", "matmul_vector.wgsl", names, types, "f32", meta, grid,
                 ROWS=m_, COLS=cols, SLICES=slices, THREADS=VECTOR_THREADS, PARTIAL=m_ * VECTOR_THREADS,
+                WIDTH=width, ACC="vec4<f32>" if wide else "f32", LANE="[lane]" if wide else "",
                 COL_OF="t % COLS" if columns_contiguous else "t / SLICES",
                 SLICE_OF="t / COLS" if columns_contiguous else "t % SLICES", UNROLL=unroll, SPAN_WORD=len(meta) - 1,
                 ACCUMULATE=_vector_steps(m_, ["ka"], norm, second, loads),
                 ACCUMULATE_UNROLLED=_vector_steps(m_, [f"(ka + {u}u * SLICES)" for u in range(unroll)], norm, second,
                                                   loads),
                 COLUMNS=columns["COLUMNS"], OUT_AT=out_at, **extra, **first)
-    k.notes["variant"] = f"{m_}-row vector kernel, {cols} columns x {slices} K slices"
+    k.notes["variant"] = f"{m_}-row vector kernel, {cols * width} columns x {slices} K slices" + (
+        f", {width} columns a thread" if wide else "")
     if splits > 1:
         _split_finish(k, names, meta, m_ * n_ * nbatch, splits, common, norm_epilogue, second, norm,
                       operands=[n for n in names if n not in ("a_in", "u_in", "w_in", *weights)],
@@ -404,14 +437,15 @@ def _vector_steps(rows: int, ks: list[str], norm: bool, second: bool, loads: lis
     return "\n".join("            " + line for line in lines)
 
 
-def _vector_extras(rows: int, slices: int, norm: bool, second: bool) -> dict[str, str]:
+def _vector_extras(rows: int, slices: int, norm: bool, second: bool, width: int = 1) -> dict[str, str]:
     """The EXTRA slots of matmul_vector.wgsl (and the norm's epilogue lines)."""
     decl, setup, store, total, epilogue = [], [], [], [], []
+    acc, lane = ("vec4<f32>", "[lane]") if width > 1 else ("f32", "")
     if second:
-        decl.append(f"var<workgroup> part2: array<f32, {rows * VECTOR_THREADS}>;")
-        setup += ["let u0 = boff(b, 2u);", "let suk = srow(2u);", "let sun = scol(2u);", "var acc2: array<f32, ROWS>;"]
+        decl.append(f"var<workgroup> part2: array<{acc}, {rows * VECTOR_THREADS}>;")
+        setup += ["let u0 = boff(b, 2u);", "let suk = srow(2u);", "let sun = scol(2u);", f"var acc2: array<{acc}, ROWS>;"]
         store.append("for (var r = 0u; r < ROWS; r = r + 1u) { part2[(r * COLS + c) * SLICES + s] = acc2[r]; }")
-        total += ["    var v2 = 0.0;", "    for (var j = 0u; j < SLICES; j = j + 1u) { v2 = v2 + part2[o * SLICES + j]; }"]
+        total += ["    var v2 = 0.0;", f"    for (var j = 0u; j < SLICES; j = j + 1u) {{ v2 = v2 + part2[pi + j]{lane}; }}"]
     if norm:   # each column's SLICES threads see all of K once: column 0's sums of squares suffice
         decl.append(f"var<workgroup> part_ss: array<f32, {rows * slices}>;")
         setup.append("var ssq: array<f32, ROWS>;")
@@ -466,8 +500,10 @@ def _norm_matmuls(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kerne
                                  f"({rows} rows, at most {VECTOR_ROWS}, and no MEGANEURA_MATMUL forced)")
     shapes, offsets, _ = norm_matmuls_layout(x.shape, [w.shape for w in weights], tb)
     widths = [shape[-1] for shape in shapes]
-    cols, splits = vector_layout(sum(widths), k_, 1, caps, not tb, rows == 1)
-    blocks = [-(-n // cols) for n in widths]
+    width = vector_width(rows, [w.dtype for w in weights], not tb, widths + list(offsets),
+                         vector_small(sum(widths), k_, caps))
+    cols, splits = vector_layout(sum(widths), k_, 1, caps, not tb, rows == 1, width)
+    blocks = [-(-n // (cols * width)) for n in widths]
     words = [[1, k_] if tb else [n, 1] for n in widths]    # each weight's strides of (k, n)
     # N (meta word 1): the packed result's elements a row, the gaps between its parts included
     # (what a split's finish covers)
@@ -478,8 +514,8 @@ def _norm_matmuls(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kerne
                f"N = {widths[i]}u; out0 = {offsets[i]}u; }}" for i in range(1, len(weights))]
     common = dict(BR=0, OPERANDS=_render("matmul_operands.wgsl", ACTIVATION="x"), EPILOGUE="")
     inside = " || ".join(f"(i >= {at}u && i < {at + n}u)" for at, n in zip(offsets, widths))
-    columns = dict(COLUMNS="\n".join(select), OUT_AT="out0 + row * N + col", LAYOUT=(cols, splits), INSIDE=inside,
-                   WEIGHTS=bs)
+    columns = dict(COLUMNS="\n".join(select), OUT_AT="out0 + row * N + col", LAYOUT=(cols, splits, width),
+                   INSIDE=inside, WEIGHTS=bs)
     kernel = _vector_kernel(graph, node, ["a_in", "w_in", *bs], ["f32"] * (2 + len(bs)), meta, rows, meta[1], 1,
                             words[0], common, norm=True, columns=columns, workgroups=sum(blocks))
     kernel.notes["variant"] += f", {len(weights)} weights ({' + '.join(map(str, widths))} columns)"
