@@ -350,7 +350,7 @@ def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: in
         out_at = f"wg.y * M * m(1u) * m(3u) + {out_at}"
     k = _finish(f"matmul:{node.op}", "matmul", "matmul_vector.wgsl", names, types, "f32", meta, grid,
                 ROWS=m_, COLS=cols, SLICES=slices, THREADS=VECTOR_THREADS, PARTIAL=m_ * VECTOR_THREADS,
-                WIDTH=width, ACC="vec4<f32>" if wide else "f32", LANE="[lane]" if wide else "",
+                WIDTH=width,
                 COL_OF="t % COLS" if columns_contiguous else "t / SLICES",
                 SLICE_OF="t / COLS" if columns_contiguous else "t % SLICES", UNROLL=unroll, SPAN_WORD=len(meta) - 1,
                 ACCUMULATE=_vector_steps(m_, ["ka"], norm, second, loads),
@@ -438,7 +438,8 @@ def _vector_steps(rows: int, ks: list[str], norm: bool, second: bool, loads: lis
 
 
 def _vector_extras(rows: int, slices: int, norm: bool, second: bool, width: int = 1) -> dict[str, str]:
-    """The EXTRA slots of matmul_vector.wgsl (and the norm's epilogue lines)."""
+    """The EXTRA slots of matmul_vector.wgsl, the type of its sums (ACC) and how a column's
+    is picked from them (LANE), and the norm's epilogue lines."""
     decl, setup, store, total, epilogue = [], [], [], [], []
     acc, lane = ("vec4<f32>", "[lane]") if width > 1 else ("f32", "")
     if second:
@@ -456,7 +457,8 @@ def _vector_extras(rows: int, slices: int, norm: bool, second: bool, width: int 
             epilogue.append("        v2 = v2 * norm;")
     indent = lambda lines, n: "\n".join(" " * n + line for line in lines)  # noqa: E731
     return {"EXTRA_DECL": "\n".join(decl), "EXTRA_SETUP": indent(setup, 4), "EXTRA_STORE": indent(store, 4),
-            "EXTRA_SUM": indent(total, 4), "NORM_EPILOGUE": "\n".join(epilogue) + ("\n" if epilogue else "")}
+            "EXTRA_SUM": indent(total, 4), "ACC": acc, "LANE": lane,
+            "NORM_EPILOGUE": "\n".join(epilogue) + ("\n" if epilogue else "")}
 
 
 SWIGLU_ROWS = 4   # two accumulators' partial sums must fit 16 KiB of workgroup memory
