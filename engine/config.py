@@ -42,6 +42,7 @@ class Knobs:
     thread_layout: str = ""           # MEGANEURA_THREAD_LAYOUT: rows | warp
     pool: bool = True                 # MEGANEURA_POOL=0: every tensor its own buffer
     bf16_weights: bool = True         # MEGANEURA_BF16_WEIGHTS=0: generation keeps bf16 checkpoints' weights in f32
+    weight_layout: str = "out-in"     # MEGANEURA_WEIGHT_LAYOUT=in-out: generation keeps linear weights [in, out]
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class Config:
             thread_layout=get("THREAD_LAYOUT") or "",
             pool=_choice(get, "POOL", ("0", "1"), "1") == "1",
             bf16_weights=_choice(get, "BF16_WEIGHTS", ("0", "1"), "1") == "1",
+            weight_layout=_choice(get, "WEIGHT_LAYOUT", ("out-in", "in-out"), "out-in"),
         )
         return cls(wgpu=_choice(get, "WGPU", BACKENDS, "native"),
                    precision=_choice(get, "PRECISION", PRECISIONS, "f32"),

@@ -15,7 +15,10 @@
 // and applies the epilogue (codegen's _split_stores in EPILOGUE's place).
 // A B stored in bf16 (engine.optimize.bf16_weights) is read through codegen's stored_load: the u32
 // word holding the element, widened (common.wgsl's bf16_); or, WIDTH = 4, four columns a thread
-// from two words at once (bf16x4_), the sums vec4s (ACC).
+// from two words at once (bf16x4_), the sums vec4s (ACC). Where B is stored transposed (a
+// weight kept [out, in]), DEPTH = 4 gives each thread four consecutive K steps a load, two
+// bf16 words or an f32 vec4, so that a warp reads 256 or 512 contiguous bytes of a column;
+// ka then counts steps of DEPTH.
 // meta: [M, N, K, nbatch, eps, batch_shape[BR], per operand: batch_strides[BR], s_row, s_col,
 //        K slices, SPAN]
 
@@ -29,6 +32,7 @@ const COLS: u32 = {{COLS}}u;
 const SLICES: u32 = {{SLICES}}u;
 const UNROLL: u32 = {{UNROLL}}u;
 const WIDTH: u32 = {{WIDTH}}u;   // consecutive columns a thread, its sums an ACC
+const DEPTH: u32 = {{DEPTH}}u;   // consecutive K steps a thread loads at once
 const SPAN_WORD: u32 = {{SPAN_WORD}}u;   // the meta word of a K slice's length
 
 var<workgroup> part: array<{{ACC}}, {{PARTIAL}}>;
@@ -53,8 +57,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     let sbn = scol(1u + wsel);
 {{EXTRA_SETUP}}
     let col_b = (wx * COLS + c) * WIDTH;
-    let k_lo = wg.y * m(SPAN_WORD);
-    let k_hi = min(K, k_lo + m(SPAN_WORD));
+    let k_lo = wg.y * m(SPAN_WORD) / DEPTH;
+    let k_hi = min(K, (wg.y + 1u) * m(SPAN_WORD)) / DEPTH;
     var acc: array<{{ACC}}, ROWS>;
     if (col_b < N) {
         // UNROLL steps of K at a time, their loads independent: one load in flight per

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 from engine.codegen import UnsupportedOpError, kernel_for, reads_bf16
+from engine.codegen.matmul import vector_layout
 from engine.errors import ShapeError
 from engine.graph import reference
 from engine.graph.ir import Graph
 from engine.importers.hf import load_checkpoint
-from engine.optimize.bf16_weights import bf16_candidates, direct_readers, store_weights_bf16
+from engine.optimize.bf16_weights import bf16_candidates, direct_readers, store_weights_bf16, transposable
 from engine.runtime.device import device_capabilities
 from engine.runtime.session import Session
 from engine.train.generation import Generator
@@ -122,6 +123,69 @@ def test_one_row_reads_four_bf16_columns_a_thread_exactly(n, splits, configure):
     assert "matmul" not in wide   # B transposed (its rows contiguous): one column a thread
     fused = next(d for d in session.plan.dispatches if d.kernel.startswith("fused_matmul") and "vector" in d.variant)
     assert fused.workgroups[0] == -(-n // (128 if n % 4 == 0 else 32))   # 32 threads a row of the workgroup
+
+
+def test_weights_kept_out_in_are_read_four_k_steps_a_load(configure):
+    """Weights kept [out, in] (``transposable``: a decode step's, read only as products' Bs):
+    each product reads them with transpose_b, a thread four K steps a load, K whole; in
+    bf16 the same results as in f32, bit for bit, and the reference's to f32 rounding. The
+    session takes and gives them [in, out], and names the shape it expects."""
+    caps = device_capabilities()
+    caps = dataclasses.replace(caps, tuning=dataclasses.replace(caps.tuning, vector_small_kib=1))
+    rng = np.random.default_rng(5)
+    k, n = 1300, 72
+    g = products_graph(k, n, rows=1, qkv_widths=(68, 36, 36))
+    inputs = {name: rng.standard_normal(g.shape(i)).astype(np.float32) for name, i in g.inputs.items()}
+    params = {name: bf16_values(rng, *g.shape(i)) for name, i in g.parameters.items()}
+    names = transposable(g, params)
+    assert names == {"w", "wu", "p0", "p1", "p2"}   # wt is read transposed already
+    expected = reference.run(g, inputs, params)
+    got = {}
+    for dtype, bf16 in (("f32", set()), ("bf16", set(params))):
+        stored, _ = store_weights_bf16(g, bf16, predicate(caps), names)
+        assert {name for name, i in stored.parameters.items() if stored[i].attrs.get("transposed")} == names
+        assert stored.shape(stored.parameters["w"]) == (n, k)
+        session, got[dtype] = run(stored, caps, inputs, params)
+        vector = [d.variant for d in session.plan.dispatches if "vector kernel" in d.variant]
+        assert len(vector) == 5 and all("4 K steps a load" in v for v in vector), vector   # 9-18 blocks: K split
+        assert session.get_parameter("w").tobytes() == params["w"].tobytes()
+        with pytest.raises(ShapeError, match=r"parameter 'w': expected shape \[1300, 72\], found \[72, 1300\]"):
+            session.set_parameter("w", params["w"].T)
+    for name in g.outputs:
+        assert np.array_equal(got["bf16"][name], got["f32"][name]), name
+        bound = (1e-5 if name == "swiglu" else 2e-6) * np.abs(expected[name]).max()
+        assert np.abs(got["bf16"][name] - expected[name]).max() <= bound, name
+    llama = device_capabilities()   # Llama-3.2-1B's 2048 x 2048: K whole kept [out, in], split 8 ways [in, out]
+    assert vector_layout(2048, 2048, 1, llama, False, True, 1, 4) == (8, 1)
+    assert vector_layout(2048, 2048, 1, llama, True, True, 4, 1) == (32, 8)
+
+
+def test_only_weights_that_products_alone_read_as_b_are_kept_out_in():
+    """Not a weight a product reads transposed already, nor one another op reads too, nor
+    the other weights of a product that reads such a one (its Bs share one transpose_b);
+    a prefill's other readers read a transpose of a kept weight."""
+    g = Graph("layouts")
+    x, nw = g.input("x", (1, 8)), g.input("nw", (8,))
+    a, b, c, d, e = (g.parameter(name, (8, 8)) for name in "abcde")
+    g.output("a", g.matmul(x, a))
+    g.output("b", g.matmul(x, b, transpose_b=True))
+    g.output("c", g.add(g.matmul(x, c), g.exp(c)))
+    g.output("de", g.apply("swiglu_matmul", x, d, e, nw, transpose_b=False, eps=1e-5))
+    assert transposable(g, "abcde") == {"a", "d", "e"}
+    g.output("e", g.exp(e))
+    assert transposable(g, "abcde") == {"a"}
+    stored, _ = store_weights_bf16(g, set(), predicate(), {"a", "d", "e"})   # as a prefill of another's choice
+    flips = [n for n in stored.nodes if n.op == "transpose"]
+    assert [(n.name, n.shape, stored[n.inputs[0]].shape) for n in flips] == [("e:in-out", (8, 8), (8, 8))]
+    assert stored[stored.outputs["e"]].inputs == (flips[0].id,)
+    assert stored[stored.outputs["de"]].attrs["transpose_b"]
+    rng = np.random.default_rng(2)
+    inputs = {name: rng.standard_normal(g.shape(i)).astype(np.float32) for name, i in g.inputs.items()}
+    params = {name: rng.standard_normal((8, 8)).astype(np.float32) for name in "abcde"}
+    _, got = run(stored, None, inputs, params)
+    expected = reference.run(g, inputs, params)
+    for name in g.outputs:
+        assert np.abs(got[name] - expected[name]).max() <= 1e-5 * np.abs(expected[name]).max(), name
 
 
 @pytest.mark.parametrize("kernel", ["auto", "simple", "64", "128k8u"])
@@ -260,6 +324,32 @@ def test_a_bf16_checkpoint_generates_as_in_f32_bit_for_bit(bf16_llama, configure
     assert nbytes32 - nbytes >= 0.9 * sum(2 * params[name].size for name in kept)   # half of each kept
     expected = Generator(model, params, backend="reference").steps(256).run(prompt, 0, prefill=True)
     assert np.abs(logits[0] - expected).max() <= (5e-3 if coop else 1e-4) * np.abs(expected).max()
+
+
+def test_generation_keeps_linear_weights_out_in(bf16_llama, configure):
+    """A checkpoint's linear weights stay [out, in] on the GPU (not the tied embedding, which
+    a gather reads too); the prefill reads its stacked k and v through transposes. Against
+    the weights kept [in, out] (MEGANEURA_WEIGHT_LAYOUT=in-out), a decode step's sums go in
+    another order: the logits to f32 rounding, the same greedy ids."""
+    model = bf16_llama
+    params = model.init_params()
+    prompt = [3, 17, 9, 44, 101, 5, 60] * 10 + [1, 2]
+    results = {}
+    for layout in ("out-in", "in-out"):
+        configure(weight_layout=layout)
+        generator = Generator(model, params)
+        steps = generator.steps(generator.check(prompt, 6))
+        logits = [steps.run(prompt, 0, prefill=True)] + [steps.run([t], len(prompt) + j, prefill=False)
+                                                         for j, t in enumerate((7, 8, 9))]
+        flips = [n.name for n in steps.session(len(prompt), prefill=True).graph.nodes if n.op == "transpose"]
+        results[layout] = logits, generator.generate(prompt, 6).tokens, steps.transposed, flips
+    (logits, ids, kept, flips), (logits_io, ids_io, none, no_flips) = results["out-in"], results["in-out"]
+    layers = {name for name, value in params.items() if value.ndim == 2 and "layers." in name}
+    assert kept == layers and not none and not no_flips
+    assert sorted(flips) == sorted(f"model.layers.{i}.self_attn.{p}_proj.weight:in-out" for i in (0, 1) for p in "kv")
+    for a, b in zip(logits, logits_io):
+        assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max()
+    assert ids == ids_io
 
 
 def test_a_checkpoint_in_f32_keeps_its_weights_in_f32(tmp_path):

@@ -220,6 +220,8 @@ VECTOR_WIDE_COLUMNS = 32   # ... and where B's columns are contiguous: a warp re
 VECTOR_MIN_SLICE = 256     # K a slice of a split vector product keeps at least
 VECTOR_WIDTH_BF16 = 4      # consecutive columns a thread of a one-row product whose Bs are bf16 reads at once
 VECTOR_UNROLL_WIDE = 8     # ... and the K steps it loads at once (run 53: 16 lost 2%)
+VECTOR_DEPTH = 4           # consecutive K steps a thread of a one-row product loads at once from a transposed weight
+VECTOR_UNROLL_DEEP = 8     # ... and the loads it keeps in flight
 
 
 def vector_rows(m_: int, transpose_a: bool, caps: Capabilities) -> bool:
@@ -257,13 +259,23 @@ def vector_width(rows: int, stored: list[str], columns_contiguous: bool, extents
     return VECTOR_WIDTH_BF16 if wide else 1
 
 
+def vector_depth(rows: int, weights: bool, columns_contiguous: bool, k_: int, nbatch: int) -> int:
+    """Consecutive K steps a thread of the vector kernel loads at once: VECTOR_DEPTH where
+    its Bs are ``weights`` (parameters: bindings of their own, so aligned) stored transposed,
+    K contiguous (a weight kept [out, in], as checkpoints store it: engine.optimize.bf16_weights),
+    one batch, K whole fours; else 1. A warp then reads 256 contiguous bytes of a bf16
+    column (512 of an f32 one) a load, where one element a thread read 64 (two threads a word)."""
+    deep = weights and not columns_contiguous and k_ % VECTOR_DEPTH == 0 and nbatch == 1 and rows <= VECTOR_ROWS
+    return VECTOR_DEPTH if deep else 1
+
+
 def vector_small(n_: int, k_: int, caps: Capabilities) -> bool:
     """Whether a B of k x n is under ``tuning.vector_small_kib`` (counted in f32): ``vector_layout``."""
     return n_ * k_ * 4 < caps.tuning.vector_small_kib * 1024
 
 
 def vector_layout(n_: int, k_: int, nbatch: int, caps: Capabilities, columns_contiguous: bool,
-                  splittable: bool, width: int = 1) -> tuple[int, int]:
+                  splittable: bool, width: int = 1, depth: int = 1) -> tuple[int, int]:
     """(columns a workgroup, K slices) of a vector product with ``n_`` columns, reduction
     ``k_`` and ``nbatch`` batches (a B each). A large B whose columns are
     contiguous takes 32 columns, so that a warp reads 128 bytes of a row, else 8 (lanes
@@ -276,7 +288,9 @@ def vector_layout(n_: int, k_: int, nbatch: int, caps: Capabilities, columns_con
     TB/s in workgroups of 8 columns (a warp's loads 32 bytes of 4 rows), its 8192 x 2048 down
     projection in 32 columns only when split (64 workgroups whole); 270 -> 357 tokens/s.
     SmolLM2-135M's weights (3.5 MB each) split this way decoded at 558 instead of 646.
-    ``width``: columns a thread (``vector_width``): a workgroup takes ``cols`` x width."""
+    ``width``: columns a thread (``vector_width``): a workgroup takes ``cols`` x width.
+    ``depth``: K steps a thread loads at once (``vector_depth``, a transposed weight): each
+    warp then streams whole columns, and half a wave of matmul workgroups fills the GPU."""
     small = vector_small(n_, k_, caps)
     cols = VECTOR_WIDE_COLUMNS if columns_contiguous and not small else VECTOR_COLUMNS
     blocks, most = -(-n_ // (cols * width)) * nbatch, max(1, k_ // VECTOR_MIN_SLICE)
@@ -284,7 +298,7 @@ def vector_layout(n_: int, k_: int, nbatch: int, caps: Capabilities, columns_con
         return cols, 1
     if caps.knobs.matmul_splits:
         return cols, min(caps.knobs.matmul_splits, most)
-    fill = 2 * caps.tuning.matmul_resident
+    fill = 2 * caps.tuning.matmul_resident if depth == 1 else caps.tuning.matmul_resident // 2
     if small or 2 * blocks >= fill:
         return cols, 1
     return cols, min(-(-fill // blocks), most, MATMUL_MAX_SPLITS)
@@ -315,32 +329,37 @@ def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: in
     weights = columns.get("WEIGHTS", ["b_in"])   # B, or norm_matmuls' Bs (wsel picks one)
     k_ = meta[2]
     if one_b:
-        width = vector_width(m_ * nbatch, [stored[b] for b in ["b_in"] + (["u_in"] if second else [])],
+        bs = ["b_in"] + (["u_in"] if second else [])
+        width = vector_width(m_ * nbatch, [stored[b] for b in bs],
                              columns_contiguous, [n_, words_b[-2]], vector_small(n_, k_, caps))
+        depth = vector_depth(m_, all(graph[node.inputs[names.index(b)]].op == "parameter" for b in bs),
+                             columns_contiguous, k_, nbatch)
         cols, splits = vector_layout(n_, k_, nbatch, caps, columns_contiguous, nbatch == 1 or not (norm or second),
-                                     width)
+                                     width, depth)
     else:
-        cols, splits, width = columns["LAYOUT"]
-    wide = width > 1
-    held = "vec2<u32>" if wide else "u32"   # two bf16 a word; four in two
-    types = [held if stored[name] == "bf16" else t for name, t in zip(names, types)]
+        cols, splits, width, depth = columns["LAYOUT"]
+    four = max(width, depth)   # elements a load: two bf16 words, or an f32 vec4 (depth only)
+    held = {"bf16": "vec2<u32>" if four > 1 else "u32", "f32": "vec4<f32>" if depth > 1 else "f32"}
+    types = [held[stored[name]] if name in weights + ["u_in"] and name in stored else t
+             for name, t in zip(names, types)]
 
     def load_of(binding: str):
-        if wide:
-            return lambda at: stored_load4(binding, f"({at}) / {width}u", "bf16")
+        if four > 1:
+            return lambda at: stored_load4(binding, f"({at}) / 4u", stored.get(binding, "f32"))
         return lambda at: stored_load(binding, at, stored.get(binding, "f32"))
     loads = [{"b": load_of(b), "u": load_of("u_in")} for b in weights]
     slices = VECTOR_THREADS // cols
     blocks = workgroups or -(-n_ // (cols * width))
     span = -(-k_ // splits)
-    span = -(-span // slices) * slices    # whole steps of the slices a slice, none of them empty
+    span = -(-span // (slices * depth)) * slices * depth   # whole steps of the slices a slice, none of them empty
     splits = -(-k_ // span)
     grid = (blocks, splits, nbatch)
     if max(grid) > MAX_WORKGROUPS:
         raise DeviceError(f"{graph.format_node(node)}: matmul grid {grid} exceeds {MAX_WORKGROUPS} "
                           f"workgroups per dimension")
     meta = [*meta, splits, span]
-    unroll = VECTOR_UNROLL_WIDE if wide else VECTOR_UNROLL_BF16 if "bf16" in stored.values() else VECTOR_UNROLL
+    unroll = (VECTOR_UNROLL_DEEP if depth > 1 else VECTOR_UNROLL_WIDE if width > 1
+              else VECTOR_UNROLL_BF16 if "bf16" in stored.values() else VECTOR_UNROLL)
     extra = _vector_extras(m_, slices, norm, second, width)
     norm_epilogue = extra.pop("NORM_EPILOGUE")
     first, out_at = dict(common, EPILOGUE=norm_epilogue + common["EPILOGUE"]), columns["OUT_AT"]
@@ -350,15 +369,15 @@ def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: in
         out_at = f"wg.y * M * m(1u) * m(3u) + {out_at}"
     k = _finish(f"matmul:{node.op}", "matmul", "matmul_vector.wgsl", names, types, "f32", meta, grid,
                 ROWS=m_, COLS=cols, SLICES=slices, THREADS=VECTOR_THREADS, PARTIAL=m_ * VECTOR_THREADS,
-                WIDTH=width,
+                WIDTH=width, DEPTH=depth,
                 COL_OF="t % COLS" if columns_contiguous else "t / SLICES",
                 SLICE_OF="t / COLS" if columns_contiguous else "t % SLICES", UNROLL=unroll, SPAN_WORD=len(meta) - 1,
-                ACCUMULATE=_vector_steps(m_, ["ka"], norm, second, loads),
+                ACCUMULATE=_vector_steps(m_, ["ka"], norm, second, loads, depth),
                 ACCUMULATE_UNROLLED=_vector_steps(m_, [f"(ka + {u}u * SLICES)" for u in range(unroll)], norm, second,
-                                                  loads),
+                                                  loads, depth),
                 COLUMNS=columns["COLUMNS"], OUT_AT=out_at, **extra, **first)
     k.notes["variant"] = f"{m_}-row vector kernel, {cols * width} columns x {slices} K slices" + (
-        f", {width} columns a thread" if wide else "")
+        f", {width} columns a thread" if width > 1 else "") + (f", {depth} K steps a load" if depth > 1 else "")
     if splits > 1:
         _split_finish(k, names, meta, m_ * n_ * nbatch, splits, common, norm_epilogue, second, norm,
                       operands=[n for n in names if n not in ("a_in", "u_in", "w_in", *weights)],
@@ -407,33 +426,44 @@ def _split_finish(k: Kernel, names, meta, total: int, splits: int, common: dict,
     k.notes["variant"] += f", K split {splits} ways"
 
 
-def _vector_steps(rows: int, ks: list[str], norm: bool, second: bool, loads: list[dict]) -> str:
+def _vector_steps(rows: int, ks: list[str], norm: bool, second: bool, loads: list[dict], depth: int = 1) -> str:
     """The vector kernel's loads and sums for K steps ``ks``: their loads first, all
     independent, then the sums (each A value once, squared too for a norm). ``loads``:
     B's and the second B's load of an element, as functions of its index; with several Bs
     (norm_matmuls), the steps of each in a case of a switch on ``wsel``, so that each
-    case's loads are straight-line reads of one binding."""
+    case's loads are straight-line reads of one binding. ``depth`` > 1: each of ``ks``
+    counts ``depth`` K steps, their A values a vec4 and their products a dot."""
     if len(loads) > 1:
         cases = [f"case {i}u: {{\n" if i else "default: {\n" for i in range(len(loads))]
-        body = [case + _vector_steps(rows, ks, norm, second, [load]) + "\n            }"
+        body = [case + _vector_steps(rows, ks, norm, second, [load], depth) + "\n            }"
                 for case, load in zip(cases, loads)]
         switch = "\n            ".join(["switch wsel {", *body[1:], body[0], "}"])   # default last
         return "            " + switch
     load_b, load_u = loads[0]["b"], loads[0]["u"]
+
+    def gather(at) -> str:   # the A (or norm weight) values of a step: one, or depth in a vec4
+        if depth == 1:
+            return at("")
+        return "vec4<f32>(" + ", ".join(at(f" + {i}u") for i in range(depth)) + ")"
+    times = (lambda x, y: f"{x} * {y}") if depth == 1 else (lambda x, y: f"dot({x}, {y})")
     lines = []
     for u, k in enumerate(ks):
-        lines.append(f"let bv{u} = {load_b(f'b0 + {k} * sbk + col_b * sbn')};")
+        kk = k if depth == 1 else f"{k} * {depth}u"
+        lines.append(f"let bv{u} = {load_b(f'b0 + {kk} * sbk + col_b * sbn')};")
         if second:
-            lines.append(f"let uv{u} = {load_u(f'u0 + {k} * suk + col_b * sun')};")
+            lines.append(f"let uv{u} = {load_u(f'u0 + {kk} * suk + col_b * sun')};")
         for r in range(rows):
-            lines.append(f"let a{r}_{u} = a_in[a0 + {r}u * sam + {k} * sak];")
-    for r in range(rows):
-        xs = [f"a{r}_{u} * w_in[{k}]" if norm else f"a{r}_{u}" for u, k in enumerate(ks)]
-        lines.append(f"acc[{r}u] = acc[{r}u] + " + " + ".join(f"{x} * bv{u}" for u, x in enumerate(xs)) + ";")
-        if second:
-            lines.append(f"acc2[{r}u] = acc2[{r}u] + " + " + ".join(f"{x} * uv{u}" for u, x in enumerate(xs)) + ";")
+            lines.append(f"let a{r}_{u} = " + gather(lambda i: f"a_in[a0 + {r}u * sam + ({kk}{i}) * sak]") + ";")
         if norm:
-            lines.append(f"ssq[{r}u] = ssq[{r}u] + " + " + ".join(f"a{r}_{u} * a{r}_{u}" for u in range(len(ks))) + ";")
+            lines.append(f"let w{u} = " + gather(lambda i: f"w_in[{kk}{i}]") + ";")
+    for r in range(rows):
+        xs = [f"a{r}_{u} * w{u}" if norm else f"a{r}_{u}" for u in range(len(ks))]
+        lines.append(f"acc[{r}u] = acc[{r}u] + " + " + ".join(times(x, f"bv{u}") for u, x in enumerate(xs)) + ";")
+        if second:
+            lines.append(f"acc2[{r}u] = acc2[{r}u] + " + " + ".join(times(x, f"uv{u}") for u, x in enumerate(xs)) + ";")
+        if norm:
+            lines.append(f"ssq[{r}u] = ssq[{r}u] + "
+                         + " + ".join(times(f"a{r}_{u}", f"a{r}_{u}") for u in range(len(ks))) + ";")
     return "\n".join("            " + line for line in lines)
 
 
@@ -504,7 +534,8 @@ def _norm_matmuls(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kerne
     widths = [shape[-1] for shape in shapes]
     width = vector_width(rows, [w.dtype for w in weights], not tb, widths + list(offsets),
                          vector_small(sum(widths), k_, caps))
-    cols, splits = vector_layout(sum(widths), k_, 1, caps, not tb, rows == 1, width)
+    depth = vector_depth(rows, all(w.op == "parameter" for w in weights), not tb, k_, 1)
+    cols, splits = vector_layout(sum(widths), k_, 1, caps, not tb, rows == 1, width, depth)
     blocks = [-(-n // (cols * width)) for n in widths]
     words = [[1, k_] if tb else [n, 1] for n in widths]    # each weight's strides of (k, n)
     # N (meta word 1): the packed result's elements a row, the gaps between its parts included
@@ -516,7 +547,7 @@ def _norm_matmuls(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kerne
                f"N = {widths[i]}u; out0 = {offsets[i]}u; }}" for i in range(1, len(weights))]
     common = dict(BR=0, OPERANDS=_render("matmul_operands.wgsl", ACTIVATION="x"), EPILOGUE="")
     inside = " || ".join(f"(i >= {at}u && i < {at + n}u)" for at, n in zip(offsets, widths))
-    columns = dict(COLUMNS="\n".join(select), OUT_AT="out0 + row * N + col", LAYOUT=(cols, splits, width),
+    columns = dict(COLUMNS="\n".join(select), OUT_AT="out0 + row * N + col", LAYOUT=(cols, splits, width, depth),
                    INSIDE=inside, WEIGHTS=bs)
     kernel = _vector_kernel(graph, node, ["a_in", "w_in", *bs], ["f32"] * (2 + len(bs)), meta, rows, meta[1], 1,
                             words[0], common, norm=True, columns=columns, workgroups=sum(blocks))

@@ -12,6 +12,13 @@ Any other reader (none in the generation graphs of the importer's families) read
 The caller chooses the weights (``bf16_candidates``: their values must all be bf16
 values) and gives the predicate of the kernels that read bf16; this module knows no
 kernels.
+
+Weights may also be kept transposed, [out, in] as checkpoints store them (``transposable``):
+the importer lays a linear weight [in, out], so a one-row product's warps read a few
+bytes of each of many rows; kept [out, in], each output's weights are one contiguous run
+that a warp streams whole, and a decode step's products need no split of K (nor the
+dispatch that adds the slices up). Their products read them with ``transpose_b``; any
+other reader (a prefill's stacked weights) reads a ``transpose`` of them, an f32 copy.
 """
 
 from __future__ import annotations
@@ -62,32 +69,80 @@ def direct_readers(graph: Graph, names: Iterable[str], reads_bf16: ReadsBf16) ->
             and all(_reads_itself(graph, u, x, reads_bf16) for u, x in _readers(graph, users, graph.parameters[name]))}
 
 
-def store_weights_bf16(graph: Graph, names: Iterable[str], reads_bf16: ReadsBf16) -> tuple[Graph, int]:
+# the operands of each product op that are its B (weights), all read through its one transpose_b
+PRODUCT_WEIGHTS = {"matmul": (1,), "fused_matmul": (1,), "norm_matmul": (2,), "swiglu_matmul": (1, 2)}
+
+
+def _weight_operands(node: Node) -> tuple[int, ...]:
+    if node.op == "norm_matmuls":
+        return tuple(range(2, len(node.inputs)))
+    return PRODUCT_WEIGHTS.get(node.op, ())
+
+
+def _reads_as_b(node: Node, weights: set[int]) -> bool:
+    """Whether product ``node`` reads ``weights`` as its Bs only, and all its Bs are among
+    them, none transposed: it can read them kept [out, in] with ``transpose_b``."""
+    at = _weight_operands(node)
+    return (bool(at) and not node.attrs.get("transpose_b", False) and all(node.inputs[j] in weights for j in at)
+            and all(i in at for i, x in enumerate(node.inputs) if x in weights))
+
+
+def transposable(graph: Graph, names: Iterable[str]) -> set[str]:
+    """Those of 2-D parameters ``names`` that ``graph`` reads only as products' Bs, not
+    transposed, and whose products' other Bs are among them (a product's Bs share one
+    ``transpose_b``): the weights that can be kept [out, in]."""
+    users = graph.users()
+    ids = {graph.parameters[n]: n for n in names if n in graph.parameters and len(graph.shape(graph.parameters[n])) == 2}
+    while True:   # a product whose other Bs are not kept so keeps all of its Bs as they are
+        apart = {i for i in ids if not users[i] or not all(_reads_as_b(graph[u], set(ids)) for u in users[i])}
+        if not apart:
+            return set(ids.values())
+        ids = {i: n for i, n in ids.items() if i not in apart}
+
+
+def store_weights_bf16(graph: Graph, names: Iterable[str], reads_bf16: ReadsBf16,
+                       transposed: Iterable[str] = ()) -> tuple[Graph, int]:
     """``graph`` with parameters ``names`` stored as bf16: readers that ``reads_bf16`` read
     them so, the others a ``widen`` of them (one per weight, made where first needed).
-    Returns the graph and how many readers read a widen."""
+    Parameters ``transposed`` (``transposable`` in some graph, f32 or bf16) are kept [out,
+    in], marked ``transposed`` (the session transposes what it is given): their products
+    read them with ``transpose_b``, other readers a ``transpose`` of them (which reads bf16
+    itself). Returns the graph and how many readers read a widen."""
     names = {n for n in names if n in graph.parameters}
-    if not names:
+    flipped = {graph.parameters[n] for n in transposed if n in graph.parameters}
+    if not names and not flipped:
         return graph, 0
     stored = {graph.parameters[n] for n in names}
     users = graph.users()
-    views = {v for p in stored for v in _views(graph, users, p)}   # reshapes of them: bf16 as well
-    widened = {u for p in stored for u, x in _readers(graph, users, p)
+    views = {v for p in stored - flipped for v in _views(graph, users, p)}   # reshapes of them: bf16 as well
+    products = {u for p in flipped for u in users[p] if _reads_as_b(graph[u], flipped)}
+    widened = {u for p in stored - flipped for u, x in _readers(graph, users, p)
                if not _reads_itself(graph, u, x, reads_bf16)}   # old ids
+    transposed_readers = {u for p in flipped for u in users[p] if u not in products}
     widen_of: dict[int, int] = {}
+    flip_of: dict[int, int] = {}
 
     def stand_in(g: Graph, n: Node, remap: dict[int, int]):
-        if n.id in stored:
-            return g._append("parameter", (), TensorType(n.shape, "bf16"), {}, n.name, n.modules)
+        if n.id in stored or n.id in flipped:
+            shape = n.shape[::-1] if n.id in flipped else n.shape
+            attrs = {"transposed": True} if n.id in flipped else {}
+            return g._append("parameter", (), TensorType(shape, "bf16" if n.id in stored else n.dtype), attrs,
+                             n.name, n.modules)
         if n.id in views:
             return g._append(n.op, (remap[n.inputs[0]],), TensorType(n.shape, "bf16"), n.attrs, n.name, n.modules)
-        if n.id not in widened:
+        if n.id in products:
+            return g._append(n.op, tuple(remap[i] for i in n.inputs), TensorType(n.shape, n.dtype),
+                             {**n.attrs, "transpose_b": True}, n.name, n.modules)
+        if n.id not in widened and n.id not in transposed_readers:
             return None
         for x in n.inputs:
-            if (x in stored or x in views) and x not in widen_of:
+            if x in flipped and x not in flip_of:
+                flip_of[x] = g._append("transpose", (remap[x],), TensorType(graph[x].shape), {"perm": (1, 0)},
+                                       f"{graph[x].name}:in-out", n.modules)
+            elif (x in stored or x in views) and x not in widen_of and n.id in widened:
                 widen_of[x] = g._append("widen", (remap[x],), TensorType(graph[x].shape), {}, f"{graph[x].name}:f32",
                                         n.modules)
-        inputs = tuple(widen_of.get(x, remap[x]) for x in n.inputs)
+        inputs = tuple(flip_of.get(x, widen_of.get(x, remap[x])) for x in n.inputs)
         return g._append(n.op, inputs, TensorType(n.shape, n.dtype), n.attrs, n.name, n.modules)
 
     new, _ = graph.rebuild(stand_in=stand_in)

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..errors import MeganeuraError
 from ..graph.kv_cache import CACHE_PREFIX, NEXT_ID
-from ..optimize.bf16_weights import bf16_candidates, direct_readers, store_weights_bf16
+from ..optimize.bf16_weights import bf16_candidates, direct_readers, store_weights_bf16, transposable
 from .sampling import Sampling, unusable_logits
 
 MIN_CAPACITY = 256
@@ -108,10 +108,13 @@ class _GpuSteps:
         caps = device_capabilities(get_device())
         self._reads_bf16 = lambda graph, node, i: reads_bf16(graph, node, i, caps)
         self.bf16: set[str] = set()   # the weights kept in bf16 (engine.optimize.bf16_weights)
+        self.transposed: set[str] = set()   # ... and those kept [out, in]
         decode = self._optimized(model.generation_graph(1, capacity, prefill=False), "decode")
+        used = {k: v for k, v in params.items() if k in decode.parameters}
         if caps.knobs.bf16_weights:
-            used = {k: v for k, v in params.items() if k in decode.parameters}
             self.bf16 = direct_readers(decode, bf16_candidates(used), self._reads_bf16)
+        if caps.knobs.weight_layout == "out-in":
+            self.transposed = transposable(decode, used)
         self.decode = self._build(decode)
         self.decode.set_parameters({k: v for k, v in params.items() if k in self.decode.graph.parameters})
         self.prefills: dict[int, object] = {}
@@ -126,7 +129,7 @@ class _GpuSteps:
     def _build(self, graph, share_with=None):
         """A session of an optimized generation graph, the weights in ``bf16`` stored so."""
         from ..runtime.session import build_inference_session
-        graph, _ = store_weights_bf16(graph, self.bf16, self._reads_bf16)
+        graph, _ = store_weights_bf16(graph, self.bf16, self._reads_bf16, self.transposed)
         return build_inference_session(graph, share_with=share_with, optimize=False)
 
     def _readback_buffer(self, session):
