@@ -7,6 +7,7 @@ import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from engine import codegen
@@ -40,7 +41,7 @@ def test_tuning_fields_are_checked():
         Tuning(matmul_resident=0)
     assert set(codegen.TUNED_FIELDS) == {"matmul_resident", "attention_fill", "sum_workgroups", "lean_k",
                                          "dq_long_stream", "narrow_columns", "wide_fill", "dq_prefetch",
-                                         "split_small_cost", "vector_small_kib"}
+                                         "split_small_cost", "vector_small_kib", "vector_deep_columns"}
     assert set(tuner.LADDERS) == set(codegen.TUNED_FIELDS)
 
 
@@ -407,3 +408,20 @@ def test_a_models_products_join_the_matmul_ladders(monkeypatch, capsys):
     shown = {"adapter": {"name": "GPU", "backend": "Vulkan", "wgpu": "dawn"}, "tuning": asdict(Tuning()),
              "defaults": asdict(Tuning()), "models": ["gpt-tiny b8", "mine"], "path": "tuning.json"}
     assert "Models   gpt-tiny b8, mine (none of their products may get slower)" in format_tuning(shown)
+
+
+def test_deep_columns_are_tuned_on_real_plans_of_weights_kept_out_in():
+    """``vector_deep_columns`` on the software ladder's stack (bf16 weights kept [out, in]):
+    each value a plan of its own, run on lavapipe, and a winner among them."""
+    from engine.runtime.device import get_device
+    work = tuner.LADDERS["vector_deep_columns"][2]
+    base = replace(codegen.PLAIN, tuning=Tuning())
+    winner, rows, _ = tuner.tune_field(get_device(), "vector_deep_columns", base, work, (1, 2, 4),
+                                       np.random.default_rng(0))
+    assert [r["value"] for r in rows] == [1, 2, 4] and all(r["ms"] > 0 for r in rows)
+    assert winner in (1, 2, 4)
+    graph = tuner._graph(work[0])
+    variants = {columns: {codegen.kernel_for(graph, n, replace(base, tuning=Tuning(vector_deep_columns=columns)))
+                          .notes["variant"] for n in graph.nodes if n.op == "matmul"} for columns in (1, 2, 4)}
+    assert all("4 K steps a load" in v for vs in variants.values() for v in vs), variants
+    assert {columns for columns, vs in variants.items() if any("columns a thread" in v for v in vs)} == {2, 4}

@@ -269,6 +269,15 @@ def vector_depth(rows: int, weights: bool, columns_contiguous: bool, k_: int, nb
     return VECTOR_DEPTH if deep else 1
 
 
+def deep_width(depth: int, extents: list[int], caps: Capabilities) -> int:
+    """Columns a thread of a vector product reading ``depth`` K steps a load takes:
+    ``tuning.vector_deep_columns`` where ``extents``, its Bs' column counts and places, are
+    whole multiples of it, else 1. They share each load of A (and of the norm's weight),
+    which otherwise costs the L1 as many trips as the weight's own load."""
+    columns = caps.tuning.vector_deep_columns
+    return columns if depth > 1 and columns in (2, 4) and all(e % columns == 0 for e in extents) else 1
+
+
 def vector_small(n_: int, k_: int, caps: Capabilities) -> bool:
     """Whether a B of k x n is under ``tuning.vector_small_kib`` (counted in f32): ``vector_layout``."""
     return n_ * k_ * 4 < caps.tuning.vector_small_kib * 1024
@@ -334,6 +343,7 @@ def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: in
                              columns_contiguous, [n_, words_b[-2]], vector_small(n_, k_, caps))
         depth = vector_depth(m_, all(graph[node.inputs[names.index(b)]].op == "parameter" for b in bs),
                              columns_contiguous, k_, nbatch)
+        width = deep_width(depth, [n_], caps) if depth > 1 else width
         cols, splits = vector_layout(n_, k_, nbatch, caps, columns_contiguous, nbatch == 1 or not (norm or second),
                                      width, depth)
     else:
@@ -342,6 +352,10 @@ def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: in
     held = {"bf16": "vec2<u32>" if four > 1 else "u32", "f32": "vec4<f32>" if depth > 1 else "f32"}
     types = [held[stored[name]] if name in weights + ["u_in"] and name in stored else t
              for name, t in zip(names, types)]
+    a_words = meta[5 + common["BR"]:7 + 2 * common["BR"]]   # A's batch strides, then its (row, k) strides
+    a_vec4 = depth > 1 and a_words[-1] == 1 and all(w % depth == 0 for w in a_words[:-1])
+    if a_vec4:   # A (and the norm's weight) a vec4 a load too: four scalar loads cost the L1 four times the trips
+        types = ["vec4<f32>" if name in ("a_in", "w_in") else t for name, t in zip(names, types)]
 
     def load_of(binding: str):
         if four > 1:
@@ -372,9 +386,9 @@ def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: in
                 WIDTH=width, DEPTH=depth,
                 COL_OF="t % COLS" if columns_contiguous else "t / SLICES",
                 SLICE_OF="t / COLS" if columns_contiguous else "t % SLICES", UNROLL=unroll, SPAN_WORD=len(meta) - 1,
-                ACCUMULATE=_vector_steps(m_, ["ka"], norm, second, loads, depth),
+                ACCUMULATE=_vector_steps(m_, ["ka"], norm, second, loads, depth, a_vec4, width),
                 ACCUMULATE_UNROLLED=_vector_steps(m_, [f"(ka + {u}u * SLICES)" for u in range(unroll)], norm, second,
-                                                  loads, depth),
+                                                  loads, depth, a_vec4, width),
                 COLUMNS=columns["COLUMNS"], OUT_AT=out_at, **extra, **first)
     k.notes["variant"] = f"{m_}-row vector kernel, {cols * width} columns x {slices} K slices" + (
         f", {width} columns a thread" if width > 1 else "") + (f", {depth} K steps a load" if depth > 1 else "")
@@ -426,16 +440,19 @@ def _split_finish(k: Kernel, names, meta, total: int, splits: int, common: dict,
     k.notes["variant"] += f", K split {splits} ways"
 
 
-def _vector_steps(rows: int, ks: list[str], norm: bool, second: bool, loads: list[dict], depth: int = 1) -> str:
+def _vector_steps(rows: int, ks: list[str], norm: bool, second: bool, loads: list[dict], depth: int = 1,
+                  a_vec4: bool = False, width: int = 1) -> str:
     """The vector kernel's loads and sums for K steps ``ks``: their loads first, all
     independent, then the sums (each A value once, squared too for a norm). ``loads``:
     B's and the second B's load of an element, as functions of its index; with several Bs
     (norm_matmuls), the steps of each in a case of a switch on ``wsel``, so that each
     case's loads are straight-line reads of one binding. ``depth`` > 1: each of ``ks``
-    counts ``depth`` K steps, their A values a vec4 and their products a dot."""
+    counts ``depth`` K steps, their A values a vec4 (one load where ``a_vec4``: A's and
+    the norm weight's bindings are vec4s) and their products a dot, for each of ``width``
+    columns (B transposed: a load each) into the lanes of a vector sum."""
     if len(loads) > 1:
         cases = [f"case {i}u: {{\n" if i else "default: {\n" for i in range(len(loads))]
-        body = [case + _vector_steps(rows, ks, norm, second, [load], depth) + "\n            }"
+        body = [case + _vector_steps(rows, ks, norm, second, [load], depth, a_vec4, width) + "\n            }"
                 for case, load in zip(cases, loads)]
         switch = "\n            ".join(["switch wsel {", *body[1:], body[0], "}"])   # default last
         return "            " + switch
@@ -445,25 +462,37 @@ def _vector_steps(rows: int, ks: list[str], norm: bool, second: bool, loads: lis
         if depth == 1:
             return at("")
         return "vec4<f32>(" + ", ".join(at(f" + {i}u") for i in range(depth)) + ")"
-    times = (lambda x, y: f"{x} * {y}") if depth == 1 else (lambda x, y: f"dot({x}, {y})")
+    lanes = width if depth > 1 else 1   # columns loaded one by one (B transposed), each a lane of the sums
+
+    def times(x, y) -> str:
+        if depth == 1:
+            return f"{x} * {y}"
+        if lanes == 1:
+            return f"dot({x}, {y})"
+        return f"vec{lanes}<f32>(" + ", ".join(f"dot({x}, {y}_{j})" for j in range(lanes)) + ")"
     lines = []
     for u, k in enumerate(ks):
         kk = k if depth == 1 else f"{k} * {depth}u"
-        lines.append(f"let bv{u} = {load_b(f'b0 + {kk} * sbk + col_b * sbn')};")
-        if second:
-            lines.append(f"let uv{u} = {load_u(f'u0 + {kk} * suk + col_b * sun')};")
+        for j in range(lanes):
+            at = "col_b" if lanes == 1 else f"(col_b + {j}u)"
+            name = "" if lanes == 1 else f"_{j}"
+            lines.append(f"let bv{u}{name} = {load_b(f'b0 + {kk} * sbk + {at} * sbn')};")
+            if second:
+                lines.append(f"let uv{u}{name} = {load_u(f'u0 + {kk} * suk + {at} * sun')};")
         for r in range(rows):
-            lines.append(f"let a{r}_{u} = " + gather(lambda i: f"a_in[a0 + {r}u * sam + ({kk}{i}) * sak]") + ";")
+            a = f"a_in[(a0 + {r}u * sam) / 4u + {k}]" if a_vec4 else gather(
+                lambda i: f"a_in[a0 + {r}u * sam + ({kk}{i}) * sak]")
+            lines.append(f"let a{r}_{u} = {a};")
         if norm:
-            lines.append(f"let w{u} = " + gather(lambda i: f"w_in[{kk}{i}]") + ";")
+            lines.append(f"let w{u} = " + (f"w_in[{k}]" if a_vec4 else gather(lambda i: f"w_in[{kk}{i}]")) + ";")
     for r in range(rows):
         xs = [f"a{r}_{u} * w{u}" if norm else f"a{r}_{u}" for u in range(len(ks))]
         lines.append(f"acc[{r}u] = acc[{r}u] + " + " + ".join(times(x, f"bv{u}") for u, x in enumerate(xs)) + ";")
         if second:
             lines.append(f"acc2[{r}u] = acc2[{r}u] + " + " + ".join(times(x, f"uv{u}") for u, x in enumerate(xs)) + ";")
         if norm:
-            lines.append(f"ssq[{r}u] = ssq[{r}u] + "
-                         + " + ".join(times(f"a{r}_{u}", f"a{r}_{u}") for u in range(len(ks))) + ";")
+            square = (lambda x: f"{x} * {x}") if depth == 1 else (lambda x: f"dot({x}, {x})")
+            lines.append(f"ssq[{r}u] = ssq[{r}u] + " + " + ".join(square(f"a{r}_{u}") for u in range(len(ks))) + ";")
     return "\n".join("            " + line for line in lines)
 
 
@@ -471,7 +500,7 @@ def _vector_extras(rows: int, slices: int, norm: bool, second: bool, width: int 
     """The EXTRA slots of matmul_vector.wgsl, the type of its sums (ACC) and how a column's
     is picked from them (LANE), and the norm's epilogue lines."""
     decl, setup, store, total, epilogue = [], [], [], [], []
-    acc, lane = ("vec4<f32>", "[lane]") if width > 1 else ("f32", "")
+    acc, lane = (f"vec{width}<f32>", "[lane]") if width > 1 else ("f32", "")
     if second:
         decl.append(f"var<workgroup> part2: array<{acc}, {rows * VECTOR_THREADS}>;")
         setup += ["let u0 = boff(b, 2u);", "let suk = srow(2u);", "let sun = scol(2u);", f"var acc2: array<{acc}, ROWS>;"]
@@ -535,6 +564,7 @@ def _norm_matmuls(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kerne
     width = vector_width(rows, [w.dtype for w in weights], not tb, widths + list(offsets),
                          vector_small(sum(widths), k_, caps))
     depth = vector_depth(rows, all(w.op == "parameter" for w in weights), not tb, k_, 1)
+    width = deep_width(depth, widths + list(offsets), caps) if depth > 1 else width
     cols, splits = vector_layout(sum(widths), k_, 1, caps, not tb, rows == 1, width, depth)
     blocks = [-(-n // (cols * width)) for n in widths]
     words = [[1, k_] if tb else [n, 1] for n in widths]    # each weight's strides of (k, n)

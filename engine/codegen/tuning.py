@@ -40,6 +40,8 @@ class Tuning:
                                  # one's (f32 as three f16 products): split_variant
     vector_small_kib: int = 16384   # a few-row product's B under this many KiB keeps 8 columns a
                                     # workgroup and all of K, where the dispatch is the cost: vector_layout
+    vector_deep_columns: int = 1    # columns a thread of a one-row product whose weights are kept [out, in]
+                                    # takes, sharing its A loads (1, 2 or 4): deep_width
     source: str = "default"
 
     def __post_init__(self):

@@ -131,16 +131,23 @@ MODEL_PRODUCTS = [*_layer_products("whisper-tiny b8", 12000, 384, 1152, 1536),
                   *_layer_products("SmolLM2-135M 4x256", 1024, 576, 960, 1536)]
 
 
-def _decode_stack(layers: int, width: int, hidden: int, group: str = "other") -> Workload:
+def _decode_stack(layers: int, width: int, hidden: int, group: str = "other", out_in: bool = False) -> Workload:
     """A one-token MLP stack: ``layers`` pairs of one-row products, width -> hidden ->
     width, each pair with weights of its own, so that (as in a decode step) they stream
-    from memory rather than from the L2: one product alone, timed back to back, would."""
+    from memory rather than from the L2: one product alone, timed back to back, would.
+    ``out_in``: the weights bf16 parameters kept [out, in], as generation keeps a
+    checkpoint's (engine.optimize.bf16_weights)."""
+    def weight(g, name: str, k: int, n: int):
+        return g.parameter(name, (n, k), dtype="bf16") if out_in else g.input(name, (k, n))
+
     def build(g):
         x = g.input("x", (1, width))
         for i in range(layers):
-            x = g.matmul(g.matmul(x, g.input(f"up{i}", (width, hidden))), g.input(f"down{i}", (hidden, width)))
+            up = g.matmul(x, weight(g, f"up{i}", width, hidden), transpose_b=out_in)
+            x = g.matmul(up, weight(g, f"down{i}", hidden, width), transpose_b=out_in)
         g.output("y", x)
-    return Workload(f"decode {layers} x {width}-{hidden}-{width}", build, group)
+    kept = ", weights [out, in]" if out_in else ""
+    return Workload(f"decode {layers} x {width}-{hidden}-{width}{kept}", build, group)
 
 
 # Decode steps' products, which the vector kernel runs (vector_layout): SmolLM2-135M's
@@ -149,6 +156,9 @@ def _decode_stack(layers: int, width: int, hidden: int, group: str = "other") ->
 DECODE_PRODUCTS = [_decode_stack(30, 576, 1536, "SmolLM2-135M decode"),
                    _decode_stack(4, 2048, 8192, "Llama-3.2-1B decode"),
                    _decode_stack(8, 2048, 2048, "Llama-3.2-1B decode")]
+DECODE_OUT_IN = [_decode_stack(30, 576, 1536, "SmolLM2-135M decode", True),
+                 _decode_stack(4, 2048, 8192, "Llama-3.2-1B decode", True),
+                 _decode_stack(8, 2048, 2048, "Llama-3.2-1B decode", True)]
 
 
 def _column_sum(rows: int, cols: int) -> Workload:
@@ -204,6 +214,7 @@ LADDERS: dict[str, tuple[tuple[int, ...], list[Workload], list[Workload]]] = {
                      _attention_grads(8, 256, 6, 6, 64, True, dkdv=True)],
                     [_attention_grads(1, 64, 1, 1, 64, True, dkdv=True)]),
     "vector_small_kib": ((1, 1024, 4096, 16384, 65536, 1 << 20), DECODE_PRODUCTS, [_decode_stack(2, 64, 1024)]),
+    "vector_deep_columns": ((1, 2, 4), DECODE_OUT_IN, [_decode_stack(2, 64, 1024, out_in=True)]),
 }
 MATMUL_FIELDS = ("matmul_resident", "lean_k", "narrow_columns", "wide_fill", "split_small_cost")   # on MODEL_PRODUCTS
 # fields that steer cooperative-matrix kernels only: tuned with f16 precision asked for, so
