@@ -12,13 +12,15 @@ import pytest
 
 from engine.codegen import UnsupportedOpError, kernel_for, reads_bf16
 from engine.codegen.matmul import vector_layout
-from engine.errors import ShapeError
+from engine.errors import GraphError, ShapeError
 from engine.graph import reference
+from engine.graph.reference import bf16_bits, bf16_exact
 from engine.graph.ir import Graph
 from engine.importers.hf import load_checkpoint
-from engine.optimize.bf16_weights import bf16_candidates, direct_readers, store_weights_bf16, transposable
+from engine.optimize.bf16_weights import (bf16_candidates, direct_readers, keep_out_in, store_weights_bf16,
+                                         transposable)
 from engine.runtime.device import device_capabilities
-from engine.runtime.session import Session
+from engine.runtime.session import Session, contiguous
 from engine.train.generation import Generator
 
 from llama_checkpoint import llama_relative
@@ -127,11 +129,11 @@ def test_one_row_reads_four_bf16_columns_a_thread_exactly(n, splits, configure):
 
 @pytest.mark.parametrize("columns", [1, 2, 4])
 def test_weights_kept_out_in_are_read_four_k_steps_a_load(columns):
-    """Weights kept [out, in] (``transposable``: a decode step's, read only as products' Bs):
-    each product reads them with transpose_b, a thread four K steps a load (and ``columns``
-    columns, ``tuning.vector_deep_columns``); in bf16 the same results as in f32, bit for
-    bit, and the reference's to f32 rounding. The session takes and gives them [in, out],
-    and names the shape it expects."""
+    """Weights kept [out, in] (``keep_out_in`` of those ``transposable``: read only as
+    products' Bs): each product reads them with transpose_b, a thread four K steps a load
+    (and ``columns`` columns, ``tuning.vector_deep_columns``); in bf16 the same results as
+    in f32, bit for bit, and the reference's to f32 rounding, given the weights transposed
+    (the session uploads a transpose's bf16 bits, then puts them in row order)."""
     caps = device_capabilities()
     caps = dataclasses.replace(caps, tuning=dataclasses.replace(caps.tuning, vector_small_kib=1,
                                                                 vector_deep_columns=columns))
@@ -142,19 +144,23 @@ def test_weights_kept_out_in_are_read_four_k_steps_a_load(columns):
     params = {name: bf16_values(rng, *g.shape(i)) for name, i in g.parameters.items()}
     names = transposable(g, params)
     assert names == {"w", "wu", "p0", "p1", "p2"}   # wt is read transposed already
+    kept = keep_out_in(g, names)
+    assert kept.shape(kept.parameters["w"]) == (n, k) and kept.param_meta == g.param_meta
+    assert all(kept[i].attrs["transpose_b"] for i in kept.outputs.values() if i != kept.outputs["transposed"])
+    given = {name: value.T if name in names else value for name, value in params.items()}
     expected = reference.run(g, inputs, params)
+    assert all(np.allclose(expected[name], out, rtol=1e-5, atol=1e-5 * np.abs(out).max())
+               for name, out in reference.run(kept, inputs, given).items())
     got = {}
     for dtype, bf16 in (("f32", set()), ("bf16", set(params))):
-        stored, _ = store_weights_bf16(g, bf16, predicate(caps), names)
-        assert {name for name, i in stored.parameters.items() if stored[i].attrs.get("transposed")} == names
-        assert stored.shape(stored.parameters["w"]) == (n, k)
-        session, got[dtype] = run(stored, caps, inputs, params)
+        stored, _ = store_weights_bf16(kept, bf16, predicate(caps))
+        session, got[dtype] = run(stored, caps, inputs, given)
         vector = [d.variant for d in session.plan.dispatches if "vector kernel" in d.variant]
         assert len(vector) == 5 and all("4 K steps a load" in v for v in vector), vector   # 9-18 blocks: K split
         assert all((f"{columns} columns a thread" in v) == (columns > 1) for v in vector), vector
-        assert session.get_parameter("w").tobytes() == params["w"].tobytes()
-        with pytest.raises(ShapeError, match=r"parameter 'w': expected shape \[1300, 72\], found \[72, 1300\]"):
-            session.set_parameter("w", params["w"].T)
+        assert session.get_parameter("w").tobytes() == np.ascontiguousarray(params["w"].T).tobytes()
+        with pytest.raises(ShapeError, match=r"parameter 'w': expected shape \[72, 1300\], found \[1300, 72\]"):
+            session.set_parameter("w", params["w"])
     coop = any("cooperative" in d.variant for d in session.plan.dispatches)   # the tall product's, on Dawn
     for name in g.outputs:
         assert np.array_equal(got["bf16"][name], got["f32"][name]), name
@@ -170,7 +176,7 @@ def test_weights_kept_out_in_are_read_four_k_steps_a_load(columns):
 def test_only_weights_that_products_alone_read_as_b_are_kept_out_in():
     """Not a weight a product reads transposed already, nor one another op reads too, nor
     the other weights of a product that reads such a one (its Bs share one transpose_b);
-    a prefill's other readers read a transpose of a kept weight."""
+    ``keep_out_in`` refuses any other."""
     g = Graph("layouts")
     x, nw = g.input("x", (1, 8)), g.input("nw", (8,))
     a, b, c, d, e = (g.parameter(name, (8, 8)) for name in "abcde")
@@ -179,20 +185,15 @@ def test_only_weights_that_products_alone_read_as_b_are_kept_out_in():
     g.output("c", g.add(g.matmul(x, c), g.exp(c)))
     g.output("de", g.apply("swiglu_matmul", x, d, e, nw, transpose_b=False, eps=1e-5))
     assert transposable(g, "abcde") == {"a", "d", "e"}
+    kept = keep_out_in(g, {"a", "d", "e"})
+    product_of_c = kept[kept[kept.outputs["c"]].inputs[0]]
+    assert kept[kept.outputs["de"]].attrs["transpose_b"] and kept[kept.outputs["a"]].attrs["transpose_b"]
+    assert not product_of_c.attrs["transpose_b"] and kept[kept.outputs["b"]].attrs["transpose_b"]   # as they were
+    for refused in ("b", "c", "d"):   # d alone: its swiglu's other B is not kept
+        with pytest.raises(GraphError, match="not every reader"):
+            keep_out_in(g, {refused})
     g.output("e", g.exp(e))
     assert transposable(g, "abcde") == {"a"}
-    stored, _ = store_weights_bf16(g, set(), predicate(), {"a", "d", "e"})   # as a prefill of another's choice
-    flips = [n for n in stored.nodes if n.op == "transpose"]
-    assert [(n.name, n.shape, stored[n.inputs[0]].shape) for n in flips] == [("e:in-out", (8, 8), (8, 8))]
-    assert stored[stored.outputs["e"]].inputs == (flips[0].id,)
-    assert stored[stored.outputs["de"]].attrs["transpose_b"]
-    rng = np.random.default_rng(2)
-    inputs = {name: rng.standard_normal(g.shape(i)).astype(np.float32) for name, i in g.inputs.items()}
-    params = {name: rng.standard_normal((8, 8)).astype(np.float32) for name in "abcde"}
-    _, got = run(stored, None, inputs, params)
-    expected = reference.run(g, inputs, params)
-    for name in g.outputs:
-        assert np.abs(got[name] - expected[name]).max() <= 1e-5 * np.abs(expected[name]).max(), name
 
 
 @pytest.mark.parametrize("kernel", ["auto", "simple", "64", "128k8u"])
@@ -282,6 +283,20 @@ def test_only_exact_matrices_are_candidates_and_a_decode_keeps_widened_ones_in_f
     assert direct_readers(g, {"a", "b"}, predicate()) == {"a"}   # b's exp would read a widen
 
 
+def test_a_transposed_value_is_uploaded_in_row_order():
+    """A weight given as a transpose (generation's, kept [out, in]): its bf16 bits are
+    taken in its own order and copied into row order, on several threads when large."""
+    value = bf16_values(np.random.default_rng(3), 1100, 1024)   # over PARALLEL_COPY elements
+    assert contiguous(value.T).flags.c_contiguous and np.array_equal(contiguous(value.T), value.T)
+    assert bf16_exact(value.T) and np.array_equal(bf16_bits(value.T), bf16_bits(np.ascontiguousarray(value.T)))
+    g = Graph("transposed upload")
+    w = g.parameter("w", (1024, 1100), dtype="bf16")
+    g.output("y", g.matmul(g.input("x", (1, 1024)), w))
+    session = Session(g)
+    session.set_parameter("w", value.T)
+    assert session.get_parameter("w").tobytes() == np.ascontiguousarray(value.T).tobytes()
+
+
 def test_a_bf16_parameter_takes_bf16_values_only():
     g = Graph("upload")
     w = g.parameter("w", (4, 6), dtype="bf16")
@@ -335,9 +350,10 @@ def test_a_bf16_checkpoint_generates_as_in_f32_bit_for_bit(bf16_llama, configure
 
 def test_generation_keeps_linear_weights_out_in(bf16_llama, configure):
     """A checkpoint's linear weights stay [out, in] on the GPU (not the tied embedding, which
-    a gather reads too); the prefill reads its stacked k and v through transposes. Against
-    the weights kept [in, out] (MEGANEURA_WEIGHT_LAYOUT=in-out), a decode step's sums go in
-    another order: the logits to f32 rounding, the same greedy ids."""
+    a gather reads too), in the decode step and the prefill alike, which stacks its k and v
+    weights as they are kept. Against the weights kept [in, out]
+    (MEGANEURA_WEIGHT_LAYOUT=in-out), a decode step's sums go in another order: the logits
+    to f32 rounding, the same greedy ids."""
     model = bf16_llama
     params = model.init_params()
     prompt = [3, 17, 9, 44, 101, 5, 60] * 10 + [1, 2]
@@ -348,12 +364,18 @@ def test_generation_keeps_linear_weights_out_in(bf16_llama, configure):
         steps = generator.steps(generator.check(prompt, 6))
         logits = [steps.run(prompt, 0, prefill=True)] + [steps.run([t], len(prompt) + j, prefill=False)
                                                          for j, t in enumerate((7, 8, 9))]
-        flips = [n.name for n in steps.session(len(prompt), prefill=True).graph.nodes if n.op == "transpose"]
-        results[layout] = logits, generator.generate(prompt, 6).tokens, steps.transposed, flips
-    (logits, ids, kept, flips), (logits_io, ids_io, none, no_flips) = results["out-in"], results["in-out"]
+        prefill = steps.session(len(prompt), prefill=True).graph
+        stacks = [n.shape for n in prefill.nodes if n.op == "concat" and prefill[n.inputs[0]].op == "reshape"]
+        assert not any(n.op == "transpose" and n.inputs[0] in prefill.parameters.values() for n in prefill.nodes)
+        shapes = {name: steps.decode.graph.shape(i) for name, i in steps.decode.graph.parameters.items()}
+        results[layout] = logits, generator.generate(prompt, 6).tokens, steps.transposed, stacks, shapes
+    (logits, ids, kept, stacks, shapes), (logits_io, ids_io, none, stacks_io, shapes_io) = (results["out-in"],
+                                                                                            results["in-out"])
     layers = {name for name, value in params.items() if value.ndim == 2 and "layers." in name}
-    assert kept == layers and not none and not no_flips
-    assert sorted(flips) == sorted(f"model.layers.{i}.self_attn.{p}_proj.weight:in-out" for i in (0, 1) for p in "kv")
+    assert kept == layers and not none
+    assert all(shapes[name] == params[name].shape[::-1] for name in layers)
+    assert all(shapes_io[name] == params[name].shape for name in layers)
+    assert stacks == [(2, 16, 32)] * 2 and stacks_io == [(2, 32, 16)] * 2   # k and v, [out, in] and [in, out]
     for a, b in zip(logits, logits_io):
         assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max()
     assert ids == ids_io

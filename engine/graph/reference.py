@@ -34,13 +34,13 @@ def check_array(kind: str, name: str, arr, node, float_dtype=np.float32) -> np.n
 def bf16_exact(arr: np.ndarray) -> bool:
     """Whether every value of ``arr`` is a bf16 value (as a checkpoint stored in bf16 gives,
     widened): the lower 16 bits of each f32 are zero."""
-    bits = np.ascontiguousarray(arr, np.float32).reshape(-1).view(np.uint16)
-    return not bits[0::2].any()   # little-endian: the lower half first
+    return not (np.asarray(arr, np.float32).view(np.uint32) & 0xFFFF).any()   # in any order of its elements
 
 
 def bf16_bits(arr) -> np.ndarray:
-    """The bf16 bit patterns (uint16) of bf16 values held as f32 (``bf16_exact``)."""
-    return (np.ascontiguousarray(arr, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    """The bf16 bit patterns (uint16) of bf16 values held as f32 (``bf16_exact``), in the
+    order of ``arr``'s elements in memory (a transpose's stay a transpose, half the bytes to copy)."""
+    return (np.asarray(arr, np.float32).view(np.uint32) >> 16).astype(np.uint16)
 
 
 def evaluate(graph: Graph, inputs: Mapping[str, np.ndarray], params: Mapping[str, np.ndarray],

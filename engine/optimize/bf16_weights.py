@@ -13,12 +13,13 @@ The caller chooses the weights (``bf16_candidates``: their values must all be bf
 values) and gives the predicate of the kernels that read bf16; this module knows no
 kernels.
 
-Weights may also be kept transposed, [out, in] as checkpoints store them (``transposable``):
-the importer lays a linear weight [in, out], so a one-row product's warps read a few
-bytes of each of many rows; kept [out, in], each output's weights are one contiguous run
-that a warp streams whole, and a decode step's products need no split of K (nor the
-dispatch that adds the slices up). Their products read them with ``transpose_b``; any
-other reader (a prefill's stacked weights) reads a ``transpose`` of them, an f32 copy.
+Weights may also be kept [out, in], as checkpoints store them (``keep_out_in``): the
+importer lays a linear weight [in, out], so a one-row product's warps read a few bytes of
+each of many rows; kept [out, in], each output's weights are one contiguous run that a
+warp streams whole, and a decode step's products need no split of K (nor the dispatch
+that adds the slices up). The graph says so before it is optimized, its products reading
+the weights with ``transpose_b``, so every pass sees the layout (a prefill stacks the
+weights as they are); the caller gives the session those weights transposed.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
+from ..errors import GraphError
 from ..graph.ir import Graph, Node
 from ..graph.ops import TensorType
 from ..graph.reference import bf16_exact
@@ -100,49 +102,55 @@ def transposable(graph: Graph, names: Iterable[str]) -> set[str]:
         ids = {i: n for i, n in ids.items() if i not in apart}
 
 
-def store_weights_bf16(graph: Graph, names: Iterable[str], reads_bf16: ReadsBf16,
-                       transposed: Iterable[str] = ()) -> tuple[Graph, int]:
-    """``graph`` with parameters ``names`` stored as bf16: readers that ``reads_bf16`` read
-    them so, the others a ``widen`` of them (one per weight, made where first needed).
-    Parameters ``transposed`` (``transposable`` in some graph, f32 or bf16) are kept [out,
-    in], marked ``transposed`` (the session transposes what it is given): their products
-    read them with ``transpose_b``, other readers a ``transpose`` of them (which reads bf16
-    itself). Returns the graph and how many readers read a widen."""
-    names = {n for n in names if n in graph.parameters}
-    flipped = {graph.parameters[n] for n in transposed if n in graph.parameters}
-    if not names and not flipped:
-        return graph, 0
-    stored = {graph.parameters[n] for n in names}
+def keep_out_in(graph: Graph, names: Iterable[str]) -> Graph:
+    """``graph`` with 2-D parameters ``names`` (``transposable`` there) kept [out, in]: each
+    one's shape reversed (its name and meta kept), its products reading it with
+    ``transpose_b``. Their values are then the transposes of the graph's own."""
+    kept = {graph.parameters[n] for n in names if n in graph.parameters}
+    if not kept:
+        return graph
     users = graph.users()
-    views = {v for p in stored - flipped for v in _views(graph, users, p)}   # reshapes of them: bf16 as well
-    products = {u for p in flipped for u in users[p] if _reads_as_b(graph[u], flipped)}
-    widened = {u for p in stored - flipped for u, x in _readers(graph, users, p)
-               if not _reads_itself(graph, u, x, reads_bf16)}   # old ids
-    transposed_readers = {u for p in flipped for u in users[p] if u not in products}
-    widen_of: dict[int, int] = {}
-    flip_of: dict[int, int] = {}
+    products = {u for p in kept for u in users[p]}
+    if not all(_reads_as_b(graph[u], kept) for u in products):
+        raise GraphError(f"{graph.name}: not every reader of {sorted(names)} is a product reading them as B")
 
     def stand_in(g: Graph, n: Node, remap: dict[int, int]):
-        if n.id in stored or n.id in flipped:
-            shape = n.shape[::-1] if n.id in flipped else n.shape
-            attrs = {"transposed": True} if n.id in flipped else {}
-            return g._append("parameter", (), TensorType(shape, "bf16" if n.id in stored else n.dtype), attrs,
-                             n.name, n.modules)
-        if n.id in views:
-            return g._append(n.op, (remap[n.inputs[0]],), TensorType(n.shape, "bf16"), n.attrs, n.name, n.modules)
+        if n.id in kept:
+            return g._append("parameter", (), TensorType(n.shape[::-1], n.dtype), n.attrs, n.name, n.modules)
         if n.id in products:
             return g._append(n.op, tuple(remap[i] for i in n.inputs), TensorType(n.shape, n.dtype),
                              {**n.attrs, "transpose_b": True}, n.name, n.modules)
-        if n.id not in widened and n.id not in transposed_readers:
+        return None
+
+    return graph.rebuild(stand_in=stand_in)[0]
+
+
+def store_weights_bf16(graph: Graph, names: Iterable[str], reads_bf16: ReadsBf16) -> tuple[Graph, int]:
+    """``graph`` with parameters ``names`` stored as bf16: readers that ``reads_bf16`` read
+    them so, the others a ``widen`` of them (one per weight, made where first needed).
+    Returns the graph and how many readers read a widen."""
+    names = {n for n in names if n in graph.parameters}
+    if not names:
+        return graph, 0
+    stored = {graph.parameters[n] for n in names}
+    users = graph.users()
+    views = {v for p in stored for v in _views(graph, users, p)}   # reshapes of them: bf16 as well
+    widened = {u for p in stored for u, x in _readers(graph, users, p)
+               if not _reads_itself(graph, u, x, reads_bf16)}   # old ids
+    widen_of: dict[int, int] = {}
+
+    def stand_in(g: Graph, n: Node, remap: dict[int, int]):
+        if n.id in stored:
+            return g._append("parameter", (), TensorType(n.shape, "bf16"), {}, n.name, n.modules)
+        if n.id in views:
+            return g._append(n.op, (remap[n.inputs[0]],), TensorType(n.shape, "bf16"), n.attrs, n.name, n.modules)
+        if n.id not in widened:
             return None
         for x in n.inputs:
-            if x in flipped and x not in flip_of:
-                flip_of[x] = g._append("transpose", (remap[x],), TensorType(graph[x].shape), {"perm": (1, 0)},
-                                       f"{graph[x].name}:in-out", n.modules)
-            elif (x in stored or x in views) and x not in widen_of and n.id in widened:
+            if (x in stored or x in views) and x not in widen_of:
                 widen_of[x] = g._append("widen", (remap[x],), TensorType(graph[x].shape), {}, f"{graph[x].name}:f32",
                                         n.modules)
-        inputs = tuple(flip_of.get(x, widen_of.get(x, remap[x])) for x in n.inputs)
+        inputs = tuple(widen_of.get(x, remap[x]) for x in n.inputs)
         return g._append(n.op, inputs, TensorType(n.shape, n.dtype), n.attrs, n.name, n.modules)
 
     new, _ = graph.rebuild(stand_in=stand_in)

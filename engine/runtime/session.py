@@ -264,11 +264,10 @@ class Session:
         b, offset = self.plan.place(node_id)
         return self.buffers[b], self._bases[b] + offset
 
-    def _write(self, node_id: int, arr: np.ndarray, transposed: bool = False):
-        """Upload ``arr`` as node ``node_id``'s value; ``transposed``: it is given transposed
-        (a weight kept [out, in]), and its bf16 bits, half the bytes, are what is transposed."""
-        data = bf16_bits(arr) if self.graph[node_id].dtype == "bf16" else arr
-        data = transposed_copy(data) if transposed else np.ascontiguousarray(data)
+    def _write(self, node_id: int, arr: np.ndarray):
+        """Upload ``arr`` as node ``node_id``'s value: a bf16 node's bits, taken before any
+        copy into row order (``contiguous``; half the bytes where ``arr`` is a transpose)."""
+        data = contiguous(bf16_bits(arr) if self.graph[node_id].dtype == "bf16" else arr)
         if self.graph[node_id].dtype == "bf16":   # whole 4-byte words, as WebGPU writes them
             data = np.concatenate([data.reshape(-1), np.zeros(data.size % 2, np.uint16)])
         if data.nbytes:
@@ -284,12 +283,7 @@ class Session:
 
     def _upload(self, kind: str, name: str, array, table: Mapping[str, int]):
         node = self._node_for(kind, name, table)
-        if node.attrs.get("transposed"):   # kept [out, in] (engine.optimize.bf16_weights), given [in, out]
-            shape = node.shape[::-1]
-            array = check_array(kind, name, array, dataclasses.replace(node, shape=shape))
-            self._write(node.id, array, transposed=True)
-        else:
-            self._write(node.id, check_array(kind, name, array, node))
+        self._write(node.id, check_array(kind, name, array, node))
 
     def _read(self, node) -> np.ndarray:
         if node.size == 0:
@@ -342,8 +336,7 @@ class Session:
         return out
 
     def get_parameter(self, name: str) -> np.ndarray:
-        node = self._node_for("parameter", name, self.graph.parameters)
-        return self._read(node).T.copy() if node.attrs.get("transposed") else self._read(node)
+        return self._read(self._node_for("parameter", name, self.graph.parameters))
 
     def record(self, encoder, timestamps=None, dispatches=None) -> None:
         """Record the dispatches of one step into ``encoder``: all of them (or the
@@ -488,17 +481,20 @@ def _dispatch_raw(compute_pass, steps, positions) -> None:
         dispatch(handle, x, y, z)
 
 
-def transposed_copy(matrix: np.ndarray) -> np.ndarray:
-    """``matrix.T``, contiguous, its rows copied in blocks on the host's cores (numpy lets
-    go of the GIL as it copies): a 2048 x 8192 weight's bf16 bits took 0.11 s on one core."""
-    out = np.empty(matrix.shape[::-1], matrix.dtype)
-    rows = out.shape[0]
-    step = max(64, -(-rows // (4 * (os.cpu_count() or 1))))
+PARALLEL_COPY = 1 << 20   # elements from which an array out of row order is copied on several threads
 
-    def block(r: int):
-        np.copyto(out[r:r + step], matrix[:, r:r + step].T)
+
+def contiguous(array: np.ndarray) -> np.ndarray:
+    """``array`` in row order: as it is where it is, else copied, a large one in blocks of
+    rows on the host's cores (numpy lets go of the GIL as it copies). A transpose's copy
+    gathers across rows: a 2048 x 8192 weight's bf16 bits took 0.11 s on one core."""
+    if array.flags.c_contiguous or array.size < PARALLEL_COPY or array.ndim == 0:
+        return np.ascontiguousarray(array)
+    out = np.empty(array.shape, array.dtype)
+    rows = array.shape[0]
+    step = max(1, -(-rows // (4 * (os.cpu_count() or 1))))
     with concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool:
-        list(pool.map(block, range(0, rows, step)))
+        list(pool.map(lambda r: np.copyto(out[r:r + step], array[r:r + step]), range(0, rows, step)))
     return out
 
 

@@ -29,7 +29,8 @@ import numpy as np
 
 from ..errors import MeganeuraError
 from ..graph.kv_cache import CACHE_PREFIX, NEXT_ID
-from ..optimize.bf16_weights import bf16_candidates, direct_readers, store_weights_bf16, transposable
+from ..optimize.bf16_weights import (bf16_candidates, direct_readers, keep_out_in, store_weights_bf16,
+                                     transposable)
 from .sampling import Sampling, unusable_logits
 
 MIN_CAPACITY = 256
@@ -109,27 +110,30 @@ class _GpuSteps:
         self._reads_bf16 = lambda graph, node, i: reads_bf16(graph, node, i, caps)
         self.bf16: set[str] = set()   # the weights kept in bf16 (engine.optimize.bf16_weights)
         self.transposed: set[str] = set()   # ... and those kept [out, in]
-        decode = self._optimized(model.generation_graph(1, capacity, prefill=False), "decode")
-        used = {k: v for k, v in params.items() if k in decode.parameters}
+        step = model.generation_graph(1, capacity, prefill=False)
+        used = {k: v for k, v in params.items() if k in step.parameters}
+        if caps.knobs.weight_layout == "out-in":
+            self.transposed = transposable(step, used)
+        decode = self._optimized(step, "decode")
         if caps.knobs.bf16_weights:
             self.bf16 = direct_readers(decode, bf16_candidates(used), self._reads_bf16)
-        if caps.knobs.weight_layout == "out-in":
-            self.transposed = transposable(decode, used)
         self.decode = self._build(decode)
-        self.decode.set_parameters({k: v for k, v in params.items() if k in self.decode.graph.parameters})
+        self.decode.set_parameters({k: v.T if k in self.transposed else v for k, v in used.items()
+                                    if k in self.decode.graph.parameters})
         self.prefills: dict[int, object] = {}
         self.readback = self._readback_buffer(self.decode)
         self.id_readbacks = None   # greedy's two batches of ids in flight, made on first use
 
     def _optimized(self, graph, phase: str):
-        graph, report, few = optimize_generation(graph)
+        graph, report, few = optimize_generation(keep_out_in(graph, self.transposed))
         self.reports[phase] = (report, few)
         return graph
 
     def _build(self, graph, share_with=None):
-        """A session of an optimized generation graph, the weights in ``bf16`` stored so."""
+        """A session of an optimized generation graph, the weights in ``bf16`` stored so
+        (those in ``transposed`` are kept [out, in] by the graph already: ``_optimized``)."""
         from ..runtime.session import build_inference_session
-        graph, _ = store_weights_bf16(graph, self.bf16, self._reads_bf16, self.transposed)
+        graph, _ = store_weights_bf16(graph, self.bf16, self._reads_bf16)
         return build_inference_session(graph, share_with=share_with, optimize=False)
 
     def _readback_buffer(self, session):
