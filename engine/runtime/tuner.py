@@ -153,12 +153,10 @@ def _decode_stack(layers: int, width: int, hidden: int, group: str = "other", ou
 # Decode steps' products, which the vector kernel runs (vector_layout): SmolLM2-135M's
 # 30 layers of 3.5 MB weights and Llama-3.2-1B's MLP (two 64 MiB weights a layer) and
 # attention projections (16 MiB).
-DECODE_PRODUCTS = [_decode_stack(30, 576, 1536, "SmolLM2-135M decode"),
-                   _decode_stack(4, 2048, 8192, "Llama-3.2-1B decode"),
-                   _decode_stack(8, 2048, 2048, "Llama-3.2-1B decode")]
-DECODE_OUT_IN = [_decode_stack(30, 576, 1536, "SmolLM2-135M decode", True),
-                 _decode_stack(4, 2048, 8192, "Llama-3.2-1B decode", True),
-                 _decode_stack(8, 2048, 2048, "Llama-3.2-1B decode", True)]
+DECODE_STACKS = [(30, 576, 1536, "SmolLM2-135M decode"), (4, 2048, 8192, "Llama-3.2-1B decode"),
+                 (8, 2048, 2048, "Llama-3.2-1B decode")]
+DECODE_PRODUCTS = [_decode_stack(*stack) for stack in DECODE_STACKS]
+DECODE_OUT_IN = [_decode_stack(*stack, out_in=True) for stack in DECODE_STACKS]   # generation's layout
 
 
 def _column_sum(rows: int, cols: int) -> Workload:
