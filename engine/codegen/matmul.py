@@ -13,7 +13,7 @@ from typing import NamedTuple
 from ..config import Knobs
 from ..errors import DeviceError
 from ..graph.ir import Graph, Node
-from ..graph.ops import GRADIENT_OF, norm_matmuls_layout
+from ..graph.ops import GRADIENT_OF, norm_matmuls_layout, product_weights
 from .common import (MAX_WORKGROUPS, PLAIN, TILE, WG, Capabilities, Kernel, UnsupportedOpError, _finish, _render,
                      _thread_xy, contiguous_strides, f32_bits, forward_nodes, grid_1d, stored_load, stored_load4,
                      stored_type)
@@ -239,11 +239,7 @@ def product_reads_bf16(node: Node, index: int) -> bool:
     Those reads are nearly all of a decode step's bytes; a prefill's tiled products read
     the weights through a widen into an f32 buffer until run 52 (2.7 ms of Llama-3.2-1B's
     512-token prefill on the H100)."""
-    if node.op == "swiglu_matmul":
-        return index in (1, 2)
-    if node.op == "norm_matmuls":
-        return index >= 2
-    return index == (2 if node.op == "norm_matmul" else 1)
+    return index in product_weights(node.op, len(node.inputs))
 
 
 def vector_width(rows: int, stored: list[str], columns_contiguous: bool, extents: list[int], small: bool) -> int:
@@ -259,13 +255,13 @@ def vector_width(rows: int, stored: list[str], columns_contiguous: bool, extents
     return VECTOR_WIDTH_BF16 if wide else 1
 
 
-def vector_depth(rows: int, weights: bool, columns_contiguous: bool, k_: int, nbatch: int) -> int:
+def vector_depth(weights: bool, columns_contiguous: bool, k_: int, nbatch: int) -> int:
     """Consecutive K steps a thread of the vector kernel loads at once: VECTOR_DEPTH where
     its Bs are ``weights`` (parameters: bindings of their own, so aligned) stored transposed,
     K contiguous (a weight kept [out, in], as checkpoints store it: engine.optimize.bf16_weights),
     one batch, K whole fours; else 1. A warp then reads 256 contiguous bytes of a bf16
     column (512 of an f32 one) a load, where one element a thread read 64 (two threads a word)."""
-    deep = weights and not columns_contiguous and k_ % VECTOR_DEPTH == 0 and nbatch == 1 and rows <= VECTOR_ROWS
+    deep = weights and not columns_contiguous and k_ % VECTOR_DEPTH == 0 and nbatch == 1
     return VECTOR_DEPTH if deep else 1
 
 
@@ -341,7 +337,7 @@ def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: in
         bs = ["b_in"] + (["u_in"] if second else [])
         width = vector_width(m_ * nbatch, [stored[b] for b in bs],
                              columns_contiguous, [n_, words_b[-2]], vector_small(n_, k_, caps))
-        depth = vector_depth(m_, all(graph[node.inputs[names.index(b)]].op == "parameter" for b in bs),
+        depth = vector_depth(all(graph[node.inputs[names.index(b)]].op == "parameter" for b in bs),
                              columns_contiguous, k_, nbatch)
         width = deep_width(depth, [n_], caps) if depth > 1 else width
         cols, splits = vector_layout(n_, k_, nbatch, caps, columns_contiguous, nbatch == 1 or not (norm or second),
@@ -350,8 +346,7 @@ def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: in
         cols, splits, width, depth = columns["LAYOUT"]
     four = max(width, depth)   # elements a load: two bf16 words, or an f32 vec4 (depth only)
     held = {"bf16": "vec2<u32>" if four > 1 else "u32", "f32": "vec4<f32>" if depth > 1 else "f32"}
-    types = [held[stored[name]] if name in weights + ["u_in"] and name in stored else t
-             for name, t in zip(names, types)]
+    types = [held[stored[name]] if name in weights + ["u_in"] else t for name, t in zip(names, types)]
     a_words = meta[5 + common["BR"]:7 + 2 * common["BR"]]   # A's batch strides, then its (row, k) strides
     a_vec4 = depth > 1 and a_words[-1] == 1 and all(w % depth == 0 for w in a_words[:-1])
     if a_vec4:   # A (and the norm's weight) a vec4 a load too: four scalar loads cost the L1 four times the trips
@@ -563,7 +558,7 @@ def _norm_matmuls(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kerne
     widths = [shape[-1] for shape in shapes]
     width = vector_width(rows, [w.dtype for w in weights], not tb, widths + list(offsets),
                          vector_small(sum(widths), k_, caps))
-    depth = vector_depth(rows, all(w.op == "parameter" for w in weights), not tb, k_, 1)
+    depth = vector_depth(all(w.op == "parameter" for w in weights), not tb, k_, 1)
     width = deep_width(depth, widths + list(offsets), caps) if depth > 1 else width
     cols, splits = vector_layout(sum(widths), k_, 1, caps, not tb, rows == 1, width, depth)
     blocks = [-(-n // (cols * width)) for n in widths]

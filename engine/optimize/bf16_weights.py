@@ -30,7 +30,7 @@ import numpy as np
 
 from ..errors import GraphError
 from ..graph.ir import Graph, Node
-from ..graph.ops import TensorType
+from ..graph.ops import TensorType, product_weights
 from ..graph.reference import bf16_exact
 
 ReadsBf16 = Callable[[Graph, Node, int], bool]
@@ -71,20 +71,10 @@ def direct_readers(graph: Graph, names: Iterable[str], reads_bf16: ReadsBf16) ->
             and all(_reads_itself(graph, u, x, reads_bf16) for u, x in _readers(graph, users, graph.parameters[name]))}
 
 
-# the operands of each product op that are its B (weights), all read through its one transpose_b
-PRODUCT_WEIGHTS = {"matmul": (1,), "fused_matmul": (1,), "norm_matmul": (2,), "swiglu_matmul": (1, 2)}
-
-
-def _weight_operands(node: Node) -> tuple[int, ...]:
-    if node.op == "norm_matmuls":
-        return tuple(range(2, len(node.inputs)))
-    return PRODUCT_WEIGHTS.get(node.op, ())
-
-
 def _reads_as_b(node: Node, weights: set[int]) -> bool:
     """Whether product ``node`` reads ``weights`` as its Bs only, and all its Bs are among
     them, none transposed: it can read them kept [out, in] with ``transpose_b``."""
-    at = _weight_operands(node)
+    at = product_weights(node.op, len(node.inputs))
     return (bool(at) and not node.attrs.get("transpose_b", False) and all(node.inputs[j] in weights for j in at)
             and all(i in at for i, x in enumerate(node.inputs) if x in weights))
 
@@ -96,7 +86,8 @@ def transposable(graph: Graph, names: Iterable[str]) -> set[str]:
     users = graph.users()
     ids = {graph.parameters[n]: n for n in names if n in graph.parameters and len(graph.shape(graph.parameters[n])) == 2}
     while True:   # a product whose other Bs are not kept so keeps all of its Bs as they are
-        apart = {i for i in ids if not users[i] or not all(_reads_as_b(graph[u], set(ids)) for u in users[i])}
+        kept = set(ids)
+        apart = {i for i in ids if not users[i] or not all(_reads_as_b(graph[u], kept) for u in users[i])}
         if not apart:
             return set(ids.values())
         ids = {i: n for i, n in ids.items() if i not in apart}

@@ -34,4 +34,5 @@ from .onnx import (  # noqa: F401
     ONNX_UNARY, cast_ref, conv_general_input_grad_ref, conv_general_ref,
     conv_general_weight_grad_ref, max_pool_grad_ref, pool_divisor, pool_geometry, pool_ref)
 from .generation import (  # noqa: F401
-    argmax_ref, cache_write_ref, cached_attention_ref, norm_matmuls_layout, norm_matmuls_ref, swiglu_matmul_ref)
+    argmax_ref, cache_write_ref, cached_attention_ref, norm_matmuls_layout, norm_matmuls_ref, product_weights,
+    swiglu_matmul_ref)

@@ -140,6 +140,15 @@ defop("swiglu_matmul", MATMUL, _swiglu_matmul_shape, swiglu_matmul_ref,
       eps=1e-6, transpose_b=False)
 
 
+def product_weights(op: str, operands: int) -> tuple[int, ...]:
+    """The operands of a product op (of ``operands`` operands) that are its Bs, the weights,
+    all read through its one ``transpose_b``: matmul's and fused_matmul's second,
+    norm_matmul's third, SwiGLU's two, norm_matmuls' from the third on; none of another op."""
+    if op == "norm_matmuls":
+        return tuple(range(2, operands))
+    return {"matmul": (1,), "fused_matmul": (1,), "norm_matmul": (2,), "swiglu_matmul": (1, 2)}.get(op, ())
+
+
 # ---------------------------------------------------------------- a shared norm's products in one dispatch
 
 def norm_matmuls_layout(x_shape, weight_shapes, transpose_b: bool) -> tuple[list[tuple[int, ...]], list[int], int]:
