@@ -10,11 +10,16 @@
 // reads its own row: 16-byte loads waste less of each memory transaction than 4-byte ones).
 // q, out: [B, T, H*D]; k, v (the caches): [B, S, HKV*D].
 // q is rotated by RoPE at its position as it is loaded where codegen says so.
-// meta: [T, S, H, HKV, scale, inv_freq[D/2] (with RoPE)]
+// Where codegen folds the step's cache_write in (WRITE_ROW), k and v are the cache's planes
+// bound read-write, and a workgroup whose keys include the position first writes its kv
+// head's rows there from k_new and v_new (the key rotated like cache_write.wgsl does) and
+// waits on them (storageBarrier) before it reads any.
+// meta: [T, S, H, HKV, scale, inv_freq[D/2] (with RoPE), the write's inv_freq[D/2] (where it rotates)]
 
 {{PRELUDE}}
 
 {{BINDINGS}}
+{{WRITE_BINDINGS}}
 
 {{ROPE_FN}}
 
@@ -44,13 +49,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     let qb = (b * T + t) * H * D + h * D;
     let pos = u32(max(positions[b * T + t], 0));
     let end = min(S, pos + 1u);
+    let per_split = (S + LANES * GROUPS * SPLITS - 1u) / (LANES * GROUPS * SPLITS);
+    let keys_lo = split * per_split * LANES * GROUPS;   // the keys this workgroup's rounds cover
+    let keys_hi = keys_lo + per_split * LANES * GROUPS;
 {{LOAD_Q}}
+{{WRITE_ROW}}
     workgroupBarrier();
     var mx = LOWEST;
     var l = 0.0;
     var acc: array<f32, R>;
     let rounds = (end + LANES * GROUPS - 1u) / (LANES * GROUPS);
-    let per_split = (S + LANES * GROUPS * SPLITS - 1u) / (LANES * GROUPS * SPLITS);
     for (var r = split * per_split; r < min(rounds, (split + 1u) * per_split); r = r + 1u) {
         let first = (r * GROUPS + g) * LANES;
         let key = first + lane;

@@ -197,6 +197,63 @@ def test_one_write_fills_a_layers_keys_and_values_on_the_gpu():
     np.testing.assert_array_equal(want[1][[0, 0, 0, 1, 1, 1], [9, 2, 63, 0, 40, 5]], inputs["v"].reshape(-1, w))
 
 
+def decode_attention_graph(b, s, h, hkv, d, rope):
+    """One decode step's attention as a decode graph builds it (engine.graph.kv_cache):
+    one write of the step's keys (rotated where ``rope``) and values into the layer's cache
+    [2, B, S, W], and the cached attention reading its two planes as part views."""
+    g = Graph("decode attention")
+    w = hkv * d
+    q, k, v = g.input("q", (b, 1, h * d)), g.input("k", (b, 1, w)), g.input("v", (b, 1, w))
+    pos = g.input("positions", (b, 1), "i32")
+    written = g.output("kv", g.cache_write(g.parameter("kv", (2, b, s, w), trainable=False), [k, v], pos,
+                                           hkv if rope else 0, 700.0, LLAMA3 if rope else ()))
+    planes = [g.apply("part", written, offset=i * b * s * w, shape=(b, s, w)) for i in range(2)]
+    g.output("o", g.cached_attention(q, *planes, pos, h, hkv, rope=rope, rope_base=700.0,
+                                     rope_scaling=LLAMA3 if rope else ()))
+    return g
+
+
+@pytest.mark.parametrize("b,s,h,hkv,d,rope,positions", [
+    (1, 1024, 4, 2, 16, True, [[700]]), (2, 512, 2, 1, 8, False, [[0], [511]]), (1, 768, 2, 2, 6, True, [[300]]),
+    (1, 64, 4, 2, 16, True, [[63]])])
+def test_the_cached_attention_writes_its_steps_keys_and_values(b, s, h, hkv, d, rope, positions, monkeypatch):
+    """A decode step's cache write is done by the attention kernel that reads it (one
+    dispatch fewer a layer): over caches the attention splits (the step's position in a
+    later part, in the first, the last row) and one it does not, GQA, RoPE with Llama 3's
+    frequencies, a head dim that is not a multiple of 4. The cache and the output equal
+    the two kernels' bit for bit, and the reference's."""
+    from engine.compile import plan as plans
+    rng = np.random.default_rng(s + d)
+    g = decode_attention_graph(b, s, h, hkv, d, rope)
+    inputs = {"q": rng.standard_normal((b, 1, h * d)).astype(np.float32),
+              "k": rng.standard_normal((b, 1, hkv * d)).astype(np.float32),
+              "v": rng.standard_normal((b, 1, hkv * d)).astype(np.float32),
+              "positions": np.array(positions, np.int32)}
+    params = {"kv": rng.standard_normal((2, b, s, hkv * d)).astype(np.float32)}
+    want = reference.run(g, inputs, params)
+
+    def run():
+        session = Session(g)
+        session.set_inputs(inputs)
+        session.set_parameters(params)
+        session.run()
+        return session, session.read_output("o"), session.get_parameter("kv")
+    session, out, cache = run()
+    kernels = [d.kernel for d in session.plan.dispatches]
+    assert "cache_write" not in kernels and kernels[0] == "cached_attention", kernels
+    assert sorted(session.plan.dispatches[0].nodes) == sorted(n.id for n in g.nodes if n.op in (
+        "cache_write", "cached_attention"))
+    # a GPU's sin and cos of angles past pi are not exact: within the values' scale of the reference
+    assert np.abs(out - want["o"]).max() <= 1e-5 * np.abs(want["kv"]).max()
+    assert np.abs(cache - want["kv"]).max() <= 1e-5 * np.abs(want["kv"]).max()
+    np.testing.assert_array_equal(cache[1][np.arange(b), [p[0] for p in positions]], inputs["v"][:, 0])
+    monkeypatch.setattr(plans, "_cache_writes_in_attention", lambda *_: {})
+    apart, out_apart, cache_apart = run()
+    assert "cache_write" in [d.kernel for d in apart.plan.dispatches]
+    np.testing.assert_array_equal(cache, cache_apart)
+    np.testing.assert_array_equal(out, out_apart)
+
+
 def test_cached_attention_over_a_prefix_equals_causal_attention():
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((2, 5, 12)) for _ in range(3))

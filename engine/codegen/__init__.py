@@ -11,7 +11,7 @@ workgroup counts. Imports ``engine.graph`` and ``engine.errors`` only.
 
 from .attention import (ATTENTION_BACKWARD, ATTENTION_MAX_SPLITS, ATTENTION_MIN_PART,
                         attention_backward_bytes, attention_backward_rows, attention_queries, attention_splits,
-                        attention_variant, attention_workgroup_bytes)
+                        attention_variant, attention_workgroup_bytes, cached_attention_writing)
 from .attention_coop_backward import scores_pair
 from .common import (MAX_WORKGROUPS, PLAIN, SUBGROUP_MATRIX_FEATURE, THREAD_LAYOUTS,
                      Capabilities, Kernel, UnsupportedOpError, forward_nodes, grid_1d, precision)

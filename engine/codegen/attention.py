@@ -72,12 +72,16 @@ def _attention_per_query(graph, node, bsz, t, s, h, hkv, d, causal, scale) -> Ke
     return kernel
 
 
-def _cached_attention(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+def _cached_attention(graph: Graph, node: Node, caps: Capabilities = PLAIN, write: Node | None = None) -> Kernel:
     """A generation step's attention over the KV cache (attention_cached.wgsl): a
     workgroup of 256 threads per query and head. At batch 1 a decode step has only H
     queries: one thread each (the per-query kernel) took 74 us a layer on the H100 for
     576 keys, each thread alone walking its keys' rows; here four groups of 64 threads
-    take blocks of 64 keys, one key (score) or output dimension (update) a thread."""
+    take blocks of 64 keys, one key (score) or output dimension (update) a thread.
+    ``write``: the ``cache_write`` of this step's keys and values that the attention reads
+    through (``cached_attention_writing``), done by this kernel first: its inputs
+    ``k_new`` and ``v_new`` follow ``positions``, and the cache's two planes are bound
+    read-write after the output, as ``k`` and ``v``."""
     q, k = graph[node.inputs[0]], graph[node.inputs[1]]
     bsz, t, s, h, hkv, d, _, scale = _attention_dims(node, q, k)
     splits = cached_attention_splits(bsz * t * h, s)
@@ -103,16 +107,22 @@ def _cached_attention(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> K
         score = " + ".join(f"qs[{i}] * k[kb + {i}u]" for i in range(d))
     meta = [t, s, h, hkv, f32_bits(scale)] + (rope_frequencies(d, node.attrs["rope_base"], node.attrs["rope_scaling"])
                                                  if rope else [])
-    kernel = _finish("cached_attention", "attention", "attention_cached.wgsl", ["q", "k", "v", "positions"],
-                     ["f32", ktype, "f32", "i32"], "f32", meta, grid,
-                     ROPE_FN=_template("rope_fn.wgsl") if rope else "",
+    names, types = ["q", "k", "v", "positions"], ["f32", ktype, "f32", "i32"]
+    subs = dict(WRITE_BINDINGS="", WRITE_ROW="")
+    if write is not None:
+        names, types = ["q", "positions", "k_new", "v_new"], ["f32", "i32", "f32", "f32"]
+        subs = _cache_row_write(write, meta, d, width, ktype, len(names) + 2)
+    kernel = _finish("cached_attention", "attention", "attention_cached.wgsl", names, types, "f32", meta, grid,
+                     ROPE_FN=_template("rope_fn.wgsl") if rope or "rope_(" in subs["WRITE_ROW"] else "",
                      D=d, R=-(-d // 64), KTYPE=ktype, KWIDTH=width, QWORDS=d // width, LOAD_Q=load_q, SCORE=score,
-                     SPLITS=splits,
+                     SPLITS=splits, **subs,
                      BLOCK_MAX="\n".join(f"        top = max(top, ps[g][{j}]);" for j in range(64)),
                      BLOCK_SUM="\n".join(f"        total = total + ps[g][{j}];" for j in range(64)),
                      V_SUM="\n".join(f"                sum = sum + ps[g][{j}] * v[vb + min(first + {j}u, last) * stride];"
                                       for j in range(64)))
     kernel.notes["variant"] = "a workgroup per query and head, 4 x 64 threads over blocks of 64 keys"
+    if write is not None:
+        kernel.notes["variant"] += ", writing the step's keys and values into the cache first"
     if splits > 1:
         rows = bsz * t * h
         kernel.partials = rows * splits * (d + 2)
@@ -120,6 +130,57 @@ def _cached_attention(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> K
                                 ["partials"], ["f32"], "f32", [rows * d, splits, d], grid_1d(-(-rows * d // WG)))
         kernel.notes["variant"] += f", the cache's keys split {splits} ways"
     return kernel
+
+
+def _cache_row_write(write: Node, meta: list[int], d: int, width: int, ktype: str, binding: int) -> dict[str, str]:
+    """The template slots of a cached attention that writes its step's key and value rows
+    (``write``, a ``cache_write`` of both) into the cache first: the cache's planes as
+    read-write bindings, and the rows, the key rotated by the write's RoPE (its inverse
+    frequencies appended to ``meta``) exactly as cache_write.wgsl rotates it; ``binding``:
+    the first plane's binding number."""
+    heads = write.attrs.get("rope_heads", 0)
+    freq0 = len(meta)
+    if heads:
+        meta += rope_frequencies(d, write.attrs["rope_base"], write.attrs["rope_scaling"])
+
+    def key(e: str) -> str:
+        if not heads:
+            return f"k_new[xb + {e}]"
+        return f"rope_(k_new[xb + ({e}) % (D / 2u)], k_new[xb + ({e}) % (D / 2u) + D / 2u], {e}, D, pos, {freq0}u, false)"
+    if width == 4:
+        row = ", ".join(key(f"4u * i + {c}u") for c in range(4))
+        keys = f"        for (var i = tid; i < D / 4u; i = i + 256u) {{ k[cb / 4u + i] = vec4<f32>({row}); }}"
+    else:
+        keys = f"        for (var i = tid; i < D; i = i + 256u) {{ k[cb + i] = {key('i')}; }}"
+    return dict(WRITE_BINDINGS="\n".join([
+        f"@group(0) @binding({binding}) var<storage, read_write> k: array<{ktype}>;",
+        f"@group(0) @binding({binding + 1}) var<storage, read_write> v: array<f32>;"]),
+        WRITE_ROW="\n".join([
+            "    if (pos < S && pos >= keys_lo && pos < keys_hi) {",
+            "        let xb = (b * T + t) * HKV * D + hk * D;",
+            "        let cb = (b * S + pos) * HKV * D + hk * D;",
+            keys,
+            "        for (var i = tid; i < D; i = i + 256u) { v[cb + i] = v_new[xb + i]; }",
+            "    }",
+            "    storageBarrier();"]))
+
+
+def cached_attention_writing(graph: Graph, attention: Node, write: Node, caps: Capabilities = PLAIN) -> Kernel | None:
+    """The kernel of ``attention``, a one-token cached attention, that also does ``write``,
+    the ``cache_write`` of this step's keys and values into the cache it reads (both planes,
+    as whole views, at the same positions), or None where it does not apply. Each workgroup
+    whose keys include the step's position writes its kv head's two rows there before it
+    reads any (the q heads sharing a kv head write the same values), so no other reads
+    them in that dispatch; a decode step loses a dispatch and its wait a layer."""
+    q, keys = graph[attention.inputs[0]], graph[attention.inputs[1]]
+    xs = write.inputs[1:-1]
+    if (attention.op != "cached_attention" or write.op != "cache_write" or len(xs) != 2 or q.shape[1] != 1
+            or write.inputs[-1] != attention.inputs[3] or graph[xs[0]].shape[1] != 1):
+        return None
+    _, _, _, _, hkv, d, _, _ = _attention_dims(attention, q, keys)
+    if graph[xs[0]].shape[-1] != hkv * d or write.attrs.get("rope_heads", 0) not in (0, hkv):
+        return None
+    return _cached_attention(graph, attention, caps, write=write)
 
 
 CACHED_SPLIT_KEYS = 256        # keys a workgroup of a split cached attention takes (one round)
