@@ -72,8 +72,8 @@ def qwen3_checkpoint(path):
 def relative_checkpoint(path, family: str, seed: int, **fields):
     """``llama_relative`` of ``family`` (no end-of-sequence id, so that generation runs its
     full length), saved to ``path``."""
-    hf = llama_relative(family, seed, vocab_size=96, max_position_embeddings=48, pad_token_id=0,
-                        eos_token_id=None, bos_token_id=None, **fields)
+    hf = llama_relative(family, seed, **{**dict(vocab_size=96, max_position_embeddings=48, pad_token_id=0,
+                                                eos_token_id=None, bos_token_id=None), **fields})
     hf.save_pretrained(path)
     return hf, path
 
@@ -222,7 +222,7 @@ def test_the_cached_attention_writes_its_steps_keys_and_values(b, s, h, hkv, d, 
     later part, in the first, the last row) and one it does not, GQA, RoPE with Llama 3's
     frequencies, a head dim that is not a multiple of 4. The cache and the output equal
     the two kernels' bit for bit, and the reference's."""
-    from engine.compile import plan as plans
+    from engine.compile import decode_folds
     rng = np.random.default_rng(s + d)
     g = decode_attention_graph(b, s, h, hkv, d, rope)
     inputs = {"q": rng.standard_normal((b, 1, h * d)).astype(np.float32),
@@ -247,11 +247,50 @@ def test_the_cached_attention_writes_its_steps_keys_and_values(b, s, h, hkv, d, 
     assert np.abs(out - want["o"]).max() <= 1e-5 * np.abs(want["kv"]).max()
     assert np.abs(cache - want["kv"]).max() <= 1e-5 * np.abs(want["kv"]).max()
     np.testing.assert_array_equal(cache[1][np.arange(b), [p[0] for p in positions]], inputs["v"][:, 0])
-    monkeypatch.setattr(plans, "_cache_writes_in_attention", lambda *_: {})
+    monkeypatch.setattr(decode_folds, "cache_writes_in_attention", lambda *_: {})
     apart, out_apart, cache_apart = run()
     assert "cache_write" in [d.kernel for d in apart.plan.dispatches]
     np.testing.assert_array_equal(cache, cache_apart)
     np.testing.assert_array_equal(out, out_apart)
+
+
+@pytest.mark.parametrize("s,h,hkv,d,position", [(1024, 4, 2, 16, 700), (512, 8, 2, 8, 3), (768, 2, 1, 32, 767)])
+def test_the_output_projection_combines_a_split_attentions_parts(s, h, hkv, d, position, monkeypatch):
+    """A decode step's split cached attention leaves its parts (each part's maximum, sum
+    and sums) to the one-row product that reads its value, which combines them into
+    workgroup memory first: no combine dispatch, the attention's value never stored. Its
+    result equals the reference's and, to f32 rounding, the combine dispatch's."""
+    from engine.compile import decode_folds
+    rng = np.random.default_rng(s + h)
+    g = decode_attention_graph(1, s, h, hkv, d, True)
+    attention = g.outputs.pop("o")
+    n = 3 * h * d
+    residual = g.input("residual", (1, 1, n))
+    g.output("o", g.apply("fused_matmul", attention, g.parameter("w", (n, h * d)), residual, transpose_b=True,
+                          has_residual=True))
+    inputs = {"q": rng.standard_normal((1, 1, h * d)), "k": rng.standard_normal((1, 1, hkv * d)),
+              "v": rng.standard_normal((1, 1, hkv * d)), "residual": rng.standard_normal((1, 1, n)),
+              "positions": np.array([[position]], np.int32)}
+    inputs = {k: v.astype(np.float32) if v.dtype.kind == "f" else v for k, v in inputs.items()}
+    params = {"kv": rng.standard_normal((2, 1, s, hkv * d)).astype(np.float32),
+              "w": (rng.standard_normal((n, h * d)) / np.sqrt(h * d)).astype(np.float32)}
+    want = reference.run(g, inputs, params)["o"]
+
+    def run():
+        session = Session(g)
+        session.set_inputs(inputs)
+        session.set_parameters(params)
+        session.run()
+        return session.plan, session.read_output("o")
+    plan, got = run()
+    kernels = lambda plan: [d.kernel.split(":activation")[0] for d in plan.dispatches]   # noqa: E731
+    assert kernels(plan) == ["cached_attention", "fused_matmul"]
+    assert plan.dispatches[1].variant.endswith("attention parts"), plan.dispatches[1].variant
+    assert np.abs(got - want).max() <= 2e-5 * np.abs(want).max()
+    monkeypatch.setattr(decode_folds, "combines_in_products", lambda *_: {})
+    apart, got_apart = run()
+    assert kernels(apart) == ["cached_attention", "cached_attention:total", "fused_matmul"]
+    np.testing.assert_allclose(got, got_apart, rtol=1e-6, atol=1e-6 * np.abs(want).max())
 
 
 def test_cached_attention_over_a_prefix_equals_causal_attention():
@@ -347,6 +386,25 @@ def test_decoding_with_the_cache_equals_recomputing_the_sequence(request, which)
     steps = gen.steps(gen.check(ids, 6))
     logits = steps.run(ids, 0, prefill=True)
     for _ in range(6):
+        full = load_model(str(path), [f"seq={len(ids)}"])
+        want = full.run({"input_ids": np.array([ids], np.int32)}, backend="reference")["logits"][0, -1]
+        np.testing.assert_allclose(logits, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+        ids.append(int(np.argmax(logits)))
+        logits = steps.run(ids[-1:], len(ids) - 1, prefill=False)
+
+
+def test_decoding_past_one_round_of_keys_equals_recomputing_the_sequence(tmp_path):
+    """A prompt of 300 tokens: a cache of 512 rows, which the decode step's attention splits
+    into parts that its output projection combines (and whose writes it does itself)."""
+    _, path = relative_checkpoint(tmp_path / "long", "Llama", 9, max_position_embeddings=512)
+    model = load_model(str(path))
+    gen = model.generator(backend="gpu")
+    ids = np.random.default_rng(9).integers(1, 96, 300).tolist()
+    steps = gen.steps(gen.check(ids, 3))
+    variants = [d.variant for d in steps.decode.plan.dispatches]
+    assert steps.capacity == 512 and sum("attention parts" in v for v in variants) == 2, variants
+    logits = steps.run(ids, 0, prefill=True)
+    for _ in range(3):
         full = load_model(str(path), [f"seq={len(ids)}"])
         want = full.run({"input_ids": np.array([ids], np.int32)}, backend="reference")["logits"][0, -1]
         np.testing.assert_allclose(logits, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())

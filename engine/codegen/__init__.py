@@ -11,11 +11,13 @@ workgroup counts. Imports ``engine.graph`` and ``engine.errors`` only.
 
 from .attention import (ATTENTION_BACKWARD, ATTENTION_MAX_SPLITS, ATTENTION_MIN_PART,
                         attention_backward_bytes, attention_backward_rows, attention_queries, attention_splits,
-                        attention_variant, attention_workgroup_bytes, cached_attention_writing)
+                        attention_variant, attention_workgroup_bytes, cached_attention_parts,
+                        cached_attention_writing)
 from .attention_coop_backward import scores_pair
 from .common import (MAX_WORKGROUPS, PLAIN, SUBGROUP_MATRIX_FEATURE, THREAD_LAYOUTS,
                      Capabilities, Kernel, UnsupportedOpError, forward_nodes, grid_1d, precision)
-from .dispatch import describe_paths, kernel_for, reads_bf16, supported_ops, unsupported_ops
+from .dispatch import (describe_paths, kernel_for, product_combining, reads_bf16, supported_ops,
+                       unsupported_ops)
 from .matmul import (MATMUL_KERNELS, MATMUL_MAX_SPLITS, TILED, matmul_splits, matmul_variant,
                      narrow_tiles_fill_better, split_rule)
 from .matmul_coop import COOP, coop_workgroup_bytes

@@ -183,6 +183,40 @@ def cached_attention_writing(graph: Graph, attention: Node, write: Node, caps: C
     return _cached_attention(graph, attention, caps, write=write)
 
 
+def cached_attention_parts(graph: Graph, node: Node) -> tuple[int, int]:
+    """(parts, head dim) of a cached attention's kernel: the parts it splits each query
+    and head's keys into (1: its output whole), each [maximum, sum, D unnormalised sums]."""
+    bsz, t, s, h, _, d, _, _ = _attention_dims(node, graph[node.inputs[0]], graph[node.inputs[1]])
+    return cached_attention_splits(bsz * t * h, s), d
+
+
+def combined_parts_prologue(values: int, parts: int, head_dim: int, threads: int) -> tuple[str, str]:
+    """(declaration, first lines) of a kernel that reads a split cached attention's
+    ``parts`` (heads of ``head_dim``) as its binding ``a_in`` and combines them into
+    workgroup memory first, ``a_sh``, ``values`` (a multiple of 4) as vec4s, over ``threads``
+    threads: the layout and arithmetic of attention_cached_combine.wgsl, whose dispatch and
+    wait a decode step thus loses a layer (matmul's vector kernel, a decode step's o
+    projection: every workgroup combines all of its A, 2048 values of 4 parts, from the L2)."""
+    stride = head_dim + 2
+    setup = [f"for (var i = t; i < K; i = i + {threads}u) {{",
+             f"    let base = i / {head_dim}u * {parts * stride}u;",
+             "    var top = a_in[base];",
+             f"    for (var p = 1u; p < {parts}u; p = p + 1u) {{ top = max(top, a_in[base + p * {stride}u]); }}",
+             "    var num = 0.0;",
+             "    var den = 0.0;",
+             f"    for (var p = 0u; p < {parts}u; p = p + 1u) {{",
+             f"        let at = base + p * {stride}u;",
+             "        let e = exp(a_in[at] - top);",
+             "        den = den + e * a_in[at + 1u];",
+             f"        num = num + e * a_in[at + 2u + i % {head_dim}u];",
+             "    }",
+             "    a_sh[i / 4u][i % 4u] = num / den;",
+             "}",
+             "workgroupBarrier();"]
+    return (f"var<workgroup> a_sh: array<vec4<f32>, {values // 4}>;",
+            "\n".join("    " + line for line in setup))
+
+
 CACHED_SPLIT_KEYS = 256        # keys a workgroup of a split cached attention takes (one round)
 CACHED_SPLIT_QUERIES = 64      # query-head rows below which the cache is split
 CACHED_MAX_SPLITS = 16

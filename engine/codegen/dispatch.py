@@ -102,6 +102,15 @@ def kernel_for(graph: Graph, node: Node, caps: Capabilities = PLAIN, sums: str =
     return builder(graph, node, caps)
 
 
+def product_combining(graph: Graph, product: Node, parts: int, head_dim: int, caps: Capabilities = PLAIN) -> Kernel | None:
+    """The kernel of ``product`` (a one-row matmul or fused_matmul whose A is a split cached
+    attention's value) reading that attention's ``parts`` (of heads of ``head_dim``) in
+    A's place and combining them itself, or None where it cannot (matmul's vector kernel)."""
+    if product.op not in ("matmul", "fused_matmul") or product.attrs.get("transpose_a", False):
+        return None
+    return _matmul(graph, product, caps, parts=(parts, head_dim))
+
+
 def describe_paths(caps: Capabilities) -> dict:
     """Which path each archetype takes (``meganeura doctor`` and the plan show it)."""
     q = attention_queries(64, caps)

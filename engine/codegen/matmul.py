@@ -14,6 +14,7 @@ from ..config import Knobs
 from ..errors import DeviceError
 from ..graph.ir import Graph, Node
 from ..graph.ops import GRADIENT_OF, norm_matmuls_layout, product_weights
+from .attention import combined_parts_prologue
 from .common import (MAX_WORKGROUPS, PLAIN, TILE, WG, Capabilities, Kernel, UnsupportedOpError, _finish, _render,
                      _thread_xy, contiguous_strides, f32_bits, forward_nodes, grid_1d, stored_load, stored_load4,
                      stored_type)
@@ -68,9 +69,12 @@ def _product_shapes(graph: Graph, node: Node):
     return shapes if norm or node.attrs.get("transpose_a", False) else _fold_batch(*shapes)
 
 
-def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN, sums: str = "") -> Kernel:
+def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN, sums: str = "",
+            parts: tuple[int, int] | None = None) -> Kernel | None:
     """The kernel of a product node; ``sums`` ("a" or "b", product_sums.py): it also adds
-    up that operand's rows (columns), where its tiled kernel can (``Kernel.sums`` says)."""
+    up that operand's rows (columns), where its tiled kernel can (``Kernel.sums`` says);
+    ``parts``: A comes as a split cached attention's parts (dispatch.product_combining), or
+    None where the kernel cannot take them so."""
     attrs = node.attrs
     ta, tb = attrs.get("transpose_a", False), attrs.get("transpose_b", False)
     norm = node.op == "norm_matmul"
@@ -147,7 +151,9 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN, sums: str = ""
     if vector_rows(m_, ta, caps):
         vector = dict(common, EPILOGUE="") if norm else common   # the vector kernel sums the norm's squares itself
         return _vector_kernel(graph, node, names, types, meta, m_, n_, max(nbatch, 1), words_b, vector, norm=norm,
-                              caps=caps)
+                              caps=caps, parts=parts)
+    if parts is not None:
+        return None
     variant = "simple" if norm else matmul_variant(m_, n_, max(nbatch, 1), k_, ta, caps)
     tile_m, tile_n = _tile_of(variant)
     gx, gy = -(-n_ // tile_n), -(-m_ // tile_m)
@@ -314,7 +320,7 @@ _ONE_B = dict(COLUMNS="    let N = m(1u);\n    let wsel = 0u;\n    let wx = wg.x
 
 def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: int, nbatch: int, words_b,
                    common: dict, norm: bool = False, second: bool = False, columns: dict = _ONE_B,
-                   workgroups: int = 0, caps: Capabilities = PLAIN) -> Kernel:
+                   workgroups: int = 0, caps: Capabilities = PLAIN, parts: tuple[int, int] | None = None) -> Kernel | None:
     """matmul_vector.wgsl for ``m_`` rows: 256 threads as columns x K slices, lanes
     along B's contiguous axis: 32 columns x 8 slices where its columns are contiguous
     (a warp reads 128 bytes of a row), 8 x 32 where K is (B stored transposed). Where
@@ -327,7 +333,9 @@ def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: in
     and which B (``_ONE_B``, or norm_matmuls' several Bs over ``workgroups`` workgroups,
     its LAYOUT (with its ``vector_width``), its WEIGHTS and where its parts are, INSIDE). A B
     stored in bf16 (engine.optimize.bf16_weights) is widened as it is loaded, four columns a
-    thread where ``vector_width`` says."""
+    thread where ``vector_width`` says. ``parts`` (count, head dim): A is a split cached
+    attention's parts, combined into workgroup memory first (``combined_parts_prologue``); None where
+    the kernel cannot (one row of a transposed weight, read ``depth`` K steps a load, only)."""
     columns_contiguous = words_b[-1] == 1
     one_b = columns is _ONE_B
     stored = {name: graph[i].dtype for name, i in zip(names, node.inputs)}
@@ -351,6 +359,10 @@ def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: in
     a_vec4 = depth > 1 and a_words[-1] == 1 and all(w % depth == 0 for w in a_words[:-1])
     if a_vec4:   # A (and the norm's weight) a vec4 a load too: four scalar loads cost the L1 four times the trips
         types = ["vec4<f32>" if name in ("a_in", "w_in") else t for name, t in zip(names, types)]
+    if parts is not None:
+        if not (one_b and depth > 1 and m_ * nbatch == 1 and not norm and k_ <= VECTOR_STAGED_A):
+            return None
+        types = ["f32" if name == "a_in" else t for name, t in zip(names, types)]
 
     def load_of(binding: str):
         if four > 1:
@@ -370,6 +382,9 @@ def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: in
     unroll = (VECTOR_UNROLL_DEEP if depth > 1 else VECTOR_UNROLL_WIDE if width > 1
               else VECTOR_UNROLL_BF16 if "bf16" in stored.values() else VECTOR_UNROLL)
     extra = _vector_extras(m_, slices, norm, second, width)
+    if parts is not None:
+        decl, setup = combined_parts_prologue(k_, *parts, VECTOR_THREADS)
+        extra = dict(extra, EXTRA_DECL=extra["EXTRA_DECL"] + "\n" + decl, EXTRA_SETUP=setup + "\n" + extra["EXTRA_SETUP"])
     norm_epilogue = extra.pop("NORM_EPILOGUE")
     first, out_at = dict(common, EPILOGUE=norm_epilogue + common["EPILOGUE"]), columns["OUT_AT"]
     if splits > 1:   # raw sums, slice after slice; the epilogue's operands are the finish's
@@ -381,12 +396,13 @@ def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: in
                 WIDTH=width, DEPTH=depth,
                 COL_OF="t % COLS" if columns_contiguous else "t / SLICES",
                 SLICE_OF="t / COLS" if columns_contiguous else "t % SLICES", UNROLL=unroll, SPAN_WORD=len(meta) - 1,
-                ACCUMULATE=_vector_steps(m_, ["ka"], norm, second, loads, depth, a_vec4, width),
+                ACCUMULATE=_vector_steps(m_, ["ka"], norm, second, loads, depth, a_vec4, width, parts is not None),
                 ACCUMULATE_UNROLLED=_vector_steps(m_, [f"(ka + {u}u * SLICES)" for u in range(unroll)], norm, second,
-                                                  loads, depth, a_vec4, width),
+                                                  loads, depth, a_vec4, width, parts is not None),
                 COLUMNS=columns["COLUMNS"], OUT_AT=out_at, **extra, **first)
     k.notes["variant"] = f"{m_}-row vector kernel, {cols * width} columns x {slices} K slices" + (
-        f", {width} columns a thread" if width > 1 else "") + (f", {depth} K steps a load" if depth > 1 else "")
+        f", {width} columns a thread" if width > 1 else "") + (f", {depth} K steps a load" if depth > 1 else "") + (
+        f", A combined from {parts[0]} attention parts" if parts else "")
     if splits > 1:
         _split_finish(k, names, meta, m_ * n_ * nbatch, splits, common, norm_epilogue, second, norm,
                       operands=[n for n in names if n not in ("a_in", "u_in", "w_in", *weights)],
@@ -436,7 +452,7 @@ def _split_finish(k: Kernel, names, meta, total: int, splits: int, common: dict,
 
 
 def _vector_steps(rows: int, ks: list[str], norm: bool, second: bool, loads: list[dict], depth: int = 1,
-                  a_vec4: bool = False, width: int = 1) -> str:
+                  a_vec4: bool = False, width: int = 1, staged: bool = False) -> str:
     """The vector kernel's loads and sums for K steps ``ks``: their loads first, all
     independent, then the sums (each A value once, squared too for a norm). ``loads``:
     B's and the second B's load of an element, as functions of its index; with several Bs
@@ -444,7 +460,8 @@ def _vector_steps(rows: int, ks: list[str], norm: bool, second: bool, loads: lis
     case's loads are straight-line reads of one binding. ``depth`` > 1: each of ``ks``
     counts ``depth`` K steps, their A values a vec4 (one load where ``a_vec4``: A's and
     the norm weight's bindings are vec4s) and their products a dot, for each of ``width``
-    columns (B transposed: a load each) into the lanes of a vector sum."""
+    columns (B transposed: a load each) into the lanes of a vector sum. ``staged``: A's
+    values a vec4 of workgroup memory (``combined_parts_prologue``)."""
     if len(loads) > 1:
         cases = [f"case {i}u: {{\n" if i else "default: {\n" for i in range(len(loads))]
         body = [case + _vector_steps(rows, ks, norm, second, [load], depth, a_vec4, width) + "\n            }"
@@ -475,7 +492,7 @@ def _vector_steps(rows: int, ks: list[str], norm: bool, second: bool, loads: lis
             if second:
                 lines.append(f"let uv{u}{name} = {load_u(f'u0 + {kk} * suk + {at} * sun')};")
         for r in range(rows):
-            a = f"a_in[(a0 + {r}u * sam) / 4u + {k}]" if a_vec4 else gather(
+            a = f"a_sh[{k}]" if staged else f"a_in[(a0 + {r}u * sam) / 4u + {k}]" if a_vec4 else gather(
                 lambda i: f"a_in[a0 + {r}u * sam + ({kk}{i}) * sak]")
             lines.append(f"let a{r}_{u} = {a};")
         if norm:
@@ -513,6 +530,9 @@ def _vector_extras(rows: int, slices: int, norm: bool, second: bool, width: int 
     return {"EXTRA_DECL": "\n".join(decl), "EXTRA_SETUP": indent(setup, 4), "EXTRA_STORE": indent(store, 4),
             "EXTRA_SUM": indent(total, 4), "ACC": acc, "LANE": lane,
             "NORM_EPILOGUE": "\n".join(epilogue) + ("\n" if epilogue else "")}
+
+
+VECTOR_STAGED_A = 2048   # A values a vector product combines into workgroup memory at most (8 KiB)
 
 
 SWIGLU_ROWS = 4   # two accumulators' partial sums must fit 16 KiB of workgroup memory

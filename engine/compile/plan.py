@@ -29,6 +29,7 @@ import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from .. import codegen
+from . import decode_folds
 from ..version import __version__
 from ..graph.ir import Graph, common_module
 from ..graph.ops import OPS, SOURCE, VIEW
@@ -565,7 +566,10 @@ def _schedule_graph(b: _PlanBuilder, pinned_roots: set[int], overlap: bool = Fal
     summed = _products_with_sums(b, order, position, first_reader)
     paired = _norm_gradient_pairs(b, order, position, first_reader)
     scored, order = _dq_from_scores(b, order)
-    writing = _cache_writes_in_attention(b, order)
+    writing = decode_folds.cache_writes_in_attention(g, b.caps, order)
+    combining = decode_folds.combines_in_products(g, b.caps, order)
+    products = {p: kernel for p, kernel in combining.values()}
+    parts: dict[int, tuple[int, int, int]] = {}   # product -> the scratch of its attention's parts
     held: dict[int, tuple[int, int, int]] = {}   # attention_grad_q -> the scores its dkdv wrote
     in_place = _concats_in_place(b, order)
     pinned_roots = pinned_roots | in_place   # they lie over parameters: never the pool's
@@ -583,7 +587,7 @@ def _schedule_graph(b: _PlanBuilder, pinned_roots: set[int], overlap: bool = Fal
         fresh = overlap and step > 0 and root[order[step - 1].id] not in {root[i] for i in n.inputs}
         beside = summed.get(n.id) or paired.get(n.id)
         for m in [n] + ([g[beside[0]]] if beside else []):
-            if root[m.id] not in b.storage:
+            if root[m.id] not in b.storage and m.id not in combining:   # a combined attention's value is never stored
                 size = _aligned(m.nbytes)
                 without_reuse += size
                 b.place(m.id, _pooled_buffer(b, free, size, fresh))
@@ -591,6 +595,12 @@ def _schedule_graph(b: _PlanBuilder, pinned_roots: set[int], overlap: bool = Fal
             _dispatch_scored(b, n, scored[n.id], free, held)
         elif n.id in paired:
             _dispatch_norm_pair(b, n, paired[n.id], free, fresh)
+        elif n.id in combining:
+            parts[combining[n.id][0]] = _dispatch_attention_parts(b, n, writing.get(n.id), free, fresh)
+        elif n.id in products:
+            scratch = parts.pop(n.id)
+            _dispatch_node(b, n, free, fresh, kernel=products[n.id], a_slot=scratch)
+            free.append(scratch[0])
         elif n.id in writing:
             _dispatch_attention_writing(b, n, writing[n.id], free, fresh)
         else:
@@ -621,17 +631,20 @@ def _pooled_buffer(b: _PlanBuilder, free: list[int], size: int, fresh: bool = Fa
     return best
 
 
-def _dispatch_node(b: _PlanBuilder, n, free: list[int], fresh: bool = False, sums=None) -> None:
+def _dispatch_node(b: _PlanBuilder, n, free: list[int], fresh: bool = False, sums=None,
+                   kernel: codegen.Kernel | None = None, a_slot: tuple[int, int, int] | None = None) -> None:
     """The dispatch that computes node ``n``; for a kernel with a finishing stage (a
     reduction or an attention split over many workgroups), two: into a scratch buffer
     from the pool (a new one if ``fresh``), then from it (the scratch goes back to the
     pool). ``sums`` (``_products_with_sums``): the node whose value n's kernel also
-    computes, and that kernel; its binding follows the output."""
-    kernel = codegen.kernel_for(b.graph, n, b.caps) if sums is None else sums[1]
+    computes, and that kernel; its binding follows the output. ``kernel`` and ``a_slot``
+    (``decode_folds.combines_in_products``): n's kernel, bound to that slot in its first operand's place."""
+    kernel = kernel or (codegen.kernel_for(b.graph, n, b.caps) if sums is None else sums[1])
     beside = [] if sums is None else [b.slot_of(sums[0])]
     nodes = [n.id] + ([] if sums is None else [sums[0]])
     operands = n.inputs[1:] if OPS[n.op].inplace else n.inputs  # an in-place op's first is its output
-    name, inputs = _kernel_name(b.graph, n), [b.slot_of(i) for i in operands]
+    name = _kernel_name(b.graph, n)
+    inputs = [a_slot if j == 0 and a_slot else b.slot_of(i) for j, i in enumerate(operands)]
     reads = [READ] * len(inputs)
     # state the kernel keeps across steps (a cooperative product's scales): its own buffer, never pooled
     state = [b.whole(b.new_buffer(4 * kernel.state_words, "kernel_state", [f"{name}: f16 scales"]))
@@ -739,53 +752,44 @@ def _dispatch_scored(b: _PlanBuilder, n, pair: tuple[int, codegen.Kernel, int], 
     free.append(scores[0])
 
 
-def _cache_writes_in_attention(b: _PlanBuilder, order: list) -> dict[int, tuple[int, codegen.Kernel]]:
-    """A decode step's ``cache_write`` done by the cached attention that reads the cache
-    through it (codegen's ``cached_attention_writing``): its keys and values plane views
-    read by that attention alone. Run 53 measured what a decode step's cache writes cost,
-    their dispatches and waits: a Llama-3.2-1B step ran at 547 tokens/s without them, 530
-    with. Returns attention -> (the cache_write, the attention's kernel)."""
-    g = b.graph
-    users = g.users()
-    found: dict[int, tuple[int, codegen.Kernel]] = {}
-    for n in order:
-        if n.op != "cached_attention":
-            continue
-        w = g[g[n.inputs[1]].inputs[0]] if g[n.inputs[1]].op == "part" else None
-        if w is None or w.op != "cache_write":
-            continue
-        views = [g[i] for i in n.inputs[1:3]]
-        plane = w.size // 2
-        if (any(v.op != "part" or v.inputs[0] != w.id or v.size != plane for v in views)
-                or [v.attrs["offset"] for v in views] != [0, plane] or sorted(users[w.id]) != sorted(v.id for v in views)
-                or any(users[v.id] != [n.id] for v in views)):
-            continue
-        kernel = codegen.cached_attention_writing(g, n, w, b.caps)
-        if kernel is not None:
-            found[n.id] = (w.id, kernel)
-    return found
+def _attention_operands(b: _PlanBuilder, n, write: int | None):
+    """(read slots, the cache planes it writes, nodes) of cached attention ``n``'s dispatch,
+    which does ``write`` (a cache_write, ``decode_folds.cache_writes_in_attention``) where one is given:
+    q, the positions, the step's keys and values, then the cache's two planes read-write."""
+    if write is None:
+        return [b.slot_of(i) for i in n.inputs], [], [n.id]
+    reads = [b.slot_of(i) for i in (n.inputs[0], n.inputs[3], *b.graph[write].inputs[1:3])]
+    return reads, [b.slot_of(i) for i in n.inputs[1:3]], [n.id, write]
+
+
+def _dispatch_attention_parts(b: _PlanBuilder, n, pair: tuple[int, codegen.Kernel] | None, free: list[int],
+                              fresh: bool) -> tuple[int, int, int]:
+    """The first stage of split cached attention ``n`` (doing ``pair``'s cache write where
+    given), into a pooled scratch of its parts; returns the scratch."""
+    write, kernel = pair if pair else (None, codegen.kernel_for(b.graph, n, b.caps))
+    reads, planes, nodes = _attention_operands(b, n, write)
+    buffer = _pooled_buffer(b, free, _aligned(4 * kernel.partials), fresh)
+    scratch = (buffer, 0, 4 * kernel.partials)
+    b.dispatch(kernel, _kernel_name(b.graph, n), reads + [scratch] + planes,
+               [READ] * len(reads) + [READ_WRITE] * (1 + len(planes)), kernel.partials, nodes=nodes)
+    return scratch
 
 
 def _dispatch_attention_writing(b: _PlanBuilder, n, pair: tuple[int, codegen.Kernel], free: list[int],
                                 fresh: bool) -> None:
-    """A ``_cache_writes_in_attention`` dispatch: q, the positions, the step's keys and
-    values (the cache_write's operands), the attention's value (or the pooled scratch of
-    its split parts, which a second dispatch combines into it) and the cache's two planes."""
-    w, kernel = pair
-    g = b.graph
-    name = _kernel_name(g, n)
-    inputs = [b.slot_of(i) for i in (n.inputs[0], n.inputs[3], *g[w].inputs[1:3])]
-    planes = [b.slot_of(i) for i in n.inputs[1:3]]
-    nodes = [n.id, w]
+    """A ``decode_folds.cache_writes_in_attention`` dispatch: the attention's operands and value and
+    the cache's two planes (``_attention_operands``); where it splits, its parts into a
+    pooled scratch that a second dispatch combines into the value."""
+    write, kernel = pair
     if kernel.finish is None:
-        b.dispatch(kernel, name, inputs + [b.slot_of(n.id)] + planes, [READ] * 4 + [READ_WRITE] * 3, n.size,
-                   nodes=nodes)
+        reads, planes, nodes = _attention_operands(b, n, write)
+        b.dispatch(kernel, _kernel_name(b.graph, n), reads + [b.slot_of(n.id)] + planes,
+                   [READ] * len(reads) + [READ_WRITE] * (1 + len(planes)), n.size, nodes=nodes)
         return
-    buffer = _pooled_buffer(b, free, _aligned(4 * kernel.partials), fresh)
-    scratch = (buffer, 0, 4 * kernel.partials)
-    b.dispatch(kernel, name, inputs + [scratch] + planes, [READ] * 4 + [READ_WRITE] * 3, kernel.partials, nodes=nodes)
-    b.dispatch(kernel.finish, f"{name}:total", [scratch, b.slot_of(n.id)], [READ, READ_WRITE], n.size, nodes=nodes)
-    free.append(buffer)
+    scratch = _dispatch_attention_parts(b, n, pair, free, fresh)
+    b.dispatch(kernel.finish, f"{_kernel_name(b.graph, n)}:total", [scratch, b.slot_of(n.id)], [READ, READ_WRITE],
+               n.size, nodes=[n.id, write])
+    free.append(scratch[0])
 
 
 def _concats_in_place(b: _PlanBuilder, order: list) -> set[int]:
