@@ -2,7 +2,8 @@
 dispatch is small and the count of dispatches, not the bytes, sets the time.
 
 Run after ``optimize`` (its extraction weighs bytes, and these change few): a decode step of
-a 30-layer Llama went from 13 dispatches a layer to 7 with them (8 where the cached attention is split).
+a 30-layer Llama went from 13 dispatches a layer to 7 with them (8 where the cached attention is split;
+the plan then folds the cache write and the combine into their neighbours, engine.compile.decode_folds: 5).
 
 - ``norm_matmul_shared``: an RMS norm read only by matmuls (as their left operand) moves
   into each one's prologue; with one row the norm costs each matmul a few hundred reads.
