@@ -43,6 +43,7 @@ class Knobs:
     pool: bool = True                 # MEGANEURA_POOL=0: every tensor its own buffer
     bf16_weights: bool = True         # MEGANEURA_BF16_WEIGHTS=0: generation keeps bf16 checkpoints' weights in f32
     weight_layout: str = "out-in"     # MEGANEURA_WEIGHT_LAYOUT=in-out: generation keeps linear weights [in, out]
+    decode_folds: bool = True         # MEGANEURA_DECODE_FOLDS=0: a decode step's cache write and combine dispatched apart
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class Config:
             pool=_choice(get, "POOL", ("0", "1"), "1") == "1",
             bf16_weights=_choice(get, "BF16_WEIGHTS", ("0", "1"), "1") == "1",
             weight_layout=_choice(get, "WEIGHT_LAYOUT", ("out-in", "in-out"), "out-in"),
+            decode_folds=_choice(get, "DECODE_FOLDS", ("0", "1"), "1") == "1",
         )
         return cls(wgpu=_choice(get, "WGPU", BACKENDS, "native"),
                    precision=_choice(get, "PRECISION", PRECISIONS, "f32"),

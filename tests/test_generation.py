@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 from llama_checkpoint import llama_relative
 import numpy as np
@@ -18,6 +19,7 @@ import transformers
 from engine import models
 from engine.autodiff.gradients import differentiate
 from engine.cli import main
+from engine.config import Config
 from engine.errors import GraphError, MeganeuraError
 from engine.graph import reference
 from engine.graph.ir import Graph
@@ -197,6 +199,13 @@ def test_one_write_fills_a_layers_keys_and_values_on_the_gpu():
     np.testing.assert_array_equal(want[1][[0, 0, 0, 1, 1, 1], [9, 2, 63, 0, 40, 5]], inputs["v"].reshape(-1, w))
 
 
+def decode_folds_caps(folds: bool):
+    """The device's capabilities with the decode folds on or off (``MEGANEURA_DECODE_FOLDS``)."""
+    knobs = Config.from_env({**os.environ, "MEGANEURA_DECODE_FOLDS": "1" if folds else "0"}).knobs
+    assert knobs.decode_folds == folds
+    return dataclasses.replace(device_capabilities(), knobs=knobs)
+
+
 def decode_attention_graph(b, s, h, hkv, d, rope):
     """One decode step's attention as a decode graph builds it (engine.graph.kv_cache):
     one write of the step's keys (rotated where ``rope``) and values into the layer's cache
@@ -216,13 +225,12 @@ def decode_attention_graph(b, s, h, hkv, d, rope):
 @pytest.mark.parametrize("b,s,h,hkv,d,rope,positions", [
     (1, 1024, 4, 2, 16, True, [[700]]), (2, 512, 2, 1, 8, False, [[0], [511]]), (1, 768, 2, 2, 6, True, [[300]]),
     (1, 64, 4, 2, 16, True, [[63]])])
-def test_the_cached_attention_writes_its_steps_keys_and_values(b, s, h, hkv, d, rope, positions, monkeypatch):
+def test_the_cached_attention_writes_its_steps_keys_and_values(b, s, h, hkv, d, rope, positions):
     """A decode step's cache write is done by the attention kernel that reads it (one
     dispatch fewer a layer): over caches the attention splits (the step's position in a
     later part, in the first, the last row) and one it does not, GQA, RoPE with Llama 3's
     frequencies, a head dim that is not a multiple of 4. The cache and the output equal
     the two kernels' bit for bit, and the reference's."""
-    from engine.compile import decode_folds
     rng = np.random.default_rng(s + d)
     g = decode_attention_graph(b, s, h, hkv, d, rope)
     inputs = {"q": rng.standard_normal((b, 1, h * d)).astype(np.float32),
@@ -232,8 +240,8 @@ def test_the_cached_attention_writes_its_steps_keys_and_values(b, s, h, hkv, d, 
     params = {"kv": rng.standard_normal((2, b, s, hkv * d)).astype(np.float32)}
     want = reference.run(g, inputs, params)
 
-    def run():
-        session = Session(g)
+    def run(folds=True):
+        session = Session(g, capabilities=decode_folds_caps(folds))
         session.set_inputs(inputs)
         session.set_parameters(params)
         session.run()
@@ -247,20 +255,18 @@ def test_the_cached_attention_writes_its_steps_keys_and_values(b, s, h, hkv, d, 
     assert np.abs(out - want["o"]).max() <= 1e-5 * np.abs(want["kv"]).max()
     assert np.abs(cache - want["kv"]).max() <= 1e-5 * np.abs(want["kv"]).max()
     np.testing.assert_array_equal(cache[1][np.arange(b), [p[0] for p in positions]], inputs["v"][:, 0])
-    monkeypatch.setattr(decode_folds, "cache_writes_in_attention", lambda *_: {})
-    apart, out_apart, cache_apart = run()
+    apart, out_apart, cache_apart = run(folds=False)   # MEGANEURA_DECODE_FOLDS=0
     assert "cache_write" in [d.kernel for d in apart.plan.dispatches]
     np.testing.assert_array_equal(cache, cache_apart)
     np.testing.assert_array_equal(out, out_apart)
 
 
 @pytest.mark.parametrize("s,h,hkv,d,position", [(1024, 4, 2, 16, 700), (512, 8, 2, 8, 3), (768, 2, 1, 32, 767)])
-def test_the_output_projection_combines_a_split_attentions_parts(s, h, hkv, d, position, monkeypatch):
+def test_the_output_projection_combines_a_split_attentions_parts(s, h, hkv, d, position):
     """A decode step's split cached attention leaves its parts (each part's maximum, sum
     and sums) to the one-row product that reads its value, which combines them into
     workgroup memory first: no combine dispatch, the attention's value never stored. Its
     result equals the reference's and, to f32 rounding, the combine dispatch's."""
-    from engine.compile import decode_folds
     rng = np.random.default_rng(s + h)
     g = decode_attention_graph(1, s, h, hkv, d, True)
     attention = g.outputs.pop("o")
@@ -276,8 +282,8 @@ def test_the_output_projection_combines_a_split_attentions_parts(s, h, hkv, d, p
               "w": (rng.standard_normal((n, h * d)) / np.sqrt(h * d)).astype(np.float32)}
     want = reference.run(g, inputs, params)["o"]
 
-    def run():
-        session = Session(g)
+    def run(folds=True):
+        session = Session(g, capabilities=decode_folds_caps(folds))
         session.set_inputs(inputs)
         session.set_parameters(params)
         session.run()
@@ -287,9 +293,8 @@ def test_the_output_projection_combines_a_split_attentions_parts(s, h, hkv, d, p
     assert kernels(plan) == ["cached_attention", "fused_matmul"]
     assert plan.dispatches[1].variant.endswith("attention parts"), plan.dispatches[1].variant
     assert np.abs(got - want).max() <= 2e-5 * np.abs(want).max()
-    monkeypatch.setattr(decode_folds, "combines_in_products", lambda *_: {})
-    apart, got_apart = run()
-    assert kernels(apart) == ["cached_attention", "cached_attention:total", "fused_matmul"]
+    apart, got_apart = run(folds=False)
+    assert kernels(apart) == ["cache_write", "cached_attention", "cached_attention:total", "fused_matmul"]
     np.testing.assert_allclose(got, got_apart, rtol=1e-6, atol=1e-6 * np.abs(want).max())
 
 

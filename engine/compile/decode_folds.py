@@ -4,7 +4,7 @@ the cache it reads, and the one-row product reading a split attention's value co
 its parts. What costs a decode step is its chain of dispatches and waits (run 53: a
 Llama-3.2-1B step left without its cache writes ran at 547 tokens/s, without its
 combines at 548, with both at 530). The plan (``engine.compile.plan``) dispatches what
-these find; codegen says where a kernel can.
+these find; codegen says where a kernel can; ``MEGANEURA_DECODE_FOLDS=0`` finds none.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ def cache_writes_in_attention(g: Graph, caps: codegen.Capabilities, order: list)
     """A decode step's ``cache_write`` done by the cached attention that reads the cache
     through it (codegen's ``cached_attention_writing``): its keys and values plane views
     read by that attention alone. Returns attention -> (the cache_write, the attention's kernel)."""
+    if not caps.knobs.decode_folds:
+        return {}
     users = g.users()
     found: dict[int, tuple[int, codegen.Kernel]] = {}
     for n in order:
@@ -42,6 +44,8 @@ def combines_in_products(g: Graph, caps: codegen.Capabilities, order: list) -> d
     value (codegen's ``product_combining``: a decode step's o projection), which reads the
     parts in its A's place, so the value is never stored. Returns attention -> (the product,
     its kernel)."""
+    if not caps.knobs.decode_folds:
+        return {}
     users, outputs = g.users(), set(g.outputs.values())
     found: dict[int, tuple[int, codegen.Kernel]] = {}
     for n in order:
