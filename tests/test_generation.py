@@ -10,6 +10,7 @@ import json
 import os
 
 from llama_checkpoint import llama_relative
+from tint_check import tint_check
 import numpy as np
 import pytest
 
@@ -261,6 +262,32 @@ def test_the_cached_attention_writes_its_steps_keys_and_values(b, s, h, hkv, d, 
     np.testing.assert_array_equal(out, out_apart)
 
 
+def decode_projection_graph(s, h, hkv, d):
+    """``decode_attention_graph`` at batch 1 with RoPE, its output projected as a decode
+    step's o projection: a weight kept [out, in] (3 h d outputs) and a residual."""
+    g = decode_attention_graph(1, s, h, hkv, d, True)
+    attention = g.outputs.pop("o")
+    n = 3 * h * d
+    g.output("o", g.apply("fused_matmul", attention, g.parameter("w", (n, h * d)), g.input("residual", (1, 1, n)),
+                          transpose_b=True, has_residual=True))
+    return g
+
+
+def test_tint_compiles_the_decode_folds():
+    """The attention writing the cache (vec4 and scalar keys) and the projection combining
+    its parts, through Dawn's WGSL compiler (lavapipe cannot run Dawn)."""
+    assert tint_check("""
+        from engine.compile import decode_folds
+        from test_generation import decode_attention_graph, decode_projection_graph
+        caps = codegen.Capabilities(subgroups=True, dialect="tint")
+        for g in (decode_projection_graph(1024, 4, 2, 16), decode_attention_graph(1, 64, 2, 2, 6, True)):
+            for _, kernel in decode_folds.cache_writes_in_attention(g, caps, g.nodes).values():
+                check("attention writing the cache", kernel)
+            for _, kernel in decode_folds.combines_in_products(g, caps, g.nodes).values():
+                check("projection combining the parts", kernel)
+        """) == (3, 0)
+
+
 @pytest.mark.parametrize("s,h,hkv,d,position", [(1024, 4, 2, 16, 700), (512, 8, 2, 8, 3), (768, 2, 1, 32, 767)])
 def test_the_output_projection_combines_a_split_attentions_parts(s, h, hkv, d, position):
     """A decode step's split cached attention leaves its parts (each part's maximum, sum
@@ -268,12 +295,8 @@ def test_the_output_projection_combines_a_split_attentions_parts(s, h, hkv, d, p
     workgroup memory first: no combine dispatch, the attention's value never stored. Its
     result equals the reference's and, to f32 rounding, the combine dispatch's."""
     rng = np.random.default_rng(s + h)
-    g = decode_attention_graph(1, s, h, hkv, d, True)
-    attention = g.outputs.pop("o")
+    g = decode_projection_graph(s, h, hkv, d)
     n = 3 * h * d
-    residual = g.input("residual", (1, 1, n))
-    g.output("o", g.apply("fused_matmul", attention, g.parameter("w", (n, h * d)), residual, transpose_b=True,
-                          has_residual=True))
     inputs = {"q": rng.standard_normal((1, 1, h * d)), "k": rng.standard_normal((1, 1, hkv * d)),
               "v": rng.standard_normal((1, 1, hkv * d)), "residual": rng.standard_normal((1, 1, n)),
               "positions": np.array([[position]], np.int32)}
