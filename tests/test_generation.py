@@ -411,9 +411,15 @@ def test_decoding_with_the_cache_equals_recomputing_the_sequence(request, which)
     model = load_model(str(path))
     gen = model.generator(backend="gpu")
     ids = [5, 17, 3, 40]
-    steps = gen.steps(gen.check(ids, 6))
+    decode_against_recomputing(path, gen.steps(gen.check(ids, 6)), ids, 6)
+
+
+def decode_against_recomputing(path, steps, ids: list, count: int) -> None:
+    """``count`` greedy steps of ``steps`` after prompt ``ids``, each step's logits (GPU, the
+    prefill's, then one token over the cache) against the reference forward over the whole
+    sequence so far."""
     logits = steps.run(ids, 0, prefill=True)
-    for _ in range(6):
+    for _ in range(count):
         full = load_model(str(path), [f"seq={len(ids)}"])
         want = full.run({"input_ids": np.array([ids], np.int32)}, backend="reference")["logits"][0, -1]
         np.testing.assert_allclose(logits, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
@@ -431,13 +437,7 @@ def test_decoding_past_one_round_of_keys_equals_recomputing_the_sequence(tmp_pat
     steps = gen.steps(gen.check(ids, 3))
     variants = [d.variant for d in steps.decode.plan.dispatches]
     assert steps.capacity == 512 and sum("attention parts" in v for v in variants) == 2, variants
-    logits = steps.run(ids, 0, prefill=True)
-    for _ in range(3):
-        full = load_model(str(path), [f"seq={len(ids)}"])
-        want = full.run({"input_ids": np.array([ids], np.int32)}, backend="reference")["logits"][0, -1]
-        np.testing.assert_allclose(logits, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
-        ids.append(int(np.argmax(logits)))
-        logits = steps.run(ids[-1:], len(ids) - 1, prefill=False)
+    decode_against_recomputing(path, steps, ids, 3)
 
 
 def test_gpt_tiny_generates_with_its_byte_tokenizer():

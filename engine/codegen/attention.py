@@ -93,17 +93,11 @@ def _cached_attention(graph: Graph, node: Node, caps: Capabilities = PLAIN, writ
     ktype = "vec4<f32>" if width == 4 else "f32"
     rope = node.attrs.get("rope", False)
 
-    def qval(e: str) -> str:
-        if not rope:
-            return f"q[qb + {e}]"
-        return f"rope_(q[qb + ({e}) % (D / 2u)], q[qb + ({e}) % (D / 2u) + D / 2u], {e}, D, pos, 5u, false)"
-
+    qval = (lambda e: _head_value("q", "qb", e, 5)) if rope else (lambda e: f"q[qb + {e}]")
+    load_q = "    " + _head_loop(lambda i: f"qs[{i}]", lambda e: f"{qval(e)} * scale", width)
     if width == 4:
-        parts = ", ".join(qval(f"4u * i + {c}u") for c in range(4))
-        load_q = (f"    for (var i = tid; i < D / 4u; i = i + 256u) {{ qs[i] = vec4<f32>({parts}) * scale; }}")
         score = " + ".join(f"dot(qs[{i}], k[kb + {i}u])" for i in range(d // 4))
     else:
-        load_q = f"    for (var i = tid; i < D; i = i + 256u) {{ qs[i] = {qval('i')} * scale; }}"
         score = " + ".join(f"qs[{i}] * k[kb + {i}u]" for i in range(d))
     meta = [t, s, h, hkv, f32_bits(scale)] + (rope_frequencies(d, node.attrs["rope_base"], node.attrs["rope_scaling"])
                                                  if rope else [])
@@ -143,15 +137,8 @@ def _cache_row_write(write: Node, meta: list[int], d: int, width: int, ktype: st
     if heads:
         meta += rope_frequencies(d, write.attrs["rope_base"], write.attrs["rope_scaling"])
 
-    def key(e: str) -> str:
-        if not heads:
-            return f"k_new[xb + {e}]"
-        return f"rope_(k_new[xb + ({e}) % (D / 2u)], k_new[xb + ({e}) % (D / 2u) + D / 2u], {e}, D, pos, {freq0}u, false)"
-    if width == 4:
-        row = ", ".join(key(f"4u * i + {c}u") for c in range(4))
-        keys = f"        for (var i = tid; i < D / 4u; i = i + 256u) {{ k[cb / 4u + i] = vec4<f32>({row}); }}"
-    else:
-        keys = f"        for (var i = tid; i < D; i = i + 256u) {{ k[cb + i] = {key('i')}; }}"
+    key = (lambda e: _head_value("k_new", "xb", e, freq0)) if heads else (lambda e: f"k_new[xb + {e}]")
+    keys = "        " + _head_loop(lambda i: f"k[cb / 4u + {i}]" if width == 4 else f"k[cb + {i}]", key, width)
     return dict(WRITE_BINDINGS="\n".join([
         f"@group(0) @binding({binding}) var<storage, read_write> k: array<{ktype}>;",
         f"@group(0) @binding({binding + 1}) var<storage, read_write> v: array<f32>;"]),
@@ -163,6 +150,22 @@ def _cache_row_write(write: Node, meta: list[int], d: int, width: int, ktype: st
             "        for (var i = tid; i < D; i = i + 256u) { v[cb + i] = v_new[xb + i]; }",
             "    }",
             "    storageBarrier();"]))
+
+
+def _head_value(array: str, base: str, e: str, freq0: int) -> str:
+    """Element ``e`` of the head at ``array[base]`` rotated by RoPE at ``pos`` (rope_fn.wgsl),
+    its inverse frequencies from meta word ``freq0`` on."""
+    half = f"({e}) % (D / 2u)"
+    return f"rope_({array}[{base} + {half}], {array}[{base} + {half} + D / 2u], {e}, D, pos, {freq0}u, false)"
+
+
+def _head_loop(store, value, width: int) -> str:
+    """The workgroup's 256 threads over a head's D elements, ``width`` (4 or 1) at a time:
+    ``store(i)`` (the i-th vec4 or element) = ``value(e)`` of its elements."""
+    if width == 4:
+        parts = ", ".join(value(f"4u * i + {c}u") for c in range(4))
+        return f"for (var i = tid; i < D / 4u; i = i + 256u) {{ {store('i')} = vec4<f32>({parts}); }}"
+    return f"for (var i = tid; i < D; i = i + 256u) {{ {store('i')} = {value('i')}; }}"
 
 
 def cached_attention_writing(graph: Graph, attention: Node, write: Node, caps: Capabilities = PLAIN) -> Kernel | None:
