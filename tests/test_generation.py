@@ -288,12 +288,14 @@ def test_tint_compiles_the_decode_folds():
         """) == (3, 0)
 
 
-@pytest.mark.parametrize("s,h,hkv,d,position", [(1024, 4, 2, 16, 700), (512, 8, 2, 8, 3), (768, 2, 1, 32, 767)])
+@pytest.mark.parametrize("s,h,hkv,d,position", [(1024, 4, 2, 16, 700), (512, 8, 2, 8, 3), (768, 2, 1, 32, 767),
+                                                 (512, 8, 2, 64, 300)])
 def test_the_output_projection_combines_a_split_attentions_parts(s, h, hkv, d, position):
     """A decode step's split cached attention leaves its parts (each part's maximum, sum
     and sums) to the one-row product that reads its value, which combines them into
     workgroup memory first: no combine dispatch, the attention's value never stored. Its
-    result equals the reference's and, to f32 rounding, the combine dispatch's."""
+    result equals the reference's and, to f32 rounding, the combine dispatch's. 512 values
+    (8 heads of 64): whole rounds of the workgroup's threads."""
     rng = np.random.default_rng(s + h)
     g = decode_projection_graph(s, h, hkv, d)
     n = 3 * h * d
