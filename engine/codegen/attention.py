@@ -201,7 +201,7 @@ def combined_parts_prologue(values: int, parts: int, head_dim: int, threads: int
     wait a decode step thus loses a layer (matmul's vector kernel, a decode step's o
     projection: every workgroup combines all of its A, 2048 values of 4 parts, from the L2)."""
     stride = head_dim + 2
-    setup = [f"for (var j = 0u; j < {-(-values // threads)}u; j = j + 1u) {{   // a constant count: unrolled, loads ahead",
+    setup = [f"for (var j = 0u; j < {-(-values // threads)}u; j = j + 1u) {{   // a constant count: unrolled",
              f"    let i = t + j * {threads}u;",
              *([f"    if (i >= {values}u) {{ break; }}"] if values % threads else []),
              f"    let base = i / {head_dim}u * {parts * stride}u;",

@@ -102,7 +102,8 @@ def kernel_for(graph: Graph, node: Node, caps: Capabilities = PLAIN, sums: str =
     return builder(graph, node, caps)
 
 
-def product_combining(graph: Graph, product: Node, parts: int, head_dim: int, caps: Capabilities = PLAIN) -> Kernel | None:
+def product_combining(graph: Graph, product: Node, parts: int, head_dim: int,
+                      caps: Capabilities = PLAIN) -> Kernel | None:
     """The kernel of ``product`` (a one-row matmul or fused_matmul whose A is a split cached
     attention's value) reading that attention's ``parts`` (of heads of ``head_dim``) in
     A's place and combining them itself, or None where it cannot (matmul's vector kernel)."""

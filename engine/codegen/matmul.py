@@ -320,7 +320,8 @@ _ONE_B = dict(COLUMNS="    let N = m(1u);\n    let wsel = 0u;\n    let wx = wg.x
 
 def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: int, nbatch: int, words_b,
                    common: dict, norm: bool = False, second: bool = False, columns: dict = _ONE_B,
-                   workgroups: int = 0, caps: Capabilities = PLAIN, parts: tuple[int, int] | None = None) -> Kernel | None:
+                   workgroups: int = 0, caps: Capabilities = PLAIN,
+                   parts: tuple[int, int] | None = None) -> Kernel | None:
     """matmul_vector.wgsl for ``m_`` rows: 256 threads as columns x K slices, lanes
     along B's contiguous axis: 32 columns x 8 slices where its columns are contiguous
     (a warp reads 128 bytes of a row), 8 x 32 where K is (B stored transposed). Where
@@ -384,7 +385,8 @@ def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: in
     extra = _vector_extras(m_, slices, norm, second, width)
     if parts is not None:
         decl, setup = combined_parts_prologue(k_, *parts, VECTOR_THREADS)
-        extra = dict(extra, EXTRA_DECL=extra["EXTRA_DECL"] + "\n" + decl, EXTRA_SETUP=setup + "\n" + extra["EXTRA_SETUP"])
+        extra = dict(extra, EXTRA_DECL=extra["EXTRA_DECL"] + "\n" + decl,
+                     EXTRA_SETUP=setup + "\n" + extra["EXTRA_SETUP"])
     norm_epilogue = extra.pop("NORM_EPILOGUE")
     first, out_at = dict(common, EPILOGUE=norm_epilogue + common["EPILOGUE"]), columns["OUT_AT"]
     if splits > 1:   # raw sums, slice after slice; the epilogue's operands are the finish's

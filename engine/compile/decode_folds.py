@@ -13,7 +13,8 @@ from .. import codegen
 from ..graph.ir import Graph
 
 
-def cache_writes_in_attention(g: Graph, caps: codegen.Capabilities, order: list) -> dict[int, tuple[int, codegen.Kernel]]:
+def cache_writes_in_attention(g: Graph, caps: codegen.Capabilities,
+                              order: list) -> dict[int, tuple[int, codegen.Kernel]]:
     """A decode step's ``cache_write`` done by the cached attention that reads the cache
     through it (codegen's ``cached_attention_writing``): its keys and values plane views
     read by that attention alone. Returns attention -> (the cache_write, the attention's kernel)."""
@@ -30,8 +31,8 @@ def cache_writes_in_attention(g: Graph, caps: codegen.Capabilities, order: list)
         views = [g[i] for i in n.inputs[1:3]]
         plane = w.size // 2
         if (any(v.op != "part" or v.inputs[0] != w.id or v.size != plane for v in views)
-                or [v.attrs["offset"] for v in views] != [0, plane] or sorted(users[w.id]) != sorted(v.id for v in views)
-                or any(users[v.id] != [n.id] for v in views)):
+                or [v.attrs["offset"] for v in views] != [0, plane]
+                or sorted(users[w.id]) != sorted(v.id for v in views) or any(users[v.id] != [n.id] for v in views)):
             continue
         kernel = codegen.cached_attention_writing(g, n, w, caps)
         if kernel is not None:
@@ -39,7 +40,8 @@ def cache_writes_in_attention(g: Graph, caps: codegen.Capabilities, order: list)
     return found
 
 
-def combines_in_products(g: Graph, caps: codegen.Capabilities, order: list) -> dict[int, tuple[int, codegen.Kernel]]:
+def combines_in_products(g: Graph, caps: codegen.Capabilities,
+                         order: list) -> dict[int, tuple[int, codegen.Kernel]]:
     """A split cached attention's combine done by the one-row product that alone reads its
     value (codegen's ``product_combining``: a decode step's o projection), which reads the
     parts in its A's place, so the value is never stored. Returns attention -> (the product,
