@@ -262,15 +262,32 @@ def test_the_cached_attention_writes_its_steps_keys_and_values(b, s, h, hkv, d, 
     np.testing.assert_array_equal(out, out_apart)
 
 
+PROJECTED = 384   # outputs of decode_projection_graph's projection
+
+
 def decode_projection_graph(s, h, hkv, d):
     """``decode_attention_graph`` at batch 1 with RoPE, its output projected as a decode
-    step's o projection: a weight kept [out, in] (3 h d outputs) and a residual."""
+    step's o projection: a weight kept [out, in] (PROJECTED outputs) and a residual."""
     g = decode_attention_graph(1, s, h, hkv, d, True)
     attention = g.outputs.pop("o")
-    n = 3 * h * d
+    n = PROJECTED
     g.output("o", g.apply("fused_matmul", attention, g.parameter("w", (n, h * d)), g.input("residual", (1, 1, n)),
                           transpose_b=True, has_residual=True))
     return g
+
+
+def test_the_projection_combines_the_parts_only_where_they_fit_its_workgroup_memory():
+    """4096 values of A (16 KiB) beside the partial sums (1 KiB) need more than 16 KiB of
+    workgroup memory: there the combine stays a dispatch of its own."""
+    from engine import codegen
+    from engine.compile.plan import compile_plan
+    g = decode_projection_graph(512, 32, 8, 128)
+    product = next(n for n in g.nodes if n.op == "fused_matmul")
+    for storage, fits in ((16384, False), (17408, True)):
+        caps = dataclasses.replace(device_capabilities(), workgroup_storage=storage)
+        assert (codegen.product_combining(g, product, 2, 128, caps) is not None) == fits, storage
+        kernels = [d.kernel for d in compile_plan(g, capabilities=caps).dispatches]
+        assert ("cached_attention:total" not in kernels) == fits, kernels
 
 
 def test_tint_compiles_the_decode_folds():
@@ -289,16 +306,17 @@ def test_tint_compiles_the_decode_folds():
 
 
 @pytest.mark.parametrize("s,h,hkv,d,position", [(1024, 4, 2, 16, 700), (512, 8, 2, 8, 3), (768, 2, 1, 32, 767),
-                                                 (512, 8, 2, 64, 300)])
+                                                 (512, 8, 2, 64, 300), (512, 32, 8, 128, 300)])
 def test_the_output_projection_combines_a_split_attentions_parts(s, h, hkv, d, position):
     """A decode step's split cached attention leaves its parts (each part's maximum, sum
     and sums) to the one-row product that reads its value, which combines them into
     workgroup memory first: no combine dispatch, the attention's value never stored. Its
     result equals the reference's and, to f32 rounding, the combine dispatch's. 512 values
-    (8 heads of 64): whole rounds of the workgroup's threads."""
+    (8 heads of 64): whole rounds of the workgroup's threads; 4096 (32 heads of 128, an
+    8B-class model's): 16 KiB of workgroup memory."""
     rng = np.random.default_rng(s + h)
     g = decode_projection_graph(s, h, hkv, d)
-    n = 3 * h * d
+    n = PROJECTED
     inputs = {"q": rng.standard_normal((1, 1, h * d)), "k": rng.standard_normal((1, 1, hkv * d)),
               "v": rng.standard_normal((1, 1, hkv * d)), "residual": rng.standard_normal((1, 1, n)),
               "positions": np.array([[position]], np.int32)}

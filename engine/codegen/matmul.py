@@ -336,7 +336,8 @@ def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: in
     stored in bf16 (engine.optimize.bf16_weights) is widened as it is loaded, four columns a
     thread where ``vector_width`` says. ``parts`` (count, head dim): A is a split cached
     attention's parts, combined into workgroup memory first (``combined_parts_prologue``); None where
-    the kernel cannot (one row of a transposed weight, read ``depth`` K steps a load, only)."""
+    the kernel cannot (one row of a transposed weight, read ``depth`` K steps a load, only, whose
+    A fits the adapter's workgroup memory beside the partial sums: 8 KiB for Llama-3.2-1B's 2048)."""
     columns_contiguous = words_b[-1] == 1
     one_b = columns is _ONE_B
     stored = {name: graph[i].dtype for name, i in zip(names, node.inputs)}
@@ -361,7 +362,8 @@ def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: in
     if a_vec4:   # A (and the norm's weight) a vec4 a load too: four scalar loads cost the L1 four times the trips
         types = ["vec4<f32>" if name in ("a_in", "w_in") else t for name, t in zip(names, types)]
     if parts is not None:
-        if not (one_b and depth > 1 and m_ * nbatch == 1 and not norm and k_ <= VECTOR_STAGED_A):
+        staged = 4 * k_ + 4 * m_ * VECTOR_THREADS * max(width, 1)   # A's values beside the slices' partial sums
+        if not (one_b and depth > 1 and m_ * nbatch == 1 and not norm and staged <= caps.workgroup_storage):
             return None
         types = ["f32" if name == "a_in" else t for name, t in zip(names, types)]
 
@@ -532,9 +534,6 @@ def _vector_extras(rows: int, slices: int, norm: bool, second: bool, width: int 
     return {"EXTRA_DECL": "\n".join(decl), "EXTRA_SETUP": indent(setup, 4), "EXTRA_STORE": indent(store, 4),
             "EXTRA_SUM": indent(total, 4), "ACC": acc, "LANE": lane,
             "NORM_EPILOGUE": "\n".join(epilogue) + ("\n" if epilogue else "")}
-
-
-VECTOR_STAGED_A = 2048   # A values a vector product combines into workgroup memory at most (8 KiB)
 
 
 SWIGLU_ROWS = 4   # two accumulators' partial sums must fit 16 KiB of workgroup memory
