@@ -107,7 +107,7 @@ def _cached_attention(graph: Graph, node: Node, caps: Capabilities = PLAIN, writ
         names, types = ["q", "positions", "k_new", "v_new"], ["f32", "i32", "f32", "f32"]
         subs = _cache_row_write(write, meta, d, width, ktype, len(names) + 2)
     kernel = _finish("cached_attention", "attention", "attention_cached.wgsl", names, types, "f32", meta, grid,
-                     ROPE_FN=_template("rope_fn.wgsl") if rope or "rope_(" in subs["WRITE_ROW"] else "",
+                     ROPE_FN=_template("rope_fn.wgsl") if rope or (write is not None and write.attrs["rope_heads"]) else "",
                      D=d, R=-(-d // 64), KTYPE=ktype, KWIDTH=width, QWORDS=d // width, LOAD_Q=load_q, SCORE=score,
                      SPLITS=splits, **subs,
                      BLOCK_MAX="\n".join(f"        top = max(top, ps[g][{j}]);" for j in range(64)),

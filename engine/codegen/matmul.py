@@ -362,7 +362,7 @@ def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: in
     if a_vec4:   # A (and the norm's weight) a vec4 a load too: four scalar loads cost the L1 four times the trips
         types = ["vec4<f32>" if name in ("a_in", "w_in") else t for name, t in zip(names, types)]
     if parts is not None:
-        staged = 4 * k_ + 4 * m_ * VECTOR_THREADS * max(width, 1)   # A's values beside the slices' partial sums
+        staged = 4 * k_ + 4 * m_ * VECTOR_THREADS * width   # A's values beside the slices' partial sums
         if not (one_b and depth > 1 and m_ * nbatch == 1 and not norm and staged <= caps.workgroup_storage):
             return None
         types = ["f32" if name == "a_in" else t for name, t in zip(names, types)]

@@ -767,12 +767,18 @@ def _dispatch_attention_parts(b: _PlanBuilder, n, pair: tuple[int, codegen.Kerne
     """The first stage of split cached attention ``n`` (doing ``pair``'s cache write where
     given), into a pooled scratch of its parts; returns the scratch."""
     write, kernel = pair if pair else (None, codegen.kernel_for(b.graph, n, b.caps))
-    reads, planes, nodes = _attention_operands(b, n, write)
     buffer = _pooled_buffer(b, free, _aligned(4 * kernel.partials), fresh)
     scratch = (buffer, 0, 4 * kernel.partials)
-    b.dispatch(kernel, _kernel_name(b.graph, n), reads + [scratch] + planes,
-               [READ] * len(reads) + [READ_WRITE] * (1 + len(planes)), kernel.partials, nodes=nodes)
+    _dispatch_attention(b, n, write, kernel, scratch, kernel.partials)
     return scratch
+
+
+def _dispatch_attention(b: _PlanBuilder, n, write: int | None, kernel: codegen.Kernel,
+                        out: tuple[int, int, int], elements: int) -> None:
+    """Cached attention ``n``'s (first) dispatch of ``kernel`` into ``out`` (``_attention_operands``)."""
+    reads, planes, nodes = _attention_operands(b, n, write)
+    b.dispatch(kernel, _kernel_name(b.graph, n), reads + [out] + planes,
+               [READ] * len(reads) + [READ_WRITE] * (1 + len(planes)), elements, nodes=nodes)
 
 
 def _dispatch_attention_writing(b: _PlanBuilder, n, pair: tuple[int, codegen.Kernel], free: list[int],
@@ -782,9 +788,7 @@ def _dispatch_attention_writing(b: _PlanBuilder, n, pair: tuple[int, codegen.Ker
     pooled scratch that a second dispatch combines into the value."""
     write, kernel = pair
     if kernel.finish is None:
-        reads, planes, nodes = _attention_operands(b, n, write)
-        b.dispatch(kernel, _kernel_name(b.graph, n), reads + [b.slot_of(n.id)] + planes,
-                   [READ] * len(reads) + [READ_WRITE] * (1 + len(planes)), n.size, nodes=nodes)
+        _dispatch_attention(b, n, write, kernel, b.slot_of(n.id), n.size)
         return
     scratch = _dispatch_attention_parts(b, n, pair, free, fresh)
     b.dispatch(kernel.finish, f"{_kernel_name(b.graph, n)}:total", [scratch, b.slot_of(n.id)], [READ, READ_WRITE],
