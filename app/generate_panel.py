@@ -53,6 +53,16 @@ def parse_prompt_ids(text: str) -> list[int]:
                              f"commas or spaces, e.g. 1, 2, 3") from None
 
 
+BUILD_TIP = ("Building what this generation runs: the prefill and decode graphs optimized and compiled (from the "
+             "cache on disk after the first time) and the weights uploaded. Kept for the next generation from the "
+             "same weights.")
+
+
+def build_text(seconds: float) -> str:
+    """The Build read-out: what building the sessions took, or that an earlier generation built them."""
+    return f"{seconds:,.2f} s" if seconds else "kept from the last generation"
+
+
 WEIGHTS_TIP = ("Weight matrices the GPU keeps in bf16, exactly as the checkpoint stores them: half the memory and "
                "half the bytes a decode step reads. The kernels widen them to f32 as they read them, so the results "
                "are those of f32 weights, bit for bit.")
@@ -172,7 +182,7 @@ class GeneratePanel(QWidget):
         return box
 
     def _readouts_box(self) -> QGroupBox:
-        rows = (("prompt", "Prompt"), ("tokens", "New tokens"), ("prefill", "Prefill"), ("speed", "Decode"),
+        rows = (("prompt", "Prompt"), ("tokens", "New tokens"), ("build", "Build"), ("prefill", "Prefill"), ("speed", "Decode"),
                 ("median", "Per token"), ("stopped", "Stopped"), ("weights", "Weights"))
         self.readouts = {key: QLabel("–") for key, _ in rows}
         form = QFormLayout()
@@ -180,6 +190,7 @@ class GeneratePanel(QWidget):
             self.readouts[key].setObjectName(f"readout_{key}")
             self.readouts[key].setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
             form.addRow(label, self.readouts[key])
+        self.readouts["build"].setToolTip(BUILD_TIP)
         box = QGroupBox("This generation")
         box.setLayout(form)
         return box
@@ -346,6 +357,7 @@ class GeneratePanel(QWidget):
             label.setText("–")
         self.readouts["prompt"].setText(f"{len(prompt)} tokens")
         self.readouts["tokens"].setText(f"0 / {self.max_new_tokens}")
+        self.readouts["build"].setText("…")
         self.readouts["prefill"].setText("running…")
         self.readouts["stopped"].setText("generating…")
 
@@ -433,6 +445,7 @@ class GeneratePanel(QWidget):
                 piece = self.stream.flush()
                 self.generated_text += piece
                 self._append(piece, generated=True)
+            self.readouts["build"].setText(build_text(result.build_seconds))
             self.readouts["prefill"].setText(f"{1000 * result.prefill_seconds:,.1f} ms")
             rate = result.decode_tokens_per_second
             self.readouts["speed"].setText(f"{rate:,.1f} tokens/s" if rate else "– (one token: prefill only)")

@@ -10,17 +10,17 @@ import json
 import numpy as np
 import pytest
 
+from engine.arrays import bf16_bits, bf16_exact, contiguous
 from engine.codegen import UnsupportedOpError, kernel_for, reads_bf16
 from engine.codegen.matmul import vector_layout
 from engine.errors import GraphError, ShapeError
 from engine.graph import reference
-from engine.graph.reference import bf16_bits, bf16_exact
 from engine.graph.ir import Graph
 from engine.importers.hf import load_checkpoint
 from engine.optimize.bf16_weights import (bf16_candidates, direct_readers, keep_out_in, store_weights_bf16,
                                          transposable)
 from engine.runtime.device import device_capabilities
-from engine.runtime.session import Session, contiguous
+from engine.runtime.session import Session
 from engine.train.generation import Generator
 
 from llama_checkpoint import llama_relative
@@ -286,7 +286,7 @@ def test_only_exact_matrices_are_candidates_and_a_decode_keeps_widened_ones_in_f
 def test_a_transposed_value_is_uploaded_in_row_order():
     """A weight given as a transpose (generation's, kept [out, in]): its bf16 bits are
     taken in its own order and copied into row order, on several threads when large."""
-    value = bf16_values(np.random.default_rng(3), 1100, 1024)   # over PARALLEL_COPY elements
+    value = bf16_values(np.random.default_rng(3), 1100, 1024)   # over PARALLEL_ELEMENTS
     assert contiguous(value.T).flags.c_contiguous and np.array_equal(contiguous(value.T), value.T)
     assert bf16_exact(value.T) and np.array_equal(bf16_bits(value.T), bf16_bits(np.ascontiguousarray(value.T)))
     g = Graph("transposed upload")
@@ -379,6 +379,28 @@ def test_generation_keeps_linear_weights_out_in(bf16_llama, configure):
     for a, b in zip(logits, logits_io):
         assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max()
     assert ids == ids_io
+
+
+def test_a_checkpoint_opens_without_copies_and_uploads_its_file_layout(bf16_llama, configure):
+    """The importer binds the file's tensors as they were read: its [out, in] linear weights
+    as transposed views (a 1B checkpoint's transposing copy took 16 s on a 2-core host), the
+    parameter dict read-only views of them, and generation, which keeps those weights [out,
+    in], uploads the file's own rows: the GPU holds the file's bits."""
+    from safetensors.torch import load_file
+    stored = {k: v.float().numpy() for k, v in load_file(str(bf16_llama.folder / "model.safetensors")).items()}
+    params = bf16_llama.init_params()
+    assert params is not bf16_llama.init_params() and all(not v.flags.writeable for v in params.values())
+    with pytest.raises(ValueError, match="read-only"):
+        params["model.norm.weight"][0] = 1.0
+    kept = {name for name in bf16_llama.weight_transposes if name in params}
+    assert kept and all(params[name].T.flags.c_contiguous for name in kept)
+    assert all(params[name].flags.c_contiguous for name in set(params) - kept)
+    for name, value in params.items():
+        assert np.array_equal(value.T if name in kept else value, stored[name]), name
+    configure(bf16_weights=True, weight_layout="out-in")
+    steps = Generator(bf16_llama, params).steps(256)
+    for name in steps.transposed:
+        assert steps.decode.get_parameter(name).tobytes() == stored[name].tobytes(), name
 
 
 def test_a_checkpoint_in_f32_keeps_its_weights_in_f32(tmp_path):

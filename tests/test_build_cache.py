@@ -115,6 +115,26 @@ def test_the_graph_cache_misses_when_its_input_or_the_code_changes(tmp_path, opt
     assert len(list(tmp_path.glob("*.json"))) == 8
 
 
+def test_a_second_generation_reads_its_graphs_from_the_cache(tmp_path, configure, optimize_calls):
+    """A second process's generator (here a second generator) takes the decode step's and
+    the prefill's optimized graphs from the cache, builds the same plans and generates the
+    same ids; a prompt of another length optimizes its own prefill."""
+    configure(cache_dir=str(tmp_path))
+    model = models.create("gpt-tiny", [])
+    prompt = [5, 9, 200, 31, 7]
+    runs = []
+    for _ in range(2):
+        generator = model.generator(backend="gpu")
+        result = generator.generate(prompt, 5)
+        steps = generator.steps(result.capacity)
+        runs.append((result.tokens, steps.decode.plan, steps.session(len(prompt), prefill=True).plan))
+        assert result.build_seconds > 0
+    assert len(optimize_calls) == 2 and runs[1] == runs[0]
+    assert sorted(p.name.split("-")[0] for p in (tmp_path / "graphs").iterdir()) == ["generation"] * 2
+    model.generator(backend="gpu").generate(prompt + [3], 2)
+    assert len(optimize_calls) == 3
+
+
 def test_a_corrupt_or_stale_entry_is_rebuilt_with_a_warning(tmp_path):
     _, graph = mlp()
     out, _ = cached_optimize(graph, tmp_path)

@@ -5,6 +5,7 @@ import pytest
 from PySide6.QtCore import QSettings, Qt
 from PySide6.QtGui import QFont, QTextCursor
 
+from app.generate_panel import build_text
 from app.window import MainWindow
 from engine.train.generation import Sampling
 
@@ -63,6 +64,7 @@ def test_greedy_text_streams_as_the_engine_generates_it(window, qtbot, errors):
     text = {key: label.text() for key, label in panel.readouts.items()}
     assert text["prompt"] == f"{len(tokenizer.encode(prompt))} tokens"
     assert text["tokens"] == "8 / 8"
+    assert text["build"] == build_text(panel.result.build_seconds) and panel.result.build_seconds > 0
     assert text["prefill"] == f"{1000 * panel.result.prefill_seconds:,.1f} ms"
     assert text["speed"] == f"{panel.result.decode_tokens_per_second:,.1f} tokens/s"
     assert text["median"].endswith("ms median") and text["stopped"] == "reached max new tokens"
@@ -74,6 +76,7 @@ def test_greedy_text_streams_as_the_engine_generates_it(window, qtbot, errors):
     panel.prompt_kind.setCurrentIndex(panel.prompt_kind.findData("ids"))
     assert generate(qtbot, panel, ", ".join(map(str, tokenizer.encode(prompt))), 3) == "length"
     assert panel.generator is generator and panel.result.tokens == expected.tokens[:3]
+    assert panel.result.build_seconds == 0 and panel.readouts["build"].text() == "kept from the last generation"
     state.set_params(state.model.init_params(seed=1))
     assert panel.generator is None
 

@@ -711,10 +711,11 @@ def test_cli_generate_json_and_stream(capsys):
     assert out["tokens"] == want.tokens and out["text"] == model.tokenizer().decode(want.tokens)
     assert out["prompt_tokens"] == 8 and out["stopped"] == "length" and len(out["per_token_ms"]) == 4
     assert out["prefill_seconds"] > 0 and out["decode_tokens_per_second"] > 0 and out["adapter"] is None
+    assert out["build_seconds"] > 0
     assert main(["generate", "gpt-tiny", "--prompt-ids", "256,116,104", "--max-new-tokens", "3",
                  "--backend", "reference"]) == 0
     captured = capsys.readouterr()
-    assert "3 tokens (length)" in captured.err
+    assert "3 tokens (length); built in " in captured.err
 
 
 def test_cli_generate_with_a_tokenizer_json(llama, capsys, tmp_path):

@@ -204,6 +204,21 @@ def test_bind_transposes_and_converts():
     assert out["x"].shape == (4, 2, 3)
 
 
+def test_bind_owned_tensors_without_copies():
+    """Tensors just read from a file are bound as they are: float32 ones themselves, the
+    transposed ones as views; the caller's tensors otherwise as contiguous copies."""
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)   # stored [out=2, in=3]
+    b = np.array([1, 2], dtype=np.float32)
+    ids = np.array([4, 5], dtype=np.int32)
+    expected = {"fc.weight": (3, 2), "fc.bias": [2], "ids": [2]}
+    out = bind_weights({"fc.weight": w, "fc.bias": b, "ids": ids}, expected, ["fc.weight"], owned=True)
+    assert out["fc.bias"] is b and np.shares_memory(out["fc.weight"], w) and np.array_equal(out["fc.weight"], w.T)
+    assert out["ids"].dtype == np.float32 and np.array_equal(out["ids"], ids)
+    copied = bind_weights({"fc.weight": w, "fc.bias": b, "ids": ids}, expected, ["fc.weight"])
+    assert not any(np.shares_memory(copied[k], v) for k, v in (("fc.weight", w), ("fc.bias", b)))
+    assert copied["fc.weight"].flags.c_contiguous
+
+
 def test_bind_allow_missing():
     out = bind_weights({"a": np.ones(2)}, {"a": (2,), "b": (3,)}, allow_missing=True)
     assert set(out) == {"a"}

@@ -197,9 +197,8 @@ def _optimize(args):
         graph, _ = differentiate(graph)
     progress(f"optimizing {graph.name} ({len(graph)} nodes)")
     from ..optimize import cost
-    from ..optimize.passes import INFERENCE, TRAINING, run_passes
+    from ..optimize.passes import INFERENCE, TRAINING, optimize_generation, run_passes
     if args.generate:
-        from ..train.generation import optimize_generation
         fused, report, few = optimize_generation(graph)
         few = {"fusions": few, "dispatches_after": cost.graph_cost(fused)[1]}
         passes = None
@@ -220,7 +219,7 @@ def _optimize(args):
         if few:
             applied = ", ".join(f"{k} x{v}" for k, v in few["fusions"].items()) or "none applied"
             print(f"then the few-row fusions (engine.optimize.few_rows): {applied}; "
-                  f"{few['dispatches_after']} dispatches")
+                  f"{few['dispatches_after']} nodes that dispatch (the plan's dispatches: profile --generate)")
     return 0
 
 

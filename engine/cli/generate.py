@@ -65,7 +65,7 @@ def _generate(args) -> int:
     if args.json:
         _print_json({"model": model.name, "backend": generator.backend, "prompt_tokens": len(prompt),
                      "tokens": result.tokens, "text": text, "stopped": result.stopped,
-                     "prefill_seconds": result.prefill_seconds,
+                     "build_seconds": result.build_seconds, "prefill_seconds": result.prefill_seconds,
                      "decode_tokens_per_second": result.decode_tokens_per_second,
                      "per_token_ms": result.per_token_ms, "capacity": result.capacity,
                      "weights_in_bf16": len(generator.bf16_weights()),
@@ -74,7 +74,8 @@ def _generate(args) -> int:
     print(stream.flush() if stream is not None else "", flush=True)
     rate = result.decode_tokens_per_second
     kept = len(generator.bf16_weights())
-    print(f"{len(result.tokens)} tokens ({result.stopped}); prefill of {len(prompt)} tokens "
+    print(f"{len(result.tokens)} tokens ({result.stopped}); built in {result.build_seconds:.2f} s; "
+          f"prefill of {len(prompt)} tokens "
           f"{1000 * result.prefill_seconds:.1f} ms" + (f", decode {rate:.1f} tokens/s" if rate else "")
           + (f"; {kept} weights kept in bf16, as the checkpoint stores them" if kept else ""), file=sys.stderr)
     return 0

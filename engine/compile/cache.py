@@ -164,6 +164,17 @@ def cached_optimize(graph: Graph, cache_dir: Path | None = None):
     return out, report
 
 
+def cached_generation_graph(graph: Graph, cache_dir: Path | None = None):
+    """``engine.optimize.passes.optimize_generation(graph)`` -> (fused graph, OptimizeReport),
+    through the on-disk cache: a second ``generate`` of a model skips egglog (its import too)."""
+    def build():
+        from ..optimize.passes import optimize_generation
+        out, report, _ = optimize_generation(graph)
+        return out, [], [report]
+    out, _, (report,) = _cached_graphs("generation", graph, None, build, cache_dir)
+    return out, report
+
+
 def cached_training_graph(forward: Graph, loss: str, cache_dir: Path | None = None):
     """The training pipeline of DESIGN.md on a forward graph (its frozen parameters
     marked): ``optimize`` it, ``differentiate`` it for ``loss`` and ``optimize`` the

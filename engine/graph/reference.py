@@ -10,37 +10,31 @@ from typing import Mapping
 
 import numpy as np
 
+from ..arrays import bf16_exact
 from ..errors import GraphError, ShapeError
 from .ir import Graph
 from .ops import OPS
 
 
-def check_array(kind: str, name: str, arr, node, float_dtype=np.float32) -> np.ndarray:
+def check_array(kind: str, name: str, arr, node, float_dtype=np.float32, copy: bool = True) -> np.ndarray:
     """``arr`` as the value of a graph input or parameter ``node``: its shape, and integers for
     an i32 node (as int32), else floats of ``float_dtype`` (bf16 values for a bf16 node: a tensor
-    stored in bf16 is kept exactly or not at all); ShapeError otherwise."""
+    stored in bf16 is kept exactly or not at all); ShapeError otherwise. A copy in row order,
+    so that numpy's sums run in one order whatever the layout it came in (a checkpoint's
+    transposed views: ``engine.weights.bind_weights``); ``copy=False``: ``arr`` itself where
+    it already has the dtype (an upload only reads it)."""
     arr = np.asarray(arr)
     if tuple(arr.shape) != node.shape:
         raise ShapeError(f"{kind} {name!r}: expected shape {list(node.shape)}, found {list(arr.shape)}")
     if node.dtype == "i32":
         if not np.issubdtype(arr.dtype, np.integer):
             raise ShapeError(f"{kind} {name!r}: expected integers (i32), found {arr.dtype}")
-        return arr.astype(np.int32)
-    if node.dtype == "bf16" and not bf16_exact(arr):
+        dtype = np.int32
+    elif node.dtype == "bf16" and not bf16_exact(arr):
         raise ShapeError(f"{kind} {name!r} is stored as bf16, but its values are not all bf16 values")
-    return arr.astype(float_dtype)
-
-
-def bf16_exact(arr: np.ndarray) -> bool:
-    """Whether every value of ``arr`` is a bf16 value (as a checkpoint stored in bf16 gives,
-    widened): the lower 16 bits of each f32 are zero."""
-    return not (np.asarray(arr, np.float32).view(np.uint32) & 0xFFFF).any()   # in any order of its elements
-
-
-def bf16_bits(arr) -> np.ndarray:
-    """The bf16 bit patterns (uint16) of bf16 values held as f32 (``bf16_exact``), in the
-    order of ``arr``'s elements in memory (a transpose's stay a transpose, half the bytes to copy)."""
-    return (np.asarray(arr, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    else:
+        dtype = float_dtype
+    return np.array(arr, dtype, order="C") if copy else arr.astype(dtype, copy=False)
 
 
 def evaluate(graph: Graph, inputs: Mapping[str, np.ndarray], params: Mapping[str, np.ndarray],

@@ -178,14 +178,15 @@ class BuiltinModel:
         t = self.weight_transposes
         return {k: np.ascontiguousarray(v.T if k in t else v) for k, v in params.items()}
 
-    def bind(self, tensors: Mapping[str, np.ndarray], source=None) -> dict[str, np.ndarray]:
-        """File tensors -> parameter dict; every missing/unexpected/mis-shaped name in one error."""
+    def bind(self, tensors: Mapping[str, np.ndarray], source=None, owned: bool = False) -> dict[str, np.ndarray]:
+        """File tensors -> parameter dict; every missing/unexpected/mis-shaped name in one error
+        (``owned``: tensors just read, bound without copies: ``bind_weights``)."""
         from ..weights import bind_weights
-        return bind_weights(tensors, self.parameter_shapes(), self.weight_transposes, source=source)
+        return bind_weights(tensors, self.parameter_shapes(), self.weight_transposes, source=source, owned=owned)
 
     def load_weights(self, path) -> dict[str, np.ndarray]:
         from ..weights import load_safetensors
-        return self.bind(load_safetensors(path), source=Path(path))
+        return self.bind(load_safetensors(path), source=Path(path), owned=True)
 
     def save_weights(self, params: Mapping[str, np.ndarray], path) -> None:
         """The parameters in file layout; "format": "pt" is what transformers' loader looks for."""

@@ -31,7 +31,7 @@ import numpy as np
 from ..errors import GraphError
 from ..graph.ir import Graph, Node
 from ..graph.ops import TensorType, product_weights
-from ..graph.reference import bf16_exact
+from ..arrays import bf16_exact
 
 ReadsBf16 = Callable[[Graph, Node, int], bool]
 

@@ -69,6 +69,18 @@ def optimize_inference(graph: Graph) -> tuple[Graph, OptimizeReport]:
     return out, report
 
 
+def optimize_generation(graph: Graph) -> tuple[Graph, OptimizeReport, dict[str, int]]:
+    """A generation graph (a prefill or a decode step) as its session runs it: ``optimize``,
+    the few-row fusions of a decode step (``few_rows``), then the INFERENCE passes (a
+    prefill's stacked products); returns it, the report of ``optimize`` and {fusion: count}."""
+    from . import optimize
+    from .few_rows import fuse_few_rows
+    out, report = optimize(graph)
+    out, few = fuse_few_rows(out)
+    out, _ = run_passes(out, INFERENCE)
+    return out, report, few
+
+
 def _account(report: OptimizeReport, name: str, before: Graph, after: Graph, remap: dict[int, int]) -> None:
     """``report``'s node ids moved from ``before`` to ``after``, and a row for pass ``name``:
     the nodes it made (those that are not plain copies), where they sit, what it saved."""

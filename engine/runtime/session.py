@@ -26,7 +26,8 @@ from .device import (_limit, backend, device_capabilities, device_guard, get_dev
                      offered_capabilities, shader_checks, shader_module, wgpu_module)
 from ..errors import DeviceError, MeganeuraError, ShapeError
 from ..graph.ir import Graph
-from ..graph.reference import bf16_bits, check_array
+from ..arrays import bf16_bits, contiguous
+from ..graph.reference import check_array
 
 _NP = {"f32": np.float32, "i32": np.int32}
 
@@ -268,8 +269,8 @@ class Session:
         """Upload ``arr`` as node ``node_id``'s value: a bf16 node's bits, taken before any
         copy into row order (``contiguous``; half the bytes where ``arr`` is a transpose)."""
         data = contiguous(bf16_bits(arr) if self.graph[node_id].dtype == "bf16" else arr)
-        if self.graph[node_id].dtype == "bf16":   # whole 4-byte words, as WebGPU writes them
-            data = np.concatenate([data.reshape(-1), np.zeros(data.size % 2, np.uint16)])
+        if self.graph[node_id].dtype == "bf16" and data.size % 2:   # whole 4-byte words, as WebGPU writes them
+            data = np.concatenate([data.reshape(-1), np.zeros(1, np.uint16)])
         if data.nbytes:
             buffer, offset = self._locate(node_id)
             with device_guard("uploading a tensor", self.device):
@@ -283,7 +284,7 @@ class Session:
 
     def _upload(self, kind: str, name: str, array, table: Mapping[str, int]):
         node = self._node_for(kind, name, table)
-        self._write(node.id, check_array(kind, name, array, node))
+        self._write(node.id, check_array(kind, name, array, node, copy=False))
 
     def _read(self, node) -> np.ndarray:
         if node.size == 0:
@@ -479,23 +480,6 @@ def _dispatch_raw(compute_pass, steps, positions) -> None:
         set_pipeline(handle, pipeline._internal)
         set_bind_group(handle, 0, bind_group._internal, 0, null)
         dispatch(handle, x, y, z)
-
-
-PARALLEL_COPY = 1 << 20   # elements from which an array out of row order is copied on several threads
-
-
-def contiguous(array: np.ndarray) -> np.ndarray:
-    """``array`` in row order: as it is where it is, else copied, a large one in blocks of
-    rows on the host's cores (numpy lets go of the GIL as it copies). A transpose's copy
-    gathers across rows: a 2048 x 8192 weight's bf16 bits took 0.11 s on one core."""
-    if array.flags.c_contiguous or array.size < PARALLEL_COPY or array.ndim == 0:
-        return np.ascontiguousarray(array)
-    out = np.empty(array.shape, array.dtype)
-    rows = array.shape[0]
-    step = max(1, -(-rows // (4 * (os.cpu_count() or 1))))
-    with concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool:
-        list(pool.map(lambda r: np.copyto(out[r:r + step], array[r:r + step]), range(0, rows, step)))
-    return out
 
 
 def build_inference_session(graph: Graph, plan: ExecutionPlan | None = None, share_with: Session | None = None,

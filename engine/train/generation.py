@@ -43,12 +43,13 @@ GREEDY_BATCH = 8     # greedy decode steps the host reads back at once (two batc
 @dataclass
 class Generation:
     """One call's prompt and new ids, why it stopped (``"eos"``, ``"length"`` or
-    ``"cancelled"``) and its timings: the prefill (prompt in, first token out) and each
-    decode step, wall clock with the read-back of its logits."""
+    ``"cancelled"``) and its timings: building what it runs, the prefill (prompt in, first
+    token out) and each decode step, wall clock with the read-back of its logits."""
 
     prompt: list[int]
     tokens: list[int] = field(default_factory=list)
     stopped: str = "length"
+    build_seconds: float = 0.0   # building the sessions (graphs) this call needed; 0 where an earlier call did
     prefill_seconds: float = 0.0
     per_token_ms: list[float] = field(default_factory=list)
     capacity: int = 0
@@ -71,16 +72,27 @@ class _ReferenceSteps:
     """The generation graphs on the numpy reference executor."""
 
     def __init__(self, model, params: Mapping[str, np.ndarray], capacity: int):
-        self.model, self.params, self.capacity = model, dict(params), capacity
+        from ..arrays import contiguous
+        self.model, self.capacity = model, capacity
+        self.params = {k: contiguous(v) for k, v in params.items()}   # each step copies them: once out of order here
         self.caches: dict[str, np.ndarray] = {}
         self.graphs: dict[tuple[int, bool], object] = {}   # (tokens, prefill) -> graph, built once
 
+    def graph(self, tokens: int, prefill: bool):
+        if (tokens, prefill) not in self.graphs:
+            self.graphs[tokens, prefill] = self.model.generation_graph(tokens, self.capacity, prefill)
+        return self.graphs[tokens, prefill]
+
+    def prepare(self, prompt_tokens: int) -> bool:
+        """Build the graphs a generation from a prompt of ``prompt_tokens`` runs; whether any was new."""
+        built = len(self.graphs)
+        self.graph(prompt_tokens, True)
+        self.graph(1, False)
+        return len(self.graphs) > built
+
     def run(self, ids: Sequence[int], start: int, prefill: bool) -> np.ndarray:
         from ..graph import reference
-        key = (len(ids), prefill)
-        if key not in self.graphs:
-            self.graphs[key] = self.model.generation_graph(len(ids), self.capacity, prefill)
-        graph = self.graphs[key]
+        graph = self.graph(len(ids), prefill)
         for name in graph.parameters:
             if name.startswith(CACHE_PREFIX) and name not in self.caches:
                 self.caches[name] = np.zeros(graph.shape(graph.parameters[name]), np.float32)
@@ -105,7 +117,6 @@ class _GpuSteps:
         from ..codegen import reads_bf16
         from ..runtime.device import device_capabilities, get_device
         self.model, self.capacity = model, capacity
-        self.reports: dict[str, tuple] = {}   # "prefill" / "decode" -> (OptimizeReport, few-row fusions)
         caps = device_capabilities(get_device())
         self._reads_bf16 = lambda graph, node, i: reads_bf16(graph, node, i, caps)
         self.bf16: set[str] = set()   # the weights kept in bf16 (engine.optimize.bf16_weights)
@@ -114,7 +125,7 @@ class _GpuSteps:
         used = {k: v for k, v in params.items() if k in step.parameters}
         if caps.knobs.weight_layout == "out-in":
             self.transposed = transposable(step, used)
-        decode = self._optimized(step, "decode")
+        decode = self._optimized(step)
         if caps.knobs.bf16_weights:
             self.bf16 = direct_readers(decode, bf16_candidates(used), self._reads_bf16)
         self.decode = self._build(decode)
@@ -124,10 +135,9 @@ class _GpuSteps:
         self.readback = self._readback_buffer(self.decode)
         self.id_readbacks = None   # greedy's two batches of ids in flight, made on first use
 
-    def _optimized(self, graph, phase: str):
-        graph, report, few = optimize_generation(keep_out_in(graph, self.transposed))
-        self.reports[phase] = (report, few)
-        return graph
+    def _optimized(self, graph):
+        from ..compile.cache import cached_generation_graph
+        return cached_generation_graph(keep_out_in(graph, self.transposed))[0]
 
     def _build(self, graph, share_with=None):
         """A session of an optimized generation graph, the weights in ``bf16`` stored so
@@ -149,9 +159,16 @@ class _GpuSteps:
         if seq not in self.prefills:
             if len(self.prefills) >= MAX_PREFILLS:   # each holds its own intermediates: keep the recent ones
                 del self.prefills[next(iter(self.prefills))]
-            graph = self._optimized(self.model.generation_graph(seq, self.capacity, prefill=True), "prefill")
+            graph = self._optimized(self.model.generation_graph(seq, self.capacity, prefill=True))
             self.prefills[seq] = self._build(graph, share_with=self.decode)
         return self.prefills[seq]
+
+    def prepare(self, prompt_tokens: int) -> bool:
+        """Build the prefill session for a prompt of ``prompt_tokens`` (the decode one is built);
+        whether it was new."""
+        built = prompt_tokens not in self.prefills
+        self.session(prompt_tokens, True)
+        return built
 
     def run(self, ids: Sequence[int], start: int, prefill: bool) -> np.ndarray:
         session = self.session(len(ids), prefill)
@@ -229,19 +246,6 @@ def _read_ids(readback, count: int) -> list[int]:
         return np.frombuffer(readback.read_mapped(0, 4 * count), np.int32).tolist()
     finally:
         readback.unmap()
-
-
-def optimize_generation(graph):
-    """A generation graph fused for the GPU: ``optimize``, then the few-row fusions of a decode
-    step (engine.optimize.few_rows) and the inference passes (a prefill's stacked
-    products); returns (graph, OptimizeReport, {fusion: count})."""
-    from ..optimize import optimize
-    from ..optimize.few_rows import fuse_few_rows
-    from ..optimize.passes import run_passes
-    graph, report = optimize(graph)
-    graph, few = fuse_few_rows(graph)
-    graph, _ = run_passes(graph)
-    return graph, report, few
 
 
 def run_step(session, inputs: Mapping[str, np.ndarray], readback) -> np.ndarray:
@@ -357,10 +361,13 @@ class Generator:
         ``should_stop`` is checked before each token after the first (greedy decoding on
         the GPU runs up to two batches ahead; what it ran past a stop is dropped)."""
         prompt = [int(t) for t in prompt]
-        steps = self.steps(self.check(prompt, max_new_tokens))
+        capacity = self.check(prompt, max_new_tokens)
+        start, built = time.perf_counter(), capacity not in self._steps
+        steps = self.steps(capacity)
+        built = steps.prepare(len(prompt)) or built
         stop = should_stop.is_set if isinstance(should_stop, threading.Event) else should_stop
         rng = np.random.default_rng(sampling.seed)
-        result = Generation(prompt, capacity=steps.capacity)
+        result = Generation(prompt, capacity=steps.capacity, build_seconds=(time.perf_counter() - start) * built)
         start = time.perf_counter()
         token = sampling.choose(steps.run(prompt, 0, prefill=True), rng, "the prompt's logits (new token 1)")
         result.prefill_seconds = time.perf_counter() - start

@@ -63,7 +63,7 @@ class Trainer:
             self.train_graph, self.pairs = self.session.graph, self.session.pairs
         else:
             self.train_graph, self.pairs = differentiate(freeze_by_multiplier(graph, self.config), self.config.loss)
-        self._params = {k: np.array(v, dtype=np.float32) for k, v in params.items()}
+        self._params = {k: np.array(v, dtype=np.float32, order="C") for k, v in params.items()}   # copies, in row order
         self.optimizer = Optimizer.from_config(self.config, graph)
         self.history = TrainHistory()
         self.on_step, self.on_epoch = on_step, on_epoch

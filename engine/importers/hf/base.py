@@ -129,6 +129,12 @@ ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "ge
                "gelu_fast": None, "relu": "relu", "silu": "silu", "swish": "silu"}
 
 
+def _read_only(array: np.ndarray) -> np.ndarray:
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
 def activation(cfg: ConfigReader, key: str, default: str) -> str:
     name = cfg.get(key, default)
     ours = ACTIVATIONS.get(name)
@@ -178,7 +184,7 @@ class HFModel(BuiltinModel):
         self.ignored_tensors = sorted(set(tensors) - set(chosen))
         try:
             self._params = bind_weights(chosen, self.parameter_shapes(), self.weight_transposes,
-                                        source=self.folder)
+                                        source=self.folder, owned=True)
         except WeightsError as exc:
             raise ModelImportError(f"{exc} (config.json: model_type {self.model_type})") from None
 
@@ -187,8 +193,10 @@ class HFModel(BuiltinModel):
         return [self.folder / name for name in CHECKPOINT_FILES if (self.folder / name).is_file()]
 
     def init_params(self, seed: int = 0) -> dict[str, np.ndarray]:
-        """The checkpoint's weights (copies), whatever the seed."""
-        return {k: v.copy() for k, v in self._params.items()}
+        """The checkpoint's weights, whatever the seed, as read-only views: nothing writes
+        into a parameter dict's arrays (training and generation make new ones), and a copy
+        of a 1B-parameter model's is 5 GB."""
+        return {k: _read_only(v) for k, v in self._params.items()}
 
     def reset(self, seed: int = 0) -> dict[str, np.ndarray]:
         """Fresh random weights from the module's init specs (to train from scratch)."""
