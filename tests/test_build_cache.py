@@ -118,7 +118,8 @@ def test_the_graph_cache_misses_when_its_input_or_the_code_changes(tmp_path, opt
 def test_a_second_generation_reads_its_graphs_from_the_cache(tmp_path, configure, optimize_calls):
     """A second process's generator (here a second generator) takes the decode step's and
     the prefill's optimized graphs from the cache, builds the same plans and generates the
-    same ids; a prompt of another length optimizes its own prefill."""
+    same ids; a prompt of another length runs in the same padded prefill, and a longer one
+    optimizes its own."""
     configure(cache_dir=str(tmp_path))
     model = models.create("gpt-tiny", [])
     prompt = [5, 9, 200, 31, 7]
@@ -132,6 +133,8 @@ def test_a_second_generation_reads_its_graphs_from_the_cache(tmp_path, configure
     assert len(optimize_calls) == 2 and runs[1] == runs[0]
     assert sorted(p.name.split("-")[0] for p in (tmp_path / "graphs").iterdir()) == ["generation"] * 2
     model.generator(backend="gpu").generate(prompt + [3], 2)
+    assert len(optimize_calls) == 2
+    model.generator(backend="gpu").generate(prompt * 14, 2)   # 70 tokens: a prefill of 128
     assert len(optimize_calls) == 3
 
 

@@ -898,8 +898,33 @@ def test_norm_matmuls_on_the_gpu(rows, tb, widths, split, configure):
         assert np.abs(part - xn @ (w.T if tb else w)).max() <= 1e-5 * np.abs(xn @ (w.T if tb else w)).max()
 
 
-def test_a_generator_keeps_a_few_prefill_sessions(llama):
+def test_prompts_of_nearby_lengths_share_one_padded_prefill(llama):
+    """A GPU prefill runs its prompt padded at its end to PREFILL_ROUND tokens (at most the
+    context, 48 here): prompts of 3, 10 and 47 tokens share one session, each gives the
+    logits of its own last row as the reference's unpadded prefill does, and the padding's
+    cache rows do not change the ids that follow."""
+    from engine.train.generation import prefill_length
+    model = load_model(str(llama[1]))
+    gpu, ref = model.generator(backend="gpu"), model.generator(backend="reference")
+    rng = np.random.default_rng(5)
+    for length in (3, 10, 47):
+        prompt = rng.integers(1, model.vocab_size, length).tolist()
+        capacity = gpu.check(prompt, 1)
+        assert prefill_length(length, capacity, model.context_length) == 48
+        got = gpu.steps(capacity).run(prompt, 0, prefill=True)
+        want = ref.steps(capacity).run(prompt, 0, prefill=True)
+        assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+        new = min(4, model.context_length - length)
+        assert gpu.generate(prompt, new).tokens == ref.generate(prompt, new).tokens
+    assert list(gpu.steps(capacity).prefills) == [48]
+    assert [prefill_length(n, 1024, 2048) for n in (1, 64, 65, 1000)] == [64, 64, 128, 1024]
+    assert prefill_length(700, 768, 2048) == 704 and prefill_length(750, 760, 760) == 760
+
+
+def test_a_generator_keeps_a_few_prefill_sessions(llama, monkeypatch):
+    from engine.train import generation
     from engine.train.generation import MAX_PREFILLS
+    monkeypatch.setattr(generation, "PREFILL_ROUND", 1)   # a session per prompt length
     model = load_model(str(llama[1]))
     gen = model.generator(backend="gpu")
     for length in range(1, MAX_PREFILLS + 3):

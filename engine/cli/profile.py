@@ -17,7 +17,7 @@ import numpy as np
 from .registry import register_command
 from .commands import _model_arguments, _print_json, load_model, loss_arguments, progress
 from ..errors import MeganeuraError
-from ..train.generation import step_inputs
+from ..train.generation import prefill_inputs, step_inputs
 
 
 def _profile_arguments(parser: argparse.ArgumentParser) -> None:
@@ -143,8 +143,10 @@ def profile_generation(model, params, new_tokens: int, *, prompt=None, mode: str
     with rec.span("build generation sessions (optimize, compile)"):
         steps = gen.steps(gen.check(prompt, decode_positions))
         prefill = steps.session(len(prompt), prefill=True)
-    say(f"profiling {model.name}: prefill of {len(prompt)} tokens, then {new_tokens} decode steps")
-    prefill.set_inputs(step_inputs(model, prompt, 0))
+    tokens = steps.prefill_length(len(prompt))
+    padded = f" (run as {tokens}, padded)" if tokens > len(prompt) else ""
+    say(f"profiling {model.name}: prefill of {len(prompt)} tokens{padded}, then {new_tokens} decode steps")
+    prefill.set_inputs(prefill_inputs(model, prompt, tokens))
     first = profile_session(prefill, 1, model=model.name, mode=mode, spans=rec, include_build_spans=False,
                             progress=progress)
     position = iter(range(len(prompt), len(prompt) + decode_positions + 1))

@@ -7,9 +7,11 @@ values) that one ``cache_write`` fills in place and that is an output of the gra
 nothing prunes the write); attention reads its two planes as ``part`` views. The
 capacity is a multiple of PART_ALIGN rows, so the values' plane starts where a view
 may. The prefill graph runs the prompt (positions 0..P-1) with ordinary causal
-attention on its fresh keys; the decode graph runs one token and attends over the
-cache. Both name the same cache parameters, so a decode session shares the prefill's
-buffers.
+attention on its fresh keys, and takes the logits of the row its i32 input ``last``
+[1, 1] names: a prompt padded at its end (so that prompts of nearby lengths share one
+compiled prefill) ends before the padding. The decode graph runs one token and attends
+over the cache. Both name the same cache parameters, so a decode session shares the
+prefill's buffers.
 
 Modules call the functions below instead of ``Graph.attention``/``rope`` directly; on
 a graph without a cache they build exactly what they built before.
@@ -25,6 +27,7 @@ from .ops import PART_ALIGN
 
 CACHE_PREFIX = "kv_cache."
 NEXT_ID = "next_id"
+LAST = "last"
 
 
 class KVCache:
@@ -33,8 +36,8 @@ class KVCache:
     that ``cache_write`` and ``cached_attention`` then apply as they read them, saving a
     decode step two dispatches a layer."""
 
-    def __init__(self, positions: int, capacity: int, prefill: bool):
-        self.positions, self.prefill = positions, bool(prefill)
+    def __init__(self, positions: int, capacity: int, prefill: bool, last: int | None = None):
+        self.positions, self.prefill, self.last = positions, bool(prefill), last
         self.capacity = -(-int(capacity) // PART_ALIGN) * PART_ALIGN
         self.layers = 0
         self.pending: dict[int, tuple[int, float, tuple]] = {}   # node -> (heads, base, scaling) of its deferred rope
@@ -98,21 +101,25 @@ def position_rows(g: Graph, table: int, seq: int) -> int:
 
 
 def last_token(g: Graph, x: int) -> int:
-    """In a generation graph only the last position's logits are needed: x [B, T, W] -> [B, 1, W]."""
-    if cache_of(g) is None:
+    """In a generation graph only the prompt's last position's logits are needed: x [1, T,
+    W] -> [1, 1, W], in a prefill its row ``last``."""
+    cache = cache_of(g)
+    if cache is None or not cache.prefill:
         return x
-    t = g.shape(x)[1]
-    return x if t == 1 else g.slice(x, 1, t - 1, t)
+    _, t, w = g.shape(x)
+    return g.embedding(g.reshape(x, (t, w)), cache.last)
 
 
 def generation_graph(name: str, token_input: str, seq: int, capacity: int, prefill: bool, logits) -> Graph:
-    """A batch-1 generation graph: inputs ``token_input`` and ``positions`` [1, seq], output
-    ``logits`` [1, 1, vocab] of the last token (``logits(g, ids)`` builds the model) and, in a
-    decode graph, ``next_id`` [1, 1], their argmax: greedy decoding feeds it to the next step
-    on the GPU (engine.train.generation)."""
+    """A batch-1 generation graph: inputs ``token_input`` and ``positions`` [1, seq] (and in a
+    prefill ``last`` [1, 1], the prompt's last row), output ``logits`` [1, 1, vocab] of the
+    last token (``logits(g, ids)`` builds the model) and, in a decode graph, ``next_id`` [1,
+    1], their argmax: greedy decoding feeds it to the next step on the GPU
+    (engine.train.generation)."""
     g = Graph(f"{name}-{'prefill' if prefill else 'decode'}-{seq}of{capacity}")
     ids = g.input(token_input, (1, seq), "i32")
-    g.kv_cache = KVCache(g.input("positions", (1, seq), "i32"), capacity, prefill)
+    positions = g.input("positions", (1, seq), "i32")
+    g.kv_cache = KVCache(positions, capacity, prefill, g.input(LAST, (1, 1), "i32") if prefill else None)
     last = g.output("logits", logits(g, ids))
     if not prefill:
         g.output(NEXT_ID, g.argmax(last))
