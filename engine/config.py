@@ -43,7 +43,7 @@ class Knobs:
     pool: bool = True                 # MEGANEURA_POOL=0: every tensor its own buffer
     bf16_weights: bool = True         # MEGANEURA_BF16_WEIGHTS=0: generation keeps bf16 checkpoints' weights in f32
     weight_layout: str = "out-in"     # MEGANEURA_WEIGHT_LAYOUT=in-out: generation keeps linear weights [in, out]
-    decode_folds: bool = True         # MEGANEURA_DECODE_FOLDS=0: a decode step's cache write, combine apart
+    decode_folds: bool = True         # MEGANEURA_DECODE_FOLDS=0: a decode step's cache write, combine, argmax apart
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,10 @@
 // UNROLL at a time so that their loads overlap, then a tree in workgroup memory. A row is
 // a few rounds of memory latency: with 256 threads 8 deep, Llama 3's 128,256 logits took
 // 63 rounds, 71 us of a 2 ms decode step on the H100 (run 52). Ties go to the lower index
-// and a NaN beats any number, as numpy's argmax has it; a row whose best is NaN or +inf
-// (an overflow) gives -1, which the host refuses. out is i32.
+// and a NaN beats any number (argmax_order.wgsl); a row whose best is NaN or +inf (an
+// overflow) gives -1, which the host refuses. out is i32. Element j of a row is VALUE
+// at INDEX: the row's j-th value at j, or (a product's workgroups' best, VALUE and INDEX
+// two words each) the j-th workgroup's best value at the column it found it.
 // meta: [rows, N]
 
 {{PRELUDE}}
@@ -17,16 +19,7 @@ const UNROLL: u32 = {{UNROLL}}u;
 var<workgroup> best_v: array<f32, THREADS>;
 var<workgroup> best_i: array<u32, THREADS>;
 
-fn is_nan(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u; }
-
-// Whether (v, i) comes before (bv, bi); an index of 0xffffffff is no element (so a row
-// of -inf still picks its first).
-fn better(v: f32, i: u32, bv: f32, bi: u32) -> bool {
-    if (i == 0xffffffffu || bi == 0xffffffffu) { return bi == 0xffffffffu && i != bi; }
-    if (is_nan(v)) { return !is_nan(bv) || i < bi; }
-    if (is_nan(bv)) { return false; }
-    return v > bv || (v == bv && i < bi);
-}
+{{ORDER}}
 
 @compute @workgroup_size(THREADS)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -41,14 +34,21 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     var i = t;
     for (; i + (UNROLL - 1u) * THREADS < N; i = i + UNROLL * THREADS) {
         var v: array<f32, UNROLL>;
-        for (var k = 0u; k < UNROLL; k = k + 1u) { v[k] = x[base + i + THREADS * k]; }
+        var at: array<u32, UNROLL>;
         for (var k = 0u; k < UNROLL; k = k + 1u) {
-            if (better(v[k], i + THREADS * k, bv, bi)) { bv = v[k]; bi = i + THREADS * k; }
+            let j = i + THREADS * k;
+            v[k] = {{VALUE}};
+            at[k] = {{INDEX}};
+        }
+        for (var k = 0u; k < UNROLL; k = k + 1u) {
+            if (better(v[k], at[k], bv, bi)) { bv = v[k]; bi = at[k]; }
         }
     }
     for (; i < N; i = i + THREADS) {
-        let v = x[base + i];
-        if (better(v, i, bv, bi)) { bv = v; bi = i; }
+        let j = i;
+        let v = {{VALUE}};
+        let at = {{INDEX}};
+        if (better(v, at, bv, bi)) { bv = v; bi = at; }
     }
     best_v[t] = bv;
     best_i[t] = bi;

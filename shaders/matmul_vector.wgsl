@@ -18,7 +18,8 @@
 // from two words at once (bf16x4_), the sums vec4s (ACC). Where B is stored transposed (a
 // weight kept [out, in]), DEPTH = 4 gives each thread four consecutive K steps a load, two
 // bf16 words or an f32 vec4, so that a warp reads 256 or 512 contiguous bytes of a column;
-// ka then counts steps of DEPTH.
+// ka then counts steps of DEPTH. AFTER_OUT and AFTER_LOOP (codegen's product_with_argmax)
+// leave a one-row product's workgroup's best value and its column for the argmax.
 // meta: [M, N, K, nbatch, eps, batch_shape[BR], per operand: batch_strides[BR], s_row, s_col,
 //        K slices, SPAN]
 
@@ -86,5 +87,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
 {{EXTRA_SUM}}
 {{EPILOGUE}}
         out[{{OUT_AT}}] = v;
+{{AFTER_OUT}}
     }
+{{AFTER_LOOP}}
 }

@@ -291,18 +291,90 @@ def test_the_projection_combines_the_parts_only_where_they_fit_its_workgroup_mem
 
 
 def test_tint_compiles_the_decode_folds():
-    """The attention writing the cache (vec4 and scalar keys) and the projection combining
-    its parts, through Dawn's WGSL compiler (lavapipe cannot run Dawn)."""
+    """The attention writing the cache (vec4 and scalar keys), the projection combining
+    its parts, the LM head leaving its workgroups' best (after a norm or not) and the argmax
+    of those, through Dawn's WGSL compiler (lavapipe cannot run Dawn)."""
     assert tint_check("""
         from engine.compile import decode_folds
-        from test_generation import decode_attention_graph, decode_projection_graph
+        from test_generation import decode_attention_graph, decode_projection_graph, lm_head_graph
         caps = codegen.Capabilities(subgroups=True, dialect="tint")
         for g in (decode_projection_graph(1024, 4, 2, 16), decode_attention_graph(1, 64, 2, 2, 6, True)):
             for _, kernel in decode_folds.cache_writes_in_attention(g, caps, g.nodes).values():
                 check("attention writing the cache", kernel)
             for _, kernel in decode_folds.combines_in_products(g, caps, g.nodes).values():
                 check("projection combining the parts", kernel)
-        """) == (3, 0)
+        for norm in (True, False):
+            g = lm_head_graph(1001, 64, norm)
+            for _, product, argmax in decode_folds.argmax_from_products(g, caps, g.nodes).values():
+                check("LM head leaving its best", product)
+                check("argmax of the workgroups' best", argmax)
+        """) == (6, 0)   # the two argmax kernels are one source
+
+
+def lm_head_graph(n, k, norm):
+    """A decode step's last two dispatches: the LM head (a weight [n, k] read transposed,
+    after the final RMS norm where ``norm``) and the argmax of its one row of logits."""
+    g = Graph("lm head")
+    x, w = g.input("x", (1, 1, k)), g.parameter("w", (n, k))
+    logits = (g.apply("norm_matmul", x, g.parameter("nw", (k,)), w, eps=1e-5, transpose_b=True) if norm
+              else g.matmul(x, w, transpose_b=True))
+    g.output("next_id", g.argmax(g.output("logits", logits)))
+    return g
+
+
+@pytest.mark.parametrize("n,case", [(1001, "tie"), (1001, "nan"), (1000, "inf"), (1000, "-inf"), (49152, "tie")])
+def test_the_argmax_reads_the_lm_heads_workgroups_best(n, case):
+    """The LM head's workgroups each leave the best of their columns (value and column) and
+    the argmax reduces those, not the row: a decode step's argmax over 128,256 logits on one
+    workgroup took 47 us. The same ids as numpy's and as the argmax of the row, bit for
+    bit: the largest value, the lower column of a tie across workgroups (and in the last,
+    partial one), -1 for a row holding a NaN or +inf, 0 for a row of -inf. The logits are
+    column 0 of the weight (A one-hot)."""
+    from engine.graph.ops import argmax_ref
+    k = 64
+    rng = np.random.default_rng(n)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    top = w[:, 0].max() + 1.0
+    w[[n - 1, 700, 13], 0] = top           # a tie: 13 wins, across workgroups
+    if case == "nan":
+        w[[400, 5], 0] = np.nan
+    elif case == "inf":
+        w[999, 0] = np.inf
+    elif case == "-inf":
+        w[:, 0] = -np.inf
+    x = np.zeros((1, 1, k), np.float32)
+    x[0, 0, 0] = 1.0
+    g = lm_head_graph(n, k, False)
+    got = {}
+    for folds in (True, False):
+        session = Session(g, capabilities=decode_folds_caps(folds))
+        session.set_parameter("w", w)
+        session.set_inputs({"x": x})
+        session.run()
+        variants = [d.variant for d in session.plan.dispatches]
+        assert len(variants) == 2 and ("workgroups' best" in variants[1]) == folds, variants
+        got[folds] = int(session.read_output("next_id")[0, 0])
+        assert np.array_equal(session.read_output("logits")[0, 0], w[:, 0], equal_nan=True)
+    want = {"tie": 13, "nan": -1, "inf": -1, "-inf": 0}[case]
+    assert got[True] == got[False] == int(argmax_ref(w[:, 0])) == want
+
+
+def test_the_folded_argmax_of_a_normed_lm_head_equals_the_row():
+    """With the final norm in the LM head (norm_matmul), random weights: the same id as the
+    argmax of the logits the head wrote, and as the reference's."""
+    rng = np.random.default_rng(9)
+    g = lm_head_graph(5000, 256, True)
+    params = {"w": (rng.standard_normal((5000, 256)) / 16).astype(np.float32),
+              "nw": rng.standard_normal(256).astype(np.float32)}
+    x = rng.standard_normal((1, 1, 256)).astype(np.float32)
+    session = Session(g, capabilities=decode_folds_caps(True))
+    session.set_parameters(params)
+    session.set_inputs({"x": x})
+    session.run()
+    assert "workgroups' best" in session.plan.dispatches[-1].variant
+    logits = session.read_output("logits")[0, 0]
+    assert int(session.read_output("next_id")[0, 0]) == int(np.argmax(logits))
+    assert int(np.argmax(logits)) == int(reference.run(g, {"x": x}, params)["next_id"][0, 0])
 
 
 @pytest.mark.parametrize("s,h,hkv,d,position", [(1024, 4, 2, 16, 700), (512, 8, 2, 8, 3), (768, 2, 1, 32, 767),

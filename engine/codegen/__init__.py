@@ -16,12 +16,12 @@ from .attention import (ATTENTION_BACKWARD, ATTENTION_MAX_SPLITS, ATTENTION_MIN_
 from .attention_coop_backward import scores_pair
 from .common import (MAX_WORKGROUPS, PLAIN, SUBGROUP_MATRIX_FEATURE, THREAD_LAYOUTS,
                      Capabilities, Kernel, UnsupportedOpError, forward_nodes, grid_1d, precision)
-from .dispatch import (describe_paths, kernel_for, product_combining, reads_bf16, supported_ops,
-                       unsupported_ops)
+from .dispatch import (describe_paths, kernel_for, product_combining, product_with_argmax, reads_bf16,
+                       supported_ops, unsupported_ops)
 from .matmul import (MATMUL_KERNELS, MATMUL_MAX_SPLITS, TILED, matmul_splits, matmul_variant,
                      narrow_tiles_fill_better, split_rule)
 from .matmul_coop import COOP, coop_workgroup_bytes
-from .reduction import norm_gradients, norm_gradients_kernel
+from .reduction import argmax_of_partials, norm_gradients, norm_gradients_kernel
 from .tile_operands import operand_fetch
 from .tuning import TUNED_FIELDS, Tuning
 from .training import (gradient_copy_kernel, norm_partials, norm_total_kernel, optimizer_kernel,

@@ -15,7 +15,7 @@ from .matmul import _matmul, _norm_matmuls, _swiglu_matmul, product_reads_bf16
 from .pointwise import POINTWISE_OPS, _pointwise
 from .pooling import _conv_direct, _conv_direct_grad, _max_pool_grad, _pool
 from .reduction import (_LOSS_ROWS, _LOSS_TERMS, _ROW_KERNELS, _ROW_MODES, _argmax, _loss, _row_kernel, _row_reduce,
-                        _norm_param_grad, _row_dot, _sum_to)
+                        _norm_param_grad, _row_dot, _sum_to, argmax_partials_slots)
 
 
 # ---------------------------------------------------------------- dispatch table
@@ -110,6 +110,19 @@ def product_combining(graph: Graph, product: Node, parts: int, head_dim: int,
     if product.op not in ("matmul", "fused_matmul") or product.attrs.get("transpose_a", False):
         return None
     return _matmul(graph, product, caps, parts=(parts, head_dim))
+
+
+def product_with_argmax(graph: Graph, product: Node, caps: Capabilities = PLAIN) -> Kernel | None:
+    """The kernel of ``product`` (a one-row matmul, fused_matmul or norm_matmul: a decode
+    step's LM head) whose workgroups each also leave their columns' best value and its column,
+    which ``reduction.argmax_of_partials`` then reduces in the argmax's place; None where it
+    cannot (matmul's vector kernel, K whole). Its extra binding follows the output."""
+    if product.op not in ("matmul", "fused_matmul", "norm_matmul") or product.attrs.get("transpose_a", False):
+        return None
+    kernel = _matmul(graph, product, caps, best=argmax_partials_slots(len(product.inputs) + 2))   # after out
+    if kernel is not None:
+        kernel.notes["variant"] += ", each workgroup's best value and its column left for the argmax"
+    return kernel
 
 
 def describe_paths(caps: Capabilities) -> dict:

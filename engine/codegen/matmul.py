@@ -70,11 +70,12 @@ def _product_shapes(graph: Graph, node: Node):
 
 
 def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN, sums: str = "",
-            parts: tuple[int, int] | None = None) -> Kernel | None:
+            parts: tuple[int, int] | None = None, best: dict | None = None) -> Kernel | None:
     """The kernel of a product node; ``sums`` ("a" or "b", product_sums.py): it also adds
     up that operand's rows (columns), where its tiled kernel can (``Kernel.sums`` says);
-    ``parts``: A comes as a split cached attention's parts (dispatch.product_combining), or
-    None where the kernel cannot take them so."""
+    ``parts``: A comes as a split cached attention's parts (dispatch.product_combining);
+    ``best``: each workgroup also leaves its best value for the argmax
+    (dispatch.product_with_argmax); either None where the kernel cannot."""
     attrs = node.attrs
     ta, tb = attrs.get("transpose_a", False), attrs.get("transpose_b", False)
     norm = node.op == "norm_matmul"
@@ -151,8 +152,8 @@ def _matmul(graph: Graph, node: Node, caps: Capabilities = PLAIN, sums: str = ""
     if vector_rows(m_, ta, caps):
         vector = dict(common, EPILOGUE="") if norm else common   # the vector kernel sums the norm's squares itself
         return _vector_kernel(graph, node, names, types, meta, m_, n_, max(nbatch, 1), words_b, vector, norm=norm,
-                              caps=caps, parts=parts)
-    if parts is not None:
+                              caps=caps, parts=parts, best=best)
+    if parts is not None or best is not None:
         return None
     variant = "simple" if norm else matmul_variant(m_, n_, max(nbatch, 1), k_, ta, caps)
     tile_m, tile_n = _tile_of(variant)
@@ -321,7 +322,7 @@ _ONE_B = dict(COLUMNS="    let N = m(1u);\n    let wsel = 0u;\n    let wx = wg.x
 def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: int, nbatch: int, words_b,
                    common: dict, norm: bool = False, second: bool = False, columns: dict = _ONE_B,
                    workgroups: int = 0, caps: Capabilities = PLAIN,
-                   parts: tuple[int, int] | None = None) -> Kernel | None:
+                   parts: tuple[int, int] | None = None, best: dict | None = None) -> Kernel | None:
     """matmul_vector.wgsl for ``m_`` rows: 256 threads as columns x K slices, lanes
     along B's contiguous axis: 32 columns x 8 slices where its columns are contiguous
     (a warp reads 128 bytes of a row), 8 x 32 where K is (B stored transposed). Where
@@ -337,7 +338,9 @@ def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: in
     thread where ``vector_width`` says. ``parts`` (count, head dim): A is a split cached
     attention's parts, combined into workgroup memory first (``combined_parts_prologue``); None where
     the kernel cannot (one row of a transposed weight, read ``depth`` K steps a load, only, whose
-    A fits the adapter's workgroup memory beside the partial sums: 8 KiB for Llama-3.2-1B's 2048)."""
+    A fits the adapter's workgroup memory beside the partial sums: 8 KiB for Llama-3.2-1B's 2048).
+    ``best`` (reduction.argmax_partials_slots): a row of one B, K whole, whose workgroups each
+    leave their columns' best value for the argmax; None where the product is not that."""
     columns_contiguous = words_b[-1] == 1
     one_b = columns is _ONE_B
     stored = {name: graph[i].dtype for name, i in zip(names, node.inputs)}
@@ -378,6 +381,8 @@ def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: in
     span = -(-span // (slices * depth)) * slices * depth   # whole steps of the slices a slice, none of them empty
     splits = -(-k_ // span)
     grid = (blocks, splits, nbatch)
+    if best is not None and not (one_b and m_ * nbatch == 1 and splits == 1 and parts is None):
+        return None
     if max(grid) > MAX_WORKGROUPS:
         raise DeviceError(f"{graph.format_node(node)}: matmul grid {grid} exceeds {MAX_WORKGROUPS} "
                           f"workgroups per dimension")
@@ -389,6 +394,9 @@ def _vector_kernel(graph: Graph, node: Node, names, types, meta, m_: int, n_: in
         decl, setup = combined_parts_prologue(k_, *parts, VECTOR_THREADS)
         extra = dict(extra, EXTRA_DECL=extra["EXTRA_DECL"] + "\n" + decl,
                      EXTRA_SETUP=setup + "\n" + extra["EXTRA_SETUP"])
+    best = best or {"DECL": "", "AFTER_OUT": "", "AFTER_LOOP": ""}
+    extra = dict(extra, EXTRA_DECL=extra["EXTRA_DECL"] + "\n" + best["DECL"], AFTER_OUT=best["AFTER_OUT"],
+                 AFTER_LOOP=best["AFTER_LOOP"])
     norm_epilogue = extra.pop("NORM_EPILOGUE")
     first, out_at = dict(common, EPILOGUE=norm_epilogue + common["EPILOGUE"]), columns["OUT_AT"]
     if splits > 1:   # raw sums, slice after slice; the epilogue's operands are the finish's

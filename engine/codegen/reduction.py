@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from ..graph.ir import Graph, Node
-from .common import Capabilities, Kernel, PLAIN, _finish, contiguous_strides, f32_bits, grid_1d, i32_bits
+from .common import Capabilities, Kernel, PLAIN, _finish, _template, contiguous_strides, f32_bits, grid_1d, i32_bits
 
 
 # ---------------------------------------------------------------- reductions
@@ -141,16 +141,51 @@ def _row_reduce(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
 ARGMAX_UNROLL = 16   # loads a thread keeps in flight
 
 
-def _argmax(graph: Graph, node: Node, caps: Capabilities = PLAIN) -> Kernel:
+def _argmax(graph: Graph, node: Node, caps: Capabilities = PLAIN, partials: int = 0) -> Kernel:
     """argmax.wgsl: a row a workgroup, as many threads as the adapter allows (a power of two,
-    at most 1024) where the row fills them, else 256."""
+    at most 1024) where the row fills them, else 256. ``partials``: the one row comes as that
+    many (value, index) pairs, a product's workgroups' best (``argmax_of_partials``)."""
     x = graph[node.inputs[0]]
-    n = x.shape[-1]
+    n = partials or x.shape[-1]
     threads = 256
     while threads * 2 <= min(caps.invocations, 1024) and threads * 2 * ARGMAX_UNROLL <= n:
         threads *= 2
-    return _finish("reduce:argmax", "reduction", "argmax.wgsl", ["x"], ["f32"], "i32", [x.size // n, n],
-                   grid_1d(x.size // n), THREADS=threads, UNROLL=ARGMAX_UNROLL)
+    element = (dict(VALUE="bitcast<f32>(x[2u * (base + j)])", INDEX="x[2u * (base + j) + 1u]") if partials
+               else dict(VALUE="x[base + j]", INDEX="j"))
+    return _finish("reduce:argmax", "reduction", "argmax.wgsl", ["x"], ["u32" if partials else "f32"], "i32",
+                   [1 if partials else x.size // n, n], grid_1d(1 if partials else x.size // n), THREADS=threads,
+                   UNROLL=ARGMAX_UNROLL, ORDER=_template("argmax_order.wgsl"), **element)
+
+
+def argmax_partials_slots(binding: int) -> dict[str, str]:
+    """matmul_vector.wgsl's slots with which a one-row product's workgroup also leaves the
+    best of its columns' values (argmax_order.wgsl's order) and that column, two words at
+    ``best[2 wx]``, its own binding ``binding``, for ``argmax_of_partials``."""
+    decl = "\n".join([f"@group(0) @binding({binding}) var<storage, read_write> best: array<u32>;",
+                       "var<workgroup> col_v: array<f32, COLS * WIDTH>;", _template("argmax_order.wgsl")])
+    after_loop = ["workgroupBarrier();",
+                  "if (t == 0u) {",
+                  "    var bv = 0.0;",
+                  "    var bi = 0xffffffffu;",
+                  "    for (var o = 0u; o < COLS * WIDTH; o = o + 1u) {",
+                  "        let col = wx * COLS * WIDTH + o;",
+                  "        if (col < N && better(col_v[o], col, bv, bi)) { bv = col_v[o]; bi = col; }",
+                  "    }",
+                  "    best[2u * wx] = bitcast<u32>(bv);",
+                  "    best[2u * wx + 1u] = bi;",
+                  "}"]
+    return {"DECL": decl, "AFTER_OUT": "        col_v[within] = v;",
+            "AFTER_LOOP": "\n".join("    " + line for line in after_loop)}
+
+
+def argmax_of_partials(graph: Graph, node: Node, count: int, caps: Capabilities = PLAIN) -> Kernel:
+    """The kernel of argmax ``node`` (of one row) reading the (value, index) pairs that the
+    ``count`` workgroups of the product computing its row leave (``product_with_argmax``),
+    not the row: a decode step's argmax over 128,256 logits took 47 us on one SM (run 52),
+    and its workgroups' best are an eighth as many."""
+    kernel = _argmax(graph, node, caps, partials=count)
+    kernel.notes["variant"] = f"over {count} workgroups' best values"
+    return kernel
 
 
 SHORT_ROW = 64   # rows this short take a thread each (reduce_short_rows.wgsl), not a workgroup

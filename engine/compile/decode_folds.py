@@ -1,7 +1,8 @@
-"""Two kernels of a decode step that do a neighbour's work, so that its dispatch and the
-wait before the next one go: the cached attention writes the step's keys and values into
-the cache it reads, and the one-row product reading a split attention's value combines
-its parts. What costs a decode step is its chain of dispatches and waits (run 53: a
+"""Kernels of a decode step that do a neighbour's work, so that its dispatch and the wait
+before the next one go, or its work spreads over the GPU: the cached attention writes the
+step's keys and values into the cache it reads, the one-row product reading a split
+attention's value combines its parts, and the LM head's workgroups leave the argmax
+their best. What costs a decode step is its chain of dispatches and waits (run 53: a
 Llama-3.2-1B step left without its cache writes ran at 547 tokens/s, without its
 combines at 548, with both at 530). The plan (``engine.compile.plan``) dispatches what
 these find; codegen says where a kernel can; ``MEGANEURA_DECODE_FOLDS=0`` finds none.
@@ -60,4 +61,24 @@ def combines_in_products(g: Graph, caps: codegen.Capabilities,
         kernel = codegen.product_combining(g, p, count, head_dim, caps)
         if kernel is not None:
             found[n.id] = (p.id, kernel)
+    return found
+
+
+def argmax_from_products(g: Graph, caps: codegen.Capabilities,
+                         order: list) -> dict[int, tuple[int, codegen.Kernel, codegen.Kernel]]:
+    """An argmax of a one-row product's value (a decode step's next id from its LM head)
+    that reads the best value each of the product's workgroups leaves (codegen's
+    ``product_with_argmax``), not the row: one workgroup read 128,256 logits in 47 us (run
+    52), where the LM head's 16,032 workgroups each had eight in hand. Returns argmax ->
+    (the product, its kernel, the argmax's kernel)."""
+    if not caps.knobs.decode_folds:
+        return {}
+    found: dict[int, tuple[int, codegen.Kernel, codegen.Kernel]] = {}
+    for n in order:
+        p = g[n.inputs[0]] if n.op == "argmax" else None
+        if p is None or p.size != p.shape[-1]:   # one row, the product's own value
+            continue
+        kernel = codegen.product_with_argmax(g, p, caps)
+        if kernel is not None:
+            found[n.id] = (p.id, kernel, codegen.argmax_of_partials(g, n, kernel.workgroups[0], caps))
     return found

@@ -569,7 +569,9 @@ def _schedule_graph(b: _PlanBuilder, pinned_roots: set[int], overlap: bool = Fal
     writing = decode_folds.cache_writes_in_attention(g, b.caps, order)
     combining = decode_folds.combines_in_products(g, b.caps, order)
     products = {p: kernel for p, kernel in combining.values()}
-    parts: dict[int, tuple[int, int, int]] = {}   # product -> the scratch of its attention's parts
+    best = {a: f for a, f in decode_folds.argmax_from_products(g, b.caps, order).items() if f[0] not in products}
+    leaving = {p: (kernel, a) for a, (p, kernel, _) in best.items()}   # the products that leave an argmax their best
+    parts: dict[int, tuple[int, int, int]] = {}   # product (argmax) -> the scratch of its attention's parts (best)
     held: dict[int, tuple[int, int, int]] = {}   # attention_grad_q -> the scores its dkdv wrote
     in_place = _concats_in_place(b, order)
     pinned_roots = pinned_roots | in_place   # they lie over parameters: never the pool's
@@ -601,6 +603,13 @@ def _schedule_graph(b: _PlanBuilder, pinned_roots: set[int], overlap: bool = Fal
             scratch = parts.pop(n.id)
             _dispatch_node(b, n, free, fresh, kernel=products[n.id], a_slot=scratch)
             free.append(scratch[0])
+        elif n.id in leaving:
+            kernel, a = leaving[n.id]
+            parts[a] = (_pooled_buffer(b, free, _aligned(8 * kernel.workgroups[0]), fresh), 0, 8 * kernel.workgroups[0])
+            _dispatch_node(b, n, free, fresh, kernel=kernel, after=parts[a])
+        elif n.id in best:
+            _dispatch_node(b, n, free, fresh, kernel=best[n.id][2], a_slot=parts[n.id])
+            free.append(parts.pop(n.id)[0])
         elif n.id in writing:
             _dispatch_attention_writing(b, n, writing[n.id], free, fresh)
         else:
@@ -632,13 +641,15 @@ def _pooled_buffer(b: _PlanBuilder, free: list[int], size: int, fresh: bool = Fa
 
 
 def _dispatch_node(b: _PlanBuilder, n, free: list[int], fresh: bool = False, sums=None,
-                   kernel: codegen.Kernel | None = None, a_slot: tuple[int, int, int] | None = None) -> None:
+                   kernel: codegen.Kernel | None = None, a_slot: tuple[int, int, int] | None = None,
+                   after: tuple[int, int, int] | None = None) -> None:
     """The dispatch that computes node ``n``; for a kernel with a finishing stage (a
     reduction or an attention split over many workgroups), two: into a scratch buffer
     from the pool (a new one if ``fresh``), then from it (the scratch goes back to the
     pool). ``sums`` (``_products_with_sums``): the node whose value n's kernel also
     computes, and that kernel; its binding follows the output. ``kernel`` and ``a_slot``
-    (``decode_folds.combines_in_products``): n's kernel, bound to that slot in its first operand's place."""
+    (``decode_folds.combines_in_products``): n's kernel, bound to that slot in its first operand's place;
+    ``after``: a slot it also writes, bound after the output (``decode_folds.argmax_from_products``)."""
     kernel = kernel or (codegen.kernel_for(b.graph, n, b.caps) if sums is None else sums[1])
     beside = [] if sums is None else [b.slot_of(sums[0])]
     nodes = [n.id] + ([] if sums is None else [sums[0]])
@@ -650,7 +661,7 @@ def _dispatch_node(b: _PlanBuilder, n, free: list[int], fresh: bool = False, sum
     state = [b.whole(b.new_buffer(4 * kernel.state_words, "kernel_state", [f"{name}: f16 scales"]))
              ] if kernel.state_words else []
     if kernel.finish is None:
-        outs = [b.slot_of(n.id)] + beside + state
+        outs = [b.slot_of(n.id)] + beside + ([after] if after else []) + state
         b.dispatch(kernel, name, inputs + outs, reads + [READ_WRITE] * len(outs), n.size, nodes=nodes)
         return
     buffer = _pooled_buffer(b, free, _aligned(4 * kernel.partials), fresh)

@@ -115,6 +115,8 @@ def _graph_dispatch(graph, d) -> DispatchInfo:
         nbytes = sum(b.size for b in d.bindings)   # with the dS that dkdv writes and dq reads (plan._dq_from_scores)
         if [n.op for n in nodes] == ["attention_grad_q"] and len(d.bindings) == 3:   # dq as the product dS K
             flops = estimate_flops(graph, nodes[0], passes=1)
+    if [n.op for n in nodes] == ["argmax"]:   # its row, or the LM head's workgroups' best (decode_folds)
+        nbytes = sum(b.size for b in d.bindings)
     if d.kernel.endswith(":total"):
         partial_bytes = d.bindings[0].size
         nbytes = sum(b.size for b in d.bindings[:-1]) + sum(n.nbytes for n in nodes)
