@@ -73,12 +73,13 @@ class StudioState(QObject):
 
     # ------------------------------------------------------------ model and weights
 
-    def load_model(self, source: str, settings: dict | None = None, seed: int = 0) -> None:
+    def load_model(self, source: str, settings: dict | None = None, seed: int = 0, progress=None) -> None:
         """Open and build ``source`` (a built-in name, an .onnx file or a checkpoint
-        folder); replaces everything only when all of it worked."""
+        folder); replaces everything only when all of it worked. ``progress``: as a
+        checkpoint's weights are read (``engine.importers.load_model``)."""
         overrides = [f"{k}={v}" for k, v in (settings or {}).items()]
         options = {"default_dims": 1} if source_kind(str(source)) == "onnx" else {}   # editable in the panel
-        model = load_model(str(source), overrides, **options)
+        model = load_model(str(source), overrides, progress=progress, **options)
         graph = model.build(train=False)
         params = model.init_params(seed)
         self.source, self.model_name, self.model, self.settings = str(source), model.name, model, dict(model.settings)

@@ -14,7 +14,7 @@ import os
 from PySide6.QtCore import QSettings, Qt
 from PySide6.QtGui import QAction, QFontDatabase, QKeySequence
 from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QLabel, QMainWindow, QMessageBox,
-                               QPlainTextEdit, QTabWidget)
+                               QPlainTextEdit, QProgressDialog, QTabWidget)
 
 from engine import config, models
 from engine.errors import MeganeuraError
@@ -55,6 +55,37 @@ def default_settings() -> QSettings:
     if path:
         return QSettings(path, QSettings.Format.IniFormat)
     return QSettings("Meganeura", "Studio")
+
+
+class OpenCancelled(Exception):
+    """The user cancelled reading a checkpoint's weights."""
+
+
+class WeightsProgress:
+    """A checkpoint's weights being read: a dialog with the share read and a Cancel button
+    (a 1B-parameter checkpoint takes seconds), called by the reader after each tensor; a
+    cancel ends the read (OpenCancelled) and the model open before stays open."""
+
+    def __init__(self, parent, name: str):
+        self.name = name
+        self.dialog = QProgressDialog(f"Reading the weights of {name}…", "Cancel", 0, 1000, parent)
+        self.dialog.setWindowTitle("Opening a checkpoint")
+        self.dialog.setWindowModality(Qt.WindowModality.WindowModal)
+        self.dialog.setMinimumDuration(400)
+        self.dialog.setMinimumWidth(480)
+        self.dialog.setAutoClose(False)
+        self.dialog.setValue(0)
+
+    def __call__(self, done: int, total: int) -> None:
+        self.dialog.setLabelText(f"Reading the weights of {self.name}: {fmt_bytes(done)} of {fmt_bytes(total)}")
+        self.dialog.setValue(min(999, int(1000 * done / max(total, 1))))
+        QApplication.processEvents()
+        if self.dialog.wasCanceled():
+            raise OpenCancelled()
+
+    def close(self) -> None:
+        self.dialog.reset()
+        self.dialog.close()
 
 
 class MainWindow(QMainWindow):
@@ -223,14 +254,24 @@ class MainWindow(QMainWindow):
             self.show_error("Cannot load a model", MeganeuraError("stop the training run, the profile or the "
                                                                   "generation first"))
             return False
+        name = os.path.basename(str(source).rstrip("/")) or str(source)
         QApplication.setOverrideCursor(Qt.CursorShape.WaitCursor)
+        reading = WeightsProgress(self, name) if os.path.isdir(str(source)) else None
+        failed = None
         try:
-            self.state.load_model(source, settings)
-        except MeganeuraError as exc:
+            self.state.load_model(source, settings, progress=reading)
+        except (OpenCancelled, MeganeuraError) as exc:
+            failed = exc
+        finally:
             QApplication.restoreOverrideCursor()
-            self.show_error(f"Cannot open {os.path.basename(str(source).rstrip('/')) or source}", exc)
+            if reading is not None:
+                reading.close()
+        if isinstance(failed, OpenCancelled):
+            self.statusBar().showMessage(f"Opening {name} cancelled; {self.state.model_name} stays open", 8000)
             return False
-        QApplication.restoreOverrideCursor()
+        if failed is not None:
+            self.show_error(f"Cannot open {name}", failed)
+            return False
         self.qsettings.setValue("model/name", str(source))
         if str(source) not in models.names():
             self.add_recent_model(str(source))

@@ -20,7 +20,7 @@ import os
 import struct
 import tempfile
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -83,8 +83,9 @@ def _sniff(head: bytes) -> str:
     return ""
 
 
-def load_safetensors(path) -> dict[str, np.ndarray]:
-    """Read a .safetensors file: float tensors as float32, integer ones as int32."""
+def load_safetensors(path, progress: Callable[[int, int], None] | None = None) -> dict[str, np.ndarray]:
+    """Read a .safetensors file: float tensors as float32, integer ones as int32.
+    ``progress(bytes read, file size)`` after each tensor (what it raises ends the read)."""
     path = Path(path)
     where = f"weights file {path}"
     try:
@@ -97,7 +98,7 @@ def load_safetensors(path) -> dict[str, np.ndarray]:
         raise WeightsError(f"{where}: cannot open it ({exc.strerror or exc})") from None
     with f:
         try:
-            return _read(f, path, where)
+            return _read(f, path, where, progress)
         except WeightsError:
             raise
         except OSError as exc:
@@ -106,7 +107,7 @@ def load_safetensors(path) -> dict[str, np.ndarray]:
             raise WeightsError(f"{where}: not enough memory to load it") from None
 
 
-def _read(f, path: Path, where: str) -> dict[str, np.ndarray]:
+def _read(f, path: Path, where: str, progress=None) -> dict[str, np.ndarray]:
     size = os.fstat(f.fileno()).st_size
     head = f.read(8)
     not_st = f"{where} is not a safetensors file"
@@ -175,6 +176,8 @@ def _read(f, path: Path, where: str) -> dict[str, np.ndarray]:
         if f.readinto(memoryview(stored).cast("B")) != end - begin:
             raise WeightsError(f"{where}: truncated while reading tensor {name!r}")
         out[name] = _convert(stored, dtype, shape, name, where)
+        if progress is not None:
+            progress(f.tell(), size)
     return out
 
 

@@ -283,9 +283,23 @@ def test_sharded_checkpoint_loads(tmp_path):
     assert not (tmp_path / "model.safetensors").exists()
     shards = json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"].values()
     assert len(set(shards)) > 1
-    model = load_model(str(tmp_path), ["batch=2", "seq=8"])
+    reads = []
+    model = load_model(str(tmp_path), ["batch=2", "seq=8"], progress=lambda done, total: reads.append((done, total)))
     x = ids(110, seed=5)
     assert rel(model.run({"input_ids": x}, backend="reference")["logits"], torch_logits(hf, x)) < TOL
+    # the read's progress over all the shards: one report a tensor, rising to the shards' bytes
+    total = sum((tmp_path / shard).stat().st_size for shard in set(shards))
+    assert len(reads) == len(json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"])
+    assert {t for _, t in reads} == {total} and reads[-1][0] == total
+    assert all(a < b for (a, _), (b, _) in zip(reads, reads[1:]))
+
+    class Stop(Exception):
+        pass
+
+    def stop(done, total):
+        raise Stop()
+    with pytest.raises(Stop):   # what the callback raises ends the read (the Studio's Cancel)
+        load_model(str(tmp_path), ["batch=2", "seq=8"], progress=stop)
 
 
 def test_gpt2_file_without_prefix_and_with_mask_buffers(tmp_path, gpt2_ckpt):

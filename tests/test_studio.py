@@ -441,6 +441,32 @@ def test_open_a_checkpoint_folder_and_find_it_again_after_a_restart(window, qtbo
     again.wait_for_workers(30)
 
 
+def test_reading_a_checkpoints_weights_shows_progress_and_can_be_cancelled(window, qtbot, checkpoint, monkeypatch,
+                                                                          errors):
+    """Opening a checkpoint folder reads its weights under a progress dialog; Cancel ends the
+    read, says so in the status bar (not an error dialog) and leaves the open model open."""
+    import app.window as studio
+    shown = []
+    real = studio.WeightsProgress.__call__
+
+    def record(self, done, total):   # Cancel pressed while the third tensor was read
+        shown.append((done, total))
+        if len(shown) == 3:
+            self.dialog.cancel()
+        real(self, done, total)
+    before = window.state.model_name
+    monkeypatch.setattr(studio.WeightsProgress, "__call__", record)
+    assert not window.load_model(checkpoint, {})
+    assert len(shown) == 3 and shown[0][0] < shown[2][0] < shown[0][1]
+    assert window.state.model_name == before and not errors
+    assert "cancelled" in window.statusBar().currentMessage()
+    shown.clear()
+    monkeypatch.setattr(studio.WeightsProgress, "__call__", lambda self, done, total: shown.append((done, total)))
+    assert window.load_model(checkpoint, {}) and window.state.source == checkpoint
+    assert shown[-1][0] == shown[-1][1] == os.path.getsize(os.path.join(checkpoint, "model.safetensors"))
+    window.wait_for_workers(30)
+
+
 def test_a_bad_model_file_is_a_dialog_and_the_open_model_stays(window, qtbot, monkeypatch, tmp_path, errors):
     bad = tmp_path / "broken.onnx"
     bad.write_bytes(b"this is not a protobuf")

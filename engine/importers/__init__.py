@@ -37,9 +37,10 @@ def source_kind(source) -> str:
                            f"an .onnx file or a checkpoint folder")
 
 
-def load_model(source, overrides: Iterable[str] = (), **options) -> BuiltinModel:
+def load_model(source, overrides: Iterable[str] = (), progress=None, **options) -> BuiltinModel:
     """The model ``source`` names, configured by ``--set`` strings (``["batch=8"]``).
-    ``options`` go to the importer (ONNX: ``loss``, ``target``)."""
+    ``options`` go to the importer (ONNX: ``loss``, ``target``); ``progress(bytes read,
+    bytes in all)`` as a checkpoint's weights are read (what it raises ends the read)."""
     kind = source_kind(source)
     if kind == "builtin":
         return create(str(source), overrides)
@@ -48,7 +49,7 @@ def load_model(source, overrides: Iterable[str] = (), **options) -> BuiltinModel
         from .onnx import load_onnx
         return load_onnx(Path(source), settings, **options)
     from .hf import load_checkpoint
-    return load_checkpoint(Path(source), settings)
+    return load_checkpoint(Path(source), settings, progress)
 
 
 __all__ = ["load_model", "source_kind"]

@@ -44,15 +44,16 @@ ARCHITECTURES: dict[str, type[HFModel]] = {
 }
 
 
-def load_checkpoint(folder: Path, settings: Mapping[str, str]) -> HFModel:
-    """The model a Hugging Face checkpoint folder describes, holding its weights."""
+def load_checkpoint(folder: Path, settings: Mapping[str, str], progress=None) -> HFModel:
+    """The model a Hugging Face checkpoint folder describes, holding its weights
+    (``progress``: ``read_weights``')."""
     folder = Path(folder)
     config = read_config(folder)
     model_type = config.get("model_type")
     if model_type not in ARCHITECTURES:
         raise ModelImportError(f"{folder / 'config.json'}: model_type {model_type!r} is not supported; "
                                f"supported: {', '.join(ARCHITECTURES)}")
-    tensors = read_weights(folder)
+    tensors = read_weights(folder, progress)
     model = ARCHITECTURES[model_type](folder, config, dict(settings))
     if hasattr(model, "configure_for"):
         model.configure_for(tensors)

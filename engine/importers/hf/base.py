@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -40,15 +40,21 @@ def read_config(folder: Path) -> dict:
     return config
 
 
-def read_weights(folder: Path) -> dict[str, np.ndarray]:
-    """Every tensor of the checkpoint (float32 for floats), from one file or its shards."""
+def read_weights(folder: Path, progress: Callable[[int, int], None] | None = None) -> dict[str, np.ndarray]:
+    """Every tensor of the checkpoint (float32 for floats), from one file or its shards;
+    ``progress(bytes read, bytes in all)`` as they are read (what it raises ends the read)."""
     from ...weights import load_safetensors
+    done = [0]
 
-    def load(path):
+    def load(path, total=None):
+        total = total or path.stat().st_size
+        report = None if progress is None else (lambda read, _size: progress(done[0] + read, total))
         try:
-            return load_safetensors(path)
+            tensors = load_safetensors(path, report)
         except WeightsError as exc:
             raise ModelImportError(str(exc)) from None
+        done[0] += path.stat().st_size
+        return tensors
 
     single, index = folder / WEIGHTS_FILE, folder / INDEX_FILE
     if single.is_file():
@@ -61,13 +67,12 @@ def read_weights(folder: Path) -> dict[str, np.ndarray]:
         except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
             raise ModelImportError(f"{index}: not a safetensors index with a weight_map ({exc})") from None
         tensors: dict[str, np.ndarray] = {}
-        absent = []
-        for shard in sorted(set(map(str, weight_map.values()))):
-            path = folder / shard
-            if not path.is_file():
-                absent.append(shard)
-                continue
-            tensors.update(load(path))
+        shards = sorted(set(map(str, weight_map.values())))
+        absent = [shard for shard in shards if not (folder / shard).is_file()]
+        total = sum((folder / shard).stat().st_size for shard in shards if shard not in absent)
+        for shard in shards:
+            if shard not in absent:
+                tensors.update(load(folder / shard, total))
         if absent:
             raise ModelImportError(f"{index} names shard(s) that are not in the folder: {', '.join(absent)}")
         missing = sorted(set(weight_map) - set(tensors))
