@@ -103,3 +103,23 @@ def test_an_onnx_file_trains_and_profiles_with_a_loss_on_one_of_its_outputs(caps
     code, out, _ = cli(capsys, "inspect", path, "--json")
     s = json.loads(out)
     assert s["name"] == "mlp" and s["inputs"] == [{"name": "x", "shape": [8, 12], "dtype": "f32"}]
+
+
+def test_a_checkpoints_weights_are_followed_on_a_terminal_only(monkeypatch):
+    """On a terminal the command follows a checkpoint's weights as they are read, on one
+    line of stderr; piped (logs, tests), it prints nothing for them."""
+    import io
+    import sys
+    from engine.cli.commands import weights_progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    show = weights_progress("/models/llama-1b/")
+    show(1 << 29, 1 << 30)
+    show(1 << 30, 1 << 30)
+    assert sys.stderr.getvalue() == ("\rreading the weights of llama-1b: 0.50 of 1.00 GiB"
+                                     "\rreading the weights of llama-1b: 1.00 of 1.00 GiB\n")
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert weights_progress("/models/llama-1b") is None

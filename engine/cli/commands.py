@@ -44,7 +44,21 @@ def open_model(args) -> models.BuiltinModel:
     if getattr(args, "precision", None):
         config.use(replace(config.current(), precision=args.precision))
     options = {k: getattr(args, k) for k in ("loss", "target") if getattr(args, k, None)}
-    return import_model(args.model, args.settings, **options)
+    return import_model(args.model, args.settings, progress=weights_progress(args.model), **options)
+
+
+def weights_progress(source: str):
+    """On a terminal, a line on stderr that follows a checkpoint's weights as they are read
+    (a 1B-parameter one takes seconds); elsewhere (a pipe, a log) nothing."""
+    if not sys.stderr.isatty():
+        return None
+    name = os.path.basename(str(source).rstrip("/")) or str(source)
+
+    def show(done: int, total: int) -> None:
+        end = "\n" if done >= total else ""
+        print(f"\rreading the weights of {name}: {done / 2**30:.2f} of {total / 2**30:.2f} GiB",
+              end=end, file=sys.stderr, flush=True)
+    return show
 
 
 def load_model(args) -> tuple[models.BuiltinModel, dict[str, np.ndarray]]:
