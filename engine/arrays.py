@@ -10,6 +10,7 @@ float32's bits, so its checks and its bits read the float32's halves in place.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import os
 import sys
 from typing import Callable
@@ -17,6 +18,12 @@ from typing import Callable
 import numpy as np
 
 PARALLEL_ELEMENTS = 1 << 20   # elements from which a pass goes over blocks of rows on several threads
+
+
+@functools.cache
+def _pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The threads of the passes, made once (a checkpoint's 150 tensors each made their own)."""
+    return concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="arrays")
 
 
 def in_row_blocks(array: np.ndarray, work: Callable[[object], object]) -> list:
@@ -28,8 +35,7 @@ def in_row_blocks(array: np.ndarray, work: Callable[[object], object]) -> list:
         return [work(...)]
     rows = array.shape[0]
     step = max(1, -(-rows // (4 * cores)))
-    with concurrent.futures.ThreadPoolExecutor(cores) as pool:
-        return list(pool.map(lambda r: work(slice(r, r + step)), range(0, rows, step)))
+    return list(_pool().map(lambda r: work(slice(r, r + step)), range(0, rows, step)))
 
 
 def contiguous(array: np.ndarray) -> np.ndarray:

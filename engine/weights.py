@@ -302,8 +302,8 @@ def bind_weights(
     source=None,
     owned: bool = False,
 ) -> dict[str, np.ndarray]:
-    """Check ``tensors`` against ``expected`` (name -> shape) and return new
-    float32 contiguous arrays for the expected names.
+    """Check ``tensors`` against ``expected`` (name -> shape) and return float32
+    arrays for the expected names: new contiguous ones (but see ``owned``).
 
     ``transposes`` names tensors stored transposed (HF Linear stores [out, in],
     the engine wants [in, out]); as a dict it maps a name to an axes permutation
