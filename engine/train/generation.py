@@ -3,7 +3,7 @@
 The prompt runs once through a prefill graph that writes the cache; each new token runs
 a one-token decode graph that appends to the cache and attends over it (both built by
 the model, ``engine.graph.kv_cache``). On the GPU both are compiled plans built once
-per cache capacity (and prompt length, for the prefill): the decode session owns the
+per cache capacity (and padded prompt length, for the prefill): the decode session owns the
 weights (those a bf16 checkpoint stored, in bf16: engine.optimize.bf16_weights) and the
 caches, the prefill session shares them, and a decode step uploads
 two ints, records the plan's dispatches, copies the last logits into a mapped buffer
@@ -113,7 +113,8 @@ class _ReferenceSteps:
 
 class _GpuSteps:
     """The generation graphs as GPU sessions: a decode session per capacity owning the
-    weights and caches, prefill sessions per prompt length sharing them."""
+    weights and caches, prefill sessions per padded prompt length (``prefill_length``)
+    sharing them."""
 
     def __init__(self, model, params: Mapping[str, np.ndarray], capacity: int):
         from ..codegen import reads_bf16
