@@ -174,6 +174,17 @@ def shoot_training(app, w, save, idle) -> None:
     save(w, "training")
 
 
+def shoot_open_dialog(w, save) -> None:
+    """The dialog that reads a checkpoint's weights, halfway through a 1B model's 2.3 GiB
+    (a tiny checkpoint reads before the dialog would show)."""
+    from app.window import WeightsProgress
+    reading = WeightsProgress(w, "Llama-3.2-1B")
+    reading.dialog.show()
+    reading(1236337064, 2471645608)
+    save(reading.dialog, "open_checkpoint")
+    reading.close()
+
+
 def shoot_generate(app, w, save, idle) -> None:
     """The Generate tab at 1400x900 (the Fusion report closed, as it has nothing to say
     here) after sampling 96 tokens from gpt-tiny on the Studio's default backend: the text
@@ -271,6 +282,7 @@ def main(argv=None) -> int:
     wait(app, lambda: idle() and w.state.graphs.get("optimized") is not None, 120)
     save(w, "studio_checkpoint")
     save(w.model_panel, "model_panel_checkpoint")
+    shoot_open_dialog(w, save)
     # a windowed checkpoint: its sequences stop at the window, and the panel says why
     w.load_model(windowed_mistral_checkpoint(), {"seq": 64})
     wait(app, lambda: idle() and w.state.graphs.get("optimized") is not None, 120)
