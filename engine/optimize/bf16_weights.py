@@ -28,10 +28,10 @@ from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
+from ..arrays import bf16_exact
 from ..errors import GraphError
 from ..graph.ir import Graph, Node
 from ..graph.ops import TensorType, product_weights
-from ..arrays import bf16_exact
 
 ReadsBf16 = Callable[[Graph, Node, int], bool]
 

@@ -24,9 +24,9 @@ from ..compile.plan import ALIGN, ExecutionPlan, KernelSource, Transfer, compile
 from ..compile.cache import cached_optimize, cached_plan
 from .device import (_limit, backend, device_capabilities, device_guard, get_device, native_api,
                      offered_capabilities, shader_checks, shader_module, wgpu_module)
+from ..arrays import bf16_bits, contiguous
 from ..errors import DeviceError, MeganeuraError, ShapeError
 from ..graph.ir import Graph
-from ..arrays import bf16_bits, contiguous
 from ..graph.reference import check_array
 
 _NP = {"f32": np.float32, "i32": np.int32}
