@@ -45,6 +45,7 @@ def main(argv=None) -> int:
     _ensure_platform()
     from PySide6.QtWidgets import QApplication
 
+    from engine import config
     from engine.errors import MeganeuraError
     from engine.models import parse_overrides
 
@@ -56,8 +57,12 @@ def main(argv=None) -> int:
     app.setWindowIcon(icon())
     try:
         overrides = parse_overrides(args.set)
+        config.current()   # a bad MEGANEURA_* value, said before any window opens
     except MeganeuraError as exc:
         print(f"meganeura-studio: error: {exc}", file=sys.stderr)
+        if not args.screenshot:
+            from PySide6.QtWidgets import QMessageBox
+            QMessageBox.critical(None, "Meganeura Studio", f"The Studio cannot start: {exc}")
         return 2
     settings = None
     if args.screenshot:

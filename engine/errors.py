@@ -18,8 +18,18 @@ class GraphError(MeganeuraError):
     """A graph is malformed: unknown node, missing input, bad JSON."""
 
 
+class InputError(MeganeuraError):
+    """Values given for a model's inputs do not fit it: a name it has no input of, a name
+    given twice, an integer beyond int32, an id outside the table or classes it indexes."""
+
+
 class WeightsError(MeganeuraError):
     """A weights file could not be read, or does not fit the model."""
+
+
+class OutputError(MeganeuraError):
+    """A file could not be written: no room left, no permission, a folder in its place
+    (whatever was there before is kept)."""
 
 
 class DeviceError(MeganeuraError):

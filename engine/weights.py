@@ -18,14 +18,14 @@ import json
 import math
 import os
 import struct
-import tempfile
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
 from .arrays import widen_bf16
-from .errors import WeightsError
+from .errors import OutputError, WeightsError
+from .files import write_atomically
 
 # safetensors itself refuses headers above 100 MB.
 MAX_HEADER_BYTES = 100_000_000
@@ -263,24 +263,10 @@ def save_safetensors(tensors: Mapping[str, np.ndarray], path, metadata: Mapping[
     except Exception as exc:
         raise WeightsError(f"cannot save {where}: {exc}") from None
 
-    directory = path.parent if str(path.parent) else Path(".")
-    tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as exc:
-        raise WeightsError(f"cannot write {where}: {exc.strerror or exc}") from None
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+        write_atomically(path, blob, durable=True)
+    except OutputError as exc:
+        raise WeightsError(str(exc)) from None   # the importers' callers catch WeightsError
 
 
 def _transposed(array: np.ndarray, how) -> np.ndarray:
@@ -292,6 +278,22 @@ def _transposed(array: np.ndarray, how) -> np.ndarray:
     if sorted(axes) != list(range(array.ndim)):
         return array
     return np.transpose(array, axes)
+
+
+def _as_stored(shape: tuple, how) -> tuple:
+    """An engine-layout ``shape`` as a file stores it where ``_transposed(stored, how)``
+    gives the engine's layout (``how``: None, True or an axes permutation)."""
+    if how is None or len(shape) < 2:
+        return shape
+    if how is True:
+        return tuple(reversed(shape)) if len(shape) == 2 else shape
+    axes = tuple(how)
+    if sorted(axes) != list(range(len(shape))):
+        return shape
+    stored = [0] * len(shape)
+    for i, axis in enumerate(axes):
+        stored[axis] = shape[i]
+    return tuple(stored)
 
 
 def bind_weights(
@@ -344,18 +346,14 @@ def bind_weights(
 
     if missing or unexpected or misshaped:
         parts = []
-        if missing:
+        if missing:   # shapes as the file would store them, which is what its writer sees
             parts.append(
                 f"{len(missing)} missing: "
-                + ", ".join(f"{n} (expected {_fmt_shape(s)})" for n, s in missing)
+                + ", ".join(f"{n} (expected {_fmt_shape(_as_stored(s, how.get(n)))})" for n, s in missing)
             )
         if misshaped:
-            items = []
-            for n, exp, found, stored in misshaped:
-                text = f"{n} expected {_fmt_shape(exp)} found {_fmt_shape(found)}"
-                if stored is not None:
-                    text += f" (transposed from {_fmt_shape(stored)} in the file)"
-                items.append(text)
+            items = [f"{n} expected {_fmt_shape(_as_stored(exp, how.get(n)))} found "
+                     f"{_fmt_shape(found if stored is None else stored)}" for n, exp, found, stored in misshaped]
             parts.append(f"{len(misshaped)} mis-shaped: " + ", ".join(items))
         if unexpected:
             parts.append(

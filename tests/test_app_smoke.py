@@ -30,3 +30,14 @@ def test_screenshot(tmp_path):
     assert result.returncode == 0, result.stderr
     data = shot.read_bytes()
     assert data.startswith(b"\x89PNG") and len(data) > 1024
+
+
+def test_a_bad_environment_setting_stops_the_studio_with_one_line(tmp_path):
+    import os
+    shot = tmp_path / "studio.png"
+    result = subprocess.run(
+        [sys.executable, "-m", "app.main", "--screenshot", str(shot)], cwd=ROOT, capture_output=True, text=True,
+        timeout=120, env={**os.environ, "MEGANEURA_PRECISION": "f64"},
+    )
+    assert result.returncode == 2 and not shot.exists()
+    assert result.stderr == "meganeura-studio: error: MEGANEURA_PRECISION='f64' is not one of f32, f16\n"

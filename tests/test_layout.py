@@ -12,7 +12,7 @@ import pytest
 ENGINE = Path(__file__).resolve().parent.parent / "engine"
 
 LAYERS = [
-    {"errors", "version", "config", "paths", "weights", "arrays"},   # leaves every stage may use
+    {"errors", "version", "config", "paths", "weights", "arrays", "files"},   # leaves every stage may use
     {"graph", "data"},                                      # the IR, the op table, the reference; reading data
     {"optimize", "autodiff"},                               # graph -> graph
     {"codegen"},                                            # a node -> WGSL

@@ -172,16 +172,16 @@ def test_bind_reports_every_problem():
         "ok": np.ones(3, np.float32),
         "extra.thing": np.zeros(2, np.float32),
     }
-    expected = {"a.b": (384,), "c.d": (384, 1536), "ok": (3,)}
+    expected = {"a.b": (384,), "c.d": (384, 1536), "ok": (3,), "e.f": (2, 3, 4)}
     before = {k: v.copy() for k, v in tensors.items()}
     with pytest.raises(WeightsMismatchError) as info:
-        bind_weights(tensors, expected, transposes={"c.d"}, source="x.safetensors")
+        bind_weights(tensors, expected, transposes={"c.d": True, "e.f": (2, 0, 1)}, source="x.safetensors")
     message = str(info.value)
     assert message.startswith("weights file x.safetensors does not fit")
-    assert "1 missing: a.b (expected [384])" in message
-    assert "1 mis-shaped: c.d expected [384, 1536] found [385, 1536]" in message
+    assert "2 missing: a.b (expected [384]), e.f (expected [3, 4, 2])" in message   # as the file stores them
+    assert "1 mis-shaped: c.d expected [1536, 384] found [1536, 385]" in message
     assert "1 unexpected: extra.thing [2]" in message
-    assert info.value.missing == [("a.b", (384,))]
+    assert info.value.missing == [("a.b", (384,)), ("e.f", (2, 3, 4))]
     assert info.value.unexpected == [("extra.thing", (2,))]
     assert info.value.misshaped == [("c.d", (384, 1536), (385, 1536))]
     for name, value in before.items():  # nothing was modified

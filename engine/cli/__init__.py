@@ -13,6 +13,7 @@ import argparse
 import sys
 import warnings
 
+from .. import config
 from ..errors import MeganeuraError, MeganeuraWarning
 from . import commands, compare, doctor, generate, inspect, profile, runs, train, tune  # noqa: F401  (each registers its subcommands)
 from .doctor import doctor_report, format_doctor
@@ -50,12 +51,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        config.current()   # a bad MEGANEURA_* value: one line, whatever the command
         for option in args._outputs:
             if getattr(args, option, None):
                 check_writable(getattr(args, option), option)
         status = args._handler(args)
     except MeganeuraError as exc:
         print(f"meganeura: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:   # the disk or the system refused (full, gone, no permission): not a bug to trace
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"meganeura: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("meganeura: interrupted", file=sys.stderr)

@@ -42,10 +42,25 @@ def check_writable(path, option: str) -> None:
         raise MeganeuraError(f"{flag} {path}: is a folder; give a file name")
     if not folder.is_dir():
         raise MeganeuraError(f"{flag} {path}: folder {folder} does not exist")
+    if target.exists() and not target.is_file():   # a device or a pipe: written into (engine.files)
+        if not os.access(target, os.W_OK):
+            raise MeganeuraError(f"{flag} {path}: not writable")
+        return
     try:  # the file is written to a temporary one beside it, then renamed: try that much
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".meganeura-check-"):
             pass
     except OSError as e:
-        raise MeganeuraError(f"{flag} {path}: folder {folder} is not writable ({e.strerror})") from None
+        raise MeganeuraError(f"{flag} {path}: cannot create a file in {folder} ({e.strerror})") from None
     if target.exists() and not os.access(target, os.W_OK):
         raise MeganeuraError(f"{flag} {path}: the file exists and is not writable")
+
+
+def at_least_one(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (a count of rows, steps, tokens)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1")
+    return value

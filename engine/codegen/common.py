@@ -97,7 +97,7 @@ def precision() -> str:
     return current().precision
 
 
-PLAIN = Capabilities()
+PLAIN = Capabilities(dialect="naga")   # no subgroups, so nothing dialect-specific; made on import, before the environment is read
 
 
 @dataclass

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import warnings
 from dataclasses import asdict
 from functools import lru_cache
@@ -24,7 +22,8 @@ import platformdirs
 
 from .. import codegen
 from ..config import Config, current
-from ..errors import MeganeuraError
+from ..errors import MeganeuraError, MeganeuraWarning, OutputError
+from ..files import write_atomically
 from ..graph.ir import Graph
 from ..paths import shader_dir
 from ..version import __version__
@@ -96,25 +95,17 @@ def read_entry(path: Path, what: str, decode: Callable[[object], object]):
         return decode(json.loads(path.read_text()))
     except (ValueError, TypeError, KeyError, OSError, MeganeuraError) as e:
         reason = str(e) if isinstance(e, StaleEntry) else f"unreadable ({type(e).__name__}: {e})"
-        warnings.warn(f"{what} cache {path} is {reason}; rebuilding it")
+        warnings.warn(f"{what} cache {path} is {reason}; rebuilding it", MeganeuraWarning)
         return None
 
 
 def write_entry(path: Path, text: str, what: str) -> None:
-    """Write ``text`` to a temp file beside ``path`` and rename it; a folder that cannot
-    be written is a warning (the build goes on, uncached)."""
-    tmp = None
+    """Write ``text`` whole beside ``path``'s older entry; a folder that cannot be written
+    is a warning (the build goes on, uncached)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        warnings.warn(f"cannot write the {what} cache in {path.parent} ({e}); going on without it")
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
+        write_atomically(path, text, make_parents=True)
+    except OutputError as e:
+        warnings.warn(f"cannot write the {what} cache in {path.parent} ({e}); going on without it", MeganeuraWarning)
 
 
 def _cache_key(graph: Graph, gradients, loss, capabilities: codegen.Capabilities,

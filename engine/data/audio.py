@@ -19,6 +19,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..errors import DataError, MeganeuraError
+from ..files import write_atomically
 
 SAMPLE_RATE = 16_000
 N_FFT = 400
@@ -112,26 +113,19 @@ def tone(freq_hz: float, seconds: float, rng: np.random.Generator | None = None,
 
 
 def write_wav(path, audio: np.ndarray, sample_rate: int = SAMPLE_RATE) -> None:
-    """Mono PCM16 WAV (samples clipped to [-1, 1]), written to a temp file and renamed."""
-    import os
-    import tempfile
+    """Mono PCM16 WAV (samples clipped to [-1, 1]), written whole or not at all."""
     import wave
-    from pathlib import Path
 
-    path = Path(path)
     pcm = (np.clip(np.asarray(audio, np.float64), -1.0, 1.0) * 32767).round().astype("<i2")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        with wave.open(tmp, "wb") as w:
+
+    def write(f) -> None:
+        with wave.open(f, "wb") as w:
             w.setnchannels(1)
             w.setsampwidth(2)
             w.setframerate(sample_rate)
             w.writeframes(pcm.tobytes())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+
+    write_atomically(path, write)
 
 
 def read_wav(path) -> tuple[np.ndarray, int]:

@@ -17,7 +17,7 @@ from typing import Callable
 from ..compile.cache import default_cache_dir
 from ..config import current
 from ..version import __version__
-from .trace import _atomic_write
+from ..files import write_atomically
 
 
 def adapter_key(info: dict, fmt: int) -> dict:
@@ -56,4 +56,5 @@ def read_measurement(kind: str, key: dict, cache_dir=None, valid: Callable[[obje
 
 def write_measurement(kind: str, key: dict, payload: dict, cache_dir=None) -> Path:
     """Store ``payload`` under ``key`` (written to a temp file and renamed)."""
-    return _atomic_write(measurement_path(kind, key, cache_dir), json.dumps({"key": key, kind: payload}, indent=2, sort_keys=True).encode())
+    return write_atomically(measurement_path(kind, key, cache_dir), json.dumps({"key": key, kind: payload}, indent=2, sort_keys=True),
+                            make_parents=True)

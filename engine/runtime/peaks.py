@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from ..compile.plan import compile_plan
-from ..errors import MeganeuraError
+from ..errors import MeganeuraError, MeganeuraWarning
 from ..graph.ir import Graph
 from ..paths import shader_dir
 from .adapter_cache import adapter_key, key_file_name, measurements_dir, read_measurement, write_measurement  # noqa: F401
@@ -91,7 +91,7 @@ def adapter_peaks(device=None, cache_dir=None, refresh: bool = False, progress=N
     try:
         write_peaks(key, peaks, cache_dir)
     except (OSError, MeganeuraError) as e:
-        warnings.warn(f"could not cache the adapter's peaks in {peaks_dir(cache_dir)}: {e}")
+        warnings.warn(f"could not cache the adapter's peaks in {peaks_dir(cache_dir)}: {e}", MeganeuraWarning)
     return {**peaks, "cached": False}
 
 

@@ -17,7 +17,6 @@ or ``profile_dispatches()``, an optional ``prepare_step()`` and ``is_training = 
 from __future__ import annotations
 
 import atexit
-import json
 import math
 import statistics
 import time
@@ -26,9 +25,10 @@ from typing import Callable
 
 from ..config import current
 from ..errors import MeganeuraError
+from ..files import json_text, write_atomically
 from .dispatches import DispatchInfo, session_dispatches
 from .report import DispatchRecord, FALLBACK_NOTE, MAX_QUERIES, MODE_CPU, MODE_INSIDE, MODE_PER_PASS, ProfileReport, SpanRecorder, StepRecord, _fmt_ns, add_build_spans
-from .trace import _atomic_write, write_chrome_trace, write_perfetto
+from .trace import write_chrome_trace, write_perfetto
 
 
 # ---------------------------------------------------------------- timestamps on the GPU
@@ -379,7 +379,7 @@ def _write_env_trace() -> None:
 
 def write_profile_json(report: ProfileReport, path) -> Path:
     """The report as ``profile --json`` prints it (what ``meganeura compare`` reads)."""
-    return _atomic_write(path, json.dumps(report.to_dict(), indent=2, default=float).encode())
+    return write_atomically(path, json_text(report.to_dict()), make_parents=True)
 
 
 def write_trace(report: ProfileReport, path) -> Path:

@@ -7,35 +7,14 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Iterable
 
-from ..errors import MeganeuraError
+from ..files import json_text, write_atomically
 from .report import DispatchRecord, MODE_CPU, ProfileReport, Span
 
 
 # ---------------------------------------------------------------- export
-
-def _atomic_write(path, data: bytes) -> Path:
-    path = Path(path)
-    parent = path.parent if str(path.parent) else Path(".")
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as e:
-        raise MeganeuraError(f"cannot write {path}: {e}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; a trace is for sharing
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
-
 
 def _nest(spans: Iterable[Span]) -> list[tuple[int, str, Span]]:
     """Begin/end events of properly nested spans, in order: [(ts, 'B'|'E', span)]."""
@@ -256,7 +235,7 @@ def write_perfetto(report: ProfileReport, path) -> Path:
     for s in losses:
         counter(LOSS, s.submit_end_ns, float(s.loss))
 
-    out = _atomic_write(path, builder.serialize())
+    out = write_atomically(path, builder.serialize(), make_parents=True)
     report.trace = str(path)
     return out
 
@@ -304,6 +283,6 @@ def chrome_trace(report: ProfileReport) -> dict:
 
 def write_chrome_trace(report: ProfileReport, path) -> Path:
     """Write ``report`` as Chrome trace-event JSON."""
-    out = _atomic_write(path, json.dumps(chrome_trace(report), default=float).encode())
+    out = write_atomically(path, json_text(chrome_trace(report), indent=None), make_parents=True)
     report.trace = str(path)
     return out
