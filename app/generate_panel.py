@@ -255,7 +255,7 @@ class GeneratePanel(QWidget):
             try:
                 self.tokenizer = model.tokenizer()
                 note = self.tokenizer.note or ""
-            except MeganeuraError as exc:       # no tokenizer.json and a vocabulary too small for bytes
+            except MeganeuraError as exc:       # a checkpoint without a tokenizer.json: ids in, ids out
                 note = str(exc)
             self.max_new.setMaximum(max(1, int(model.context_length) - 1))
         self.prompt_kind.model().item(0).setEnabled(self.tokenizer is not None)

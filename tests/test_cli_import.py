@@ -100,6 +100,10 @@ def test_an_onnx_file_trains_and_profiles_with_a_loss_on_one_of_its_outputs(caps
     assert code == 0 and len(losses) == 20 and losses[-1] < losses[0], err
     code, out, err = cli(capsys, "profile", path, "--train", "--loss", "mse", "--target", "y", "--steps", "1", "--json")
     assert code == 0 and any(d["kernel"].startswith("train:") for d in json.loads(out)["dispatches"]), err
+    code, out, err = cli(capsys, "optimize", path, "--train")   # the flags its message names exist here too
+    assert code == 2 and "--loss mse|cross-entropy --target OUTPUT" in err
+    code, out, err = cli(capsys, "optimize", path, "--train", "--loss", "mse", "--target", "y", "--json")
+    assert code == 0 and json.loads(out)["train"] is True, err
     code, out, _ = cli(capsys, "inspect", path, "--json")
     s = json.loads(out)
     assert s["name"] == "mlp" and s["inputs"] == [{"name": "x", "shape": [8, 12], "dtype": "f32"}]

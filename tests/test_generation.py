@@ -122,6 +122,13 @@ def gpt2(tmp_path_factory):
     return gpt2_checkpoint(tmp_path_factory.mktemp("gen_gpt2"))
 
 
+@pytest.fixture(scope="module")
+def no_tokenizer(tmp_path_factory):
+    """A checkpoint folder shaped like SmolLM2's, shrunk: a vocabulary of 512 ids (more than
+    the 256 bytes) and no tokenizer files, as a folder of only the weights is."""
+    return relative_checkpoint(tmp_path_factory.mktemp("gen_no_tokenizer"), "Llama", 9, vocab_size=512)
+
+
 def hf_greedy(hf, prompt, new):
     with torch.no_grad():
         out = hf.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False,
@@ -543,6 +550,15 @@ def test_gpt_tiny_generates_with_its_byte_tokenizer():
     assert ref.tokens == gpu.tokens and len(ref.tokens) == 4
 
 
+def test_the_byte_tokenizer_refuses_ids_it_cannot_decode():
+    """gpt-tiny's BOS gives no text, as before; an id that is not a byte is an error, not
+    dropped (dropping it printed an empty text for a checkpoint's ids)."""
+    tok = models.create("gpt-tiny").tokenizer()
+    assert tok.decode([256, 104, 105]) == "hi"
+    with pytest.raises(MeganeuraError, match="token id 300 is not a byte"):
+        tok.decode([104, 300])
+
+
 def test_decode_graph_has_no_rope_nodes_and_names_its_caches(llama):
     model = load_model(str(llama[1]))
     decode = model.generation_graph(1, 64, prefill=False)
@@ -822,6 +838,26 @@ def test_cli_generate_text_needs_a_tokenizer_or_bytes(gpt2, capsys):
     assert "give token ids" in capsys.readouterr().err
 
 
+def test_cli_generate_without_a_tokenizer_prints_the_ids(no_tokenizer, capsys):
+    """A folder without a tokenizer.json has no tokenizer: the new ids stream as ids and
+    --json's text is null (not the ids read as bytes, which dropped every id over 255)."""
+    hf, path = no_tokenizer
+    argv = ["generate", str(path), "--prompt-ids", "1,2,3", "--max-new-tokens", "4", "--backend", "reference"]
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["text"] is None and out["tokens"] == hf_greedy(hf, [1, 2, 3], 4)
+    assert max(out["tokens"]) >= 256                      # ids no byte tokenizer could show
+    assert main(argv) == 0
+    assert capsys.readouterr().out == " ".join(map(str, out["tokens"])) + " \n"
+
+
+def test_cli_generate_text_without_a_tokenizer_names_what_is_missing(no_tokenizer, capsys):
+    assert main(["generate", str(no_tokenizer[1]), "--prompt", "hi", "--backend", "reference"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert "no tokenizer.json" in captured.err and "--prompt-ids" in captured.err
+
+
 def test_cli_profile_generate_separates_prefill_and_decode(tmp_path, capsys):
     trace = tmp_path / "gen.json"
     assert main(["profile", "gpt-tiny", "--set", "seq=8", "--generate", "2", "--json", "--trace", str(trace)]) == 0
@@ -839,6 +875,21 @@ def test_cli_profile_generate_separates_prefill_and_decode(tmp_path, capsys):
     slices = [e for e in events if e.get("cat") == "gpu"]
     assert {e["tid"] for e in slices if e["name"].endswith("cached_attention")} == {tid_of["decode"]}
     assert len([e for e in slices if e["tid"] == tid_of["prefill"]]) == phases.count("prefill")
+
+
+def test_cli_profile_generate_says_what_its_steps_take_of_the_context(llama, capsys):
+    """N profiled decode steps advance the cache 2N + 2 positions: too many for the
+    context is one line naming the most it takes; a seq that does not fit beside them is
+    cut, and the progress line says so, and the prefill profiled is that long."""
+    assert main(["profile", str(llama[1]), "--generate", "23"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--generate 23 runs 48 decode steps" in err and "give at most 22" in err
+    assert main(["profile", str(llama[1]), "--set", "seq=40", "--generate", "3", "--json"]) == 0
+    assert "the prompt is cut" not in capsys.readouterr().err   # 40 + 8 fits in 48
+    assert main(["profile", str(llama[1]), "--set", "seq=45", "--generate", "3", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "the prompt is cut to 40 of seq=45 tokens" in captured.err
+    assert "prefill of 40 tokens" in captured.err
 
 
 def test_cli_optimize_generation_graphs(capsys):

@@ -394,6 +394,9 @@ def test_int64_ids_and_out_of_vocabulary(llama_tied):
     bad[1, 2] = -1
     with pytest.raises(MeganeuraError, match=r"input_ids.*-1"):
         model.run({"input_ids": bad}, backend="gpu")
+    bad[1, 2] = 2**40 + 3                  # was cast to int32: row 3, without a word
+    with pytest.raises(MeganeuraError, match=r"input 'input_ids' holds 1099511627779, beyond the int32 range"):
+        model.run({"input_ids": bad}, backend="reference")
     summary = model.summary()
     assert summary["model_type"] == "llama"
     assert summary["inputs"] == [{"name": "input_ids", "shape": [2, 8], "dtype": "i32"}]

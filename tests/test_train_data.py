@@ -19,7 +19,7 @@ from engine.data.datasets import hold_out
 from engine.errors import DataError
 from engine.importers import load_model
 from engine.models.audio_align import text_row
-from engine.models.datasets import id_ranges
+from engine.graph.inputs import IndexRange, index_ranges
 from engine.models.gpt import BOS, IGNORE
 
 DOCS = ["the cat sees the moon. ", "a dog finds an apple again. ", "the robot builds the map today. "]
@@ -122,7 +122,8 @@ def test_hf_text_goes_through_the_checkpoint_tokenizer(tmp_path, gpt2_with_token
         (texts / f"{i}.txt").write_text(d)
     model = load_model(str(folder), ["seq=6", "batch=1"])
     vocab = tokenizer.get_vocab_size()
-    assert id_ranges(model.build(train=True)) == {"input_ids": (vocab, None), "labels": (vocab, -100)}  # via a slice, a concat
+    assert index_ranges(model.build(train=True)) == {"input_ids": IndexRange(0, vocab),     # via a slice, a concat
+                                                     "labels": IndexRange(0, vocab, -100)}
     data = model.training_data(texts)
     stream = [i for d in DOCS for i in tokenizer.encode(d).ids]
     ids, labels = data.arrays["input_ids"], data.arrays["labels"]

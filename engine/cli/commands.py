@@ -7,19 +7,17 @@ stdout (docs/cli.md documents the fields) and progress goes to stderr.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import tempfile
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 
 from .. import config, models
 from .registry import register_command
-from ..errors import MeganeuraError
+from ..errors import InputError, MeganeuraError
+from ..files import json_text, write_atomically
 
 
 def _model_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
@@ -64,6 +62,8 @@ def weights_progress(source: str):
 def load_model(args) -> tuple[models.BuiltinModel, dict[str, np.ndarray]]:
     """The configured model and its parameters: from --weights, else an imported model's
     own, else freshly initialised with --seed."""
+    from ..train.config import check_seed
+    check_seed(args.seed)
     model = open_model(args)
     params = model.load_weights(args.weights) if args.weights else model.init_params(args.seed)
     return model, params
@@ -74,7 +74,7 @@ def progress(message: str) -> None:
 
 
 def _print_json(obj) -> None:
-    print(json.dumps(obj, indent=2, default=float))
+    print(json_text(obj))
 
 
 # ------------------------------------------------------------------ models
@@ -101,12 +101,26 @@ register_command("models", "list the built-in models and their settings", _model
 
 # ------------------------------------------------------------------ run
 
-def _parse_input_files(pairs) -> dict[str, np.ndarray]:
-    out = {}
+def _input_files(pairs) -> dict[str, str]:
+    """``--input NAME=FILE`` pairs as name -> file. A name given twice is refused (all of
+    them named): a dict would keep the last file without a word."""
+    files: dict[str, str] = {}
+    repeated: list[str] = []
     for pair in pairs:
         name, sep, path = pair.partition("=")
         if not sep:
             raise MeganeuraError(f"--input {pair!r} must look like NAME=FILE.npy")
+        if name in files and name not in repeated:
+            repeated.append(name)
+        files[name] = path
+    if repeated:
+        raise InputError(f"--input given more than once for {', '.join(map(repr, repeated))}; give each input once")
+    return files
+
+
+def _read_input_files(files: dict[str, str]) -> dict[str, np.ndarray]:
+    out = {}
+    for name, path in files.items():
         try:
             out[name] = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as e:
@@ -115,17 +129,8 @@ def _parse_input_files(pairs) -> dict[str, np.ndarray]:
 
 
 def write_npz(path, arrays: dict[str, np.ndarray]) -> None:
-    """Write an .npz through a temp file and a rename: never a half-written file."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", suffix=".npz.tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write an .npz whole or not at all."""
+    write_atomically(path, lambda f: np.savez(f, **arrays))
 
 
 def _run_arguments(parser):
@@ -154,7 +159,9 @@ def resolve_backend(args) -> str:
 def _run(args):
     model, params = load_model(args)
     inputs = model.example_inputs(train=False)
-    inputs.update(_parse_input_files(args.input))
+    files = _input_files(args.input)
+    model.check_input_names(files)          # before reading: a misspelt name is named as such
+    inputs.update(_read_input_files(files))
     args.backend = resolve_backend(args)
     progress(f"running {model.name} forward on the {args.backend} backend")
     start = time.perf_counter()
@@ -187,6 +194,7 @@ def _optimize_arguments(parser):
     parser.add_argument("--generate", choices=("prefill", "decode"),
                         help="optimize a generation graph of a causal LM instead: the prefill of a prompt of "
                              "seq tokens, or the one-token decode step over the KV cache")
+    loss_arguments(parser)
 
 
 def generation_graph(model, phase: str):
@@ -249,7 +257,18 @@ def loss_arguments(parser) -> None:
     parser.add_argument("--target", metavar="OUTPUT", help="the ONNX output --loss compares with the targets")
 
 
+CLIP_OFF = "off"
+
+
+def clip_argument(text: str):
+    """``--clip``'s value: a norm, or ``off`` to turn off a model's default clipping
+    (its range is checked by TrainConfig, like every training option's)."""
+    return CLIP_OFF if text.strip().lower() == CLIP_OFF else float(text)
+
+
 def train_config(model, args):
+    """The TrainConfig of the model's defaults and the options given; TrainConfig checks
+    every value's range, so the CLI and the Studio refuse the same ones."""
     from ..train.config import TrainConfig
     fields = dict(model.TRAIN_DEFAULTS)
     chosen = {"optimizer": args.optimizer, "lr": args.lr, "schedule": args.schedule,
@@ -258,8 +277,8 @@ def train_config(model, args):
     fields.update({k: v for k, v in chosen.items() if v is not None})
     if fields.get("optimizer") == "sgd" and args.momentum is None:
         fields["momentum"] = 0.9
-    if args.steps <= 0:
-        raise MeganeuraError(f"--steps must be positive, found {args.steps}")
+    if fields.get("clip_norm") == CLIP_OFF:
+        fields["clip_norm"] = None
     return TrainConfig(**fields, steps=args.steps, batch_size=model.batch_size(), seed=args.seed)
 
 

@@ -14,7 +14,7 @@ def _generate_arguments(parser) -> None:
     _model_arguments(parser)
     prompt = parser.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", metavar="TEXT", help="the prompt, tokenized with the checkpoint's tokenizer.json "
-                                                         "(UTF-8 bytes without one)")
+                                                         "(a folder without one takes --prompt-ids)")
     prompt.add_argument("--prompt-ids", metavar="1,2,3", help="the prompt as token ids, comma-separated")
     parser.add_argument("--max-new-tokens", type=int, default=32, metavar="N", help="tokens to generate (default 32)")
     parser.add_argument("--temperature", type=float, default=0.0, metavar="T",

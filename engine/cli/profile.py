@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from .registry import register_command
+from .registry import at_least_one, register_command
 from .commands import _model_arguments, _print_json, load_model, loss_arguments, progress
 from ..errors import MeganeuraError
 from ..train.generation import prefill_inputs, step_inputs
@@ -35,7 +35,7 @@ def _profile_arguments(parser: argparse.ArgumentParser) -> None:
     loss_arguments(parser)
     parser.add_argument("--trace", metavar="OUT.pftrace",
                         help="write a Perfetto trace here (a name ending in .json writes Chrome trace JSON)")
-    parser.add_argument("--top", type=int, default=15, help="kernels shown in the table (default 15)")
+    parser.add_argument("--top", type=at_least_one, default=15, help="kernels shown in the table (default 15)")
     parser.add_argument("--group-by", choices=("kernel", "archetype", "module"), default="kernel",
                         help="table rows: per kernel (default), per kernel archetype, or per module "
                              "(the model's layers and the modules beside them, in model order)")
@@ -134,12 +134,25 @@ def profile_generation(model, params, new_tokens: int, *, prompt=None, mode: str
         raise MeganeuraError(f"--generate must be at least 1, found {new_tokens}")
     say = progress or (lambda message: None)
     rec = spans if spans is not None else SpanRecorder()
-    gen = model.generator(params, backend="gpu")
     decode_positions = 2 * new_tokens + 2  # warm-up and the steps without timestamps advance too
+    room = model.context_length - decode_positions
+    if room < 1:
+        raise MeganeuraError(f"--generate {new_tokens} runs {decode_positions} decode steps (the timed ones, their "
+                             f"warm-up and untimed passes), which leaves no room for a prompt in {model.name}'s "
+                             f"context of {model.context_length}; give at most {(model.context_length - 3) // 2}")
+    gen = model.generator(params, backend="gpu")
     if prompt is None:
-        seq = min(int(model.settings.get("seq", 16)), model.context_length - decode_positions)
+        seq = int(model.settings.get("seq", 16))
+        if seq > room:
+            say(f"the prompt is cut to {room} of seq={seq} tokens: {new_tokens} profiled decode steps advance the "
+                f"cache {decode_positions} positions (warm-up and untimed passes too) in a context of "
+                f"{model.context_length}")
         example = model.example_inputs(batch=1, seed=0)[model.token_input]
-        prompt = [int(t) for t in np.asarray(example).reshape(-1)[:max(seq, 1)]]
+        prompt = [int(t) for t in np.asarray(example).reshape(-1)[:max(min(seq, room), 1)]]
+    elif len(prompt) > room:
+        raise MeganeuraError(f"a prompt of {len(prompt)} tokens and {new_tokens} profiled decode steps, which "
+                             f"advance the cache {decode_positions} positions (warm-up and untimed passes too), "
+                             f"need {len(prompt) + decode_positions} of {model.name}'s context of {model.context_length}")
     with rec.span("build generation sessions (optimize, compile)"):
         steps = gen.steps(gen.check(prompt, decode_positions))
         prefill = steps.session(len(prompt), prefill=True)

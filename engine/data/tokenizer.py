@@ -1,6 +1,8 @@
 """Text to token ids and back: a checkpoint folder's ``tokenizer.json`` (the Hugging Face
-``tokenizers`` package reads it), else UTF-8 bytes (ids 0-255), which every vocabulary
-of at least 256 ids can hold.
+``tokenizers`` package reads it), or UTF-8 bytes (ids 0-255) for a model whose vocabulary
+is bytes (gpt-tiny) and for training text on a checkpoint without a ``tokenizer.json``.
+A checkpoint's own ids are not bytes, so a folder without one has no tokenizer to
+generate with (``load_tokenizer`` gives ``None``): its new ids are shown as ids.
 
 ``decode`` of a growing id list is what streaming uses: ``TextStream`` prints only the
 new, complete characters (a token can end in the middle of a multi-byte character).
@@ -28,7 +30,15 @@ class ByteTokenizer:
         return [*self.prefix, *text.encode("utf-8")]
 
     def decode(self, ids: Sequence[int]) -> str:
-        return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
+        """The text of ``ids``. The prefix ids (special tokens such as gpt-tiny's BOS) give
+        no text; any other id outside 0-255 is an error, since dropping it would show less
+        than the model generated."""
+        kept = [int(i) for i in ids if int(i) not in self.prefix]
+        bad = next((i for i in kept if not 0 <= i < 256), None)
+        if bad is not None:
+            raise MeganeuraError(f"token id {bad} is not a byte (0-255), so the byte tokenizer cannot decode it; "
+                                 f"show the ids instead, or give the model its tokenizer.json")
+        return bytes(kept).decode("utf-8", errors="replace")
 
 
 class FileTokenizer:

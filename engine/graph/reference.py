@@ -11,7 +11,8 @@ from typing import Mapping
 import numpy as np
 
 from ..arrays import bf16_exact
-from ..errors import GraphError, ShapeError
+from ..errors import GraphError, InputError, ShapeError
+from .inputs import INT32_RANGE, beyond_int32, listed
 from .ir import Graph
 from .ops import OPS
 
@@ -29,12 +30,21 @@ def check_array(kind: str, name: str, arr, node, float_dtype=np.float32, copy: b
     if node.dtype == "i32":
         if not np.issubdtype(arr.dtype, np.integer):
             raise ShapeError(f"{kind} {name!r}: expected integers (i32), found {arr.dtype}")
+        _require_int32(kind, name, arr)
         dtype = np.int32
     elif node.dtype == "bf16" and not bf16_exact(arr):
         raise ShapeError(f"{kind} {name!r} is stored as bf16, but its values are not all bf16 values")
     else:
         dtype = float_dtype
     return np.array(arr, dtype, order="C") if copy else arr.astype(dtype, copy=False)
+
+
+def _require_int32(kind: str, name: str, arr: np.ndarray) -> None:
+    """Integers beyond int32 are refused: the cast to an i32 buffer would wrap them
+    (2**40 would read row 0) without a word."""
+    wide = beyond_int32(arr)
+    if wide.size:
+        raise InputError(f"{kind} {name!r} holds {listed(wide)}, {INT32_RANGE}")
 
 
 def evaluate(graph: Graph, inputs: Mapping[str, np.ndarray], params: Mapping[str, np.ndarray],
@@ -54,16 +64,17 @@ def evaluate(graph: Graph, inputs: Mapping[str, np.ndarray], params: Mapping[str
         values[i] = check_array("parameter", name, params[name], graph[i], float_dtype)
     for i, c in graph.constants.items():
         values[i] = c.astype(float_dtype) if c.dtype.kind == "f" else c
-    for node in graph.nodes:
-        if node.id in values or node.id not in live:
-            continue
-        args = [values[i] for i in node.inputs]
-        out = np.asarray(OPS[node.op].ref(*args, **node.attrs))
-        if node.dtype == "f32":
-            out = out.astype(float_dtype, copy=False)
-        if out.shape != node.shape:
-            raise AssertionError(f"{graph.format_node(node)}: reference produced shape {list(out.shape)}")
-        values[node.id] = out
+    with np.errstate(all="ignore"):   # IEEE results, as the GPU gives; a NaN loss is the trainer's to name
+        for node in graph.nodes:
+            if node.id in values or node.id not in live:
+                continue
+            args = [values[i] for i in node.inputs]
+            out = np.asarray(OPS[node.op].ref(*args, **node.attrs))
+            if node.dtype == "f32":
+                out = out.astype(float_dtype, copy=False)
+            if out.shape != node.shape:
+                raise AssertionError(f"{graph.format_node(node)}: reference produced shape {list(out.shape)}")
+            values[node.id] = out
     return values
 
 

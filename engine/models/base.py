@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 
 from ..errors import MeganeuraError
+from ..graph import inputs as input_checks
 from ..graph.ir import Graph
 from ..graph.nn import Module
 
@@ -289,16 +290,30 @@ class BuiltinModel:
                                                         self.eos_ids(), on_token)
 
     # ------------------------------------------------------------ running
+    def check_input_names(self, names: Iterable[str]) -> None:
+        """An InputError naming every one of ``names`` this model has no input of: a value
+        under a misspelt name would otherwise be dropped and the input left to another."""
+        input_checks.check_input_names(self.build(train=False), names, f"model {self.name!r}")
+
+    def check_run_inputs(self, graph: Graph, inputs: Mapping[str, np.ndarray]) -> None:
+        """Refuse, before either backend runs, inputs that do not fit ``graph``: unknown or
+        missing names, integers beyond int32 or outside the table they index (the GPU
+        would read zeros, the reference raise, a cast to int32 wrap)."""
+        owner = f"model {self.name!r}"
+        input_checks.check_input_names(graph, inputs, owner)
+        missing = sorted(set(graph.inputs) - set(inputs))
+        if missing:
+            raise MeganeuraError(f"{owner}: no value for input(s) {', '.join(missing)}; "
+                                 f"its inputs are {', '.join(graph.inputs)}")
+        input_checks.check_integer_inputs(graph, inputs, owner)
+
     def run(self, inputs: Mapping[str, np.ndarray], params: Mapping[str, np.ndarray] | None = None,
             backend: str = "gpu") -> dict[str, np.ndarray]:
         """One forward pass: output name -> array. ``params`` default to ``init_params()``
         (an imported model's own weights); ``backend`` is "gpu" or "reference"."""
         graph = self.build(train=False)
         params = self.init_params() if params is None else params
-        missing = sorted(set(graph.inputs) - set(inputs))
-        if missing:
-            raise MeganeuraError(f"model {self.name!r}: no value for input(s) {', '.join(missing)}; "
-                                 f"its inputs are {', '.join(graph.inputs)}")
+        self.check_run_inputs(graph, inputs)
         if backend == "reference":
             from ..graph import reference
             return reference.run(graph, dict(inputs), dict(params), dtype=np.float32)

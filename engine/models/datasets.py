@@ -1,7 +1,7 @@
 """A user's data as a model's training examples: ``load_training_data(model, path)``.
 
 Arrays (.npz, a folder of .npy) are taken as they are; text goes through the model's
-tokenizer (a checkpoint's tokenizer.json, else UTF-8 bytes) and its ``text_examples``
+tokenizer (a checkpoint's tokenizer.json, else UTF-8 bytes: ``text_tokenizer``) and its ``text_examples``
 (windows of ``seq`` tokens, named and shifted as its training graph wants); audio goes
 through ``audio_examples`` (log-mel features, transcripts where the model needs them).
 Either way the result is checked against the inputs of ``model.build(train=True)``, and
@@ -11,6 +11,7 @@ integer inputs against the embedding table or the classes they index.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from ..data.audio import audio_clips
 from ..data.datasets import InputSpec, data_kind, example_count, fit_arrays, read_arrays
 from ..data.text import read_documents, token_stream
 from ..errors import DataError, MeganeuraError
+from ..graph.inputs import integer_problems
 from ..graph.ir import Graph
 
 
@@ -40,42 +42,12 @@ def input_spec(graph: Graph) -> InputSpec:
     return {name: (tuple(graph.shape(nid))[1:], graph[nid].dtype) for name, nid in graph.inputs.items()}
 
 
-VIEWS = ("slice", "reshape", "concat")   # ops that pass integer ids on unchanged (concat: beside others)
-
-
-def id_ranges(graph: Graph) -> dict[str, tuple[int, int | None]]:
-    """Integer input -> (ids allowed: [0, size), the ignored id or None): an embedding's
-    rows or a cross-entropy's classes, found through slices and reshapes."""
-    users: dict[int, list] = {}
-    for node in graph.nodes:
-        for i in node.inputs:
-            users.setdefault(i, []).append(node)
-    ranges = {}
-    for name, nid in graph.inputs.items():
-        frontier = [nid]
-        while frontier and name not in ranges:
-            current = frontier.pop()
-            for user in users.get(current, []):
-                if user.op in VIEWS:
-                    frontier.append(user.id)
-                elif user.op == "embedding" and user.inputs[1] == current:
-                    ranges[name] = (graph.shape(user.inputs[0])[0], None)
-                elif user.op == "cross_entropy" and user.inputs[1] == current:
-                    ranges[name] = (graph.shape(user.inputs[0])[-1], user.attrs.get("ignore_index"))
-    return ranges
-
-
 def check_ids(arrays: dict[str, np.ndarray], graph: Graph, source) -> None:
-    """A DataError naming the first id outside its embedding table or class count."""
-    for name, (size, ignored) in id_ranges(graph).items():
-        values = arrays.get(name)
-        if values is None:
-            continue
-        kept = values if ignored is None else values[values != ignored]
-        bad = kept[(kept < 0) | (kept >= size)]
-        if bad.size:
-            extra = f" (or {ignored} to ignore a position)" if ignored is not None else ""
-            raise DataError(f"data {source}: input {name!r} holds {int(bad.flat[0])}, outside [0, {size}){extra}")
+    """A DataError naming every integer input that does not fit: an id outside its
+    embedding table or class count, or a value beyond int32 (``engine.graph.inputs``)."""
+    problems = integer_problems(graph, arrays)
+    if problems:
+        raise DataError(f"data {source}: {'; '.join(problems)}")
 
 
 def builtin_data(model, seed: int) -> TrainingData:
@@ -102,16 +74,34 @@ def load_training_data(model, path) -> TrainingData:
 
 
 def text_tokenizer(model):
-    """The tokenizer text data goes through: the model's, for a causal LM."""
+    """The tokenizer text data goes through: the model's, for a causal LM; UTF-8 bytes for
+    a checkpoint folder without a tokenizer.json (``training_bytes``)."""
     if not model.generates:
         model.text_examples(np.zeros(0, np.int64))   # raises: this model takes no text
+    if lacks_tokenizer_json(model):
+        return training_bytes(model)
     try:
         return model.tokenizer()
     except DataError:
         raise
     except MeganeuraError as exc:
-        if model.vocab_size < 256:
-            raise DataError(f"model {model.name!r}: text data needs a tokenizer.json in the checkpoint folder "
-                            f"(its vocabulary of {model.vocab_size} cannot hold bytes); or give token ids in "
-                            f"an .npz") from None
         raise DataError(str(exc)) from None
+
+
+def lacks_tokenizer_json(model) -> bool:
+    """A checkpoint folder (a model with a ``folder``) that has no tokenizer.json."""
+    from ..data.tokenizer import TOKENIZER_FILE
+    folder = getattr(model, "folder", None)
+    return folder is not None and not (Path(folder) / TOKENIZER_FILE).is_file()
+
+
+def training_bytes(model):
+    """UTF-8 bytes as the ids of a checkpoint without a tokenizer.json. Such a checkpoint has
+    no tokenizer to generate with, but training may feed it bytes (it then learns them as
+    its ids), where its vocabulary holds the 256 of them."""
+    from ..data.tokenizer import ByteTokenizer
+    if model.vocab_size < 256:
+        raise DataError(f"model {model.name!r}: text data needs a tokenizer.json in the checkpoint folder "
+                        f"(its vocabulary of {model.vocab_size} cannot hold bytes); or give token ids in an .npz")
+    return ByteTokenizer(note=f"model {model.name!r} has no tokenizer.json: its text data is read as UTF-8 "
+                              f"bytes (ids 0-255)")

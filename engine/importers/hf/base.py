@@ -209,22 +209,14 @@ class HFModel(BuiltinModel):
 
     # inputs
     def check_inputs(self, inputs: Mapping[str, np.ndarray], graph: Graph) -> dict[str, np.ndarray]:
-        """Integer inputs as int32, each id inside its table; MeganeuraError otherwise."""
+        """Integer ids where the model takes ids, the graph's shapes; MeganeuraError otherwise.
+        The ids' range (and int32) is checked by ``run`` for every model, from the graph: a
+        cast here would wrap ids beyond int32 before that check saw them."""
         out = dict(inputs)
-        for name, size in self.index_inputs.items():
-            if name not in out:
-                continue
-            value = np.asarray(out[name])
-            if value.dtype.kind not in "iu":
-                raise MeganeuraError(f"model {self.name!r}: input {name} must hold integer ids, "
-                                     f"found dtype {value.dtype}")
-            allowed = value if name != "labels" else value[value != IGNORE]
-            bad = allowed[(allowed < 0) | (allowed >= size)]
-            if bad.size:
-                extra = " (or -100 to ignore a position)" if name == "labels" else ""
-                raise MeganeuraError(f"model {self.name!r}: input {name} holds id {int(bad.flat[0])}, "
-                                     f"outside the vocabulary [0, {size}){extra}")
-            out[name] = value.astype(np.int32)
+        for name in (n for n in self.index_inputs if n in out):
+            dtype = np.asarray(out[name]).dtype
+            if dtype.kind not in "iu":
+                raise MeganeuraError(f"model {self.name!r}: input {name} must hold integer ids, found dtype {dtype}")
         for name, nid in graph.inputs.items():
             if name in out and tuple(np.shape(out[name])) != tuple(graph.shape(nid)):
                 raise MeganeuraError(f"model {self.name!r}: input {name} has shape {list(np.shape(out[name]))}, "
@@ -279,13 +271,15 @@ class CausalLM(HFModel):
         return self.logits(g, ids, capture=False)
 
     def tokenizer(self):
-        """The folder's tokenizer.json, else UTF-8 bytes (ids 0-255)."""
-        from ...data.tokenizer import ByteTokenizer, load_tokenizer
+        """The folder's tokenizer.json. Without one there is no tokenizer: the checkpoint's
+        ids are its own tokenizer's, not bytes, so decoding them as bytes would show nothing
+        or garbage. Callers then show ids and refuse text prompts."""
+        from ...data.tokenizer import load_tokenizer
         found = load_tokenizer(self.folder)
-        if found is None and self.vocab < 256:
-            raise MeganeuraError(f"{self.folder} has no tokenizer.json and its vocabulary of {self.vocab} cannot "
-                                 f"hold bytes; give token ids (--prompt-ids)")
-        return found or ByteTokenizer(note=f"{self.folder} has no tokenizer.json: text is UTF-8 bytes (ids 0-255)")
+        if found is None:
+            raise MeganeuraError(f"{self.folder} has no tokenizer.json (the only tokenizer file read), so text "
+                                 f"cannot become its token ids; give token ids (--prompt-ids)")
+        return found
 
     def eos_ids(self) -> list[int]:
         """config.json's eos_token_id (an id or a list of them)."""
