@@ -420,7 +420,7 @@ class TrainingPanel(QWidget):
         done = trainer.step_count if trainer is not None else self.first_step
         self.run_dir = run.directory.path if run is not None else None
         where = f"\nRun directory: {self.run_dir}" if self.run_dir is not None else ""
-        self.stats.setText(self.stats.text().split("\n")[0] + f"\nRun {reason} at step {done}.{where}")
+        self.stats.setText(self.stats.text().split("\n")[0] + f"\nRun {reason} after step {done}.{where}")
         self._update_buttons()
         self.runFinished.emit(reason)
 

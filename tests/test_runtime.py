@@ -857,7 +857,7 @@ def test_a_lost_device_gives_a_clear_error():
     session.set_parameters({"w": np.ones((3, 1), np.float32)})
     assert session.step()[0] == pytest.approx(3.0)
     own.destroy()
-    with pytest.raises(DeviceError, match="lost while running training step 1"):
+    with pytest.raises(DeviceError, match="lost while running training step 2"):   # the step after the first
         session.step()
 
 

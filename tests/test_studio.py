@@ -324,7 +324,7 @@ def test_nan_stops_with_message(window, qtbot, errors):
     with qtbot.waitSignal(panel.runFinished, timeout=30000) as blocker:
         panel.start()
     assert blocker.args == ["failed"]
-    assert errors and "step 0" in errors[-1][1] and errors[-1][0] == "Training stopped"
+    assert errors and "nan at step 1, before any update" in errors[-1][1] and errors[-1][0] == "Training stopped"
     assert panel.worker is None and panel.start_button.isEnabled()
 
 

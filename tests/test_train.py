@@ -182,7 +182,7 @@ def test_nan_loss_stops_training_naming_the_step():
     seen = []
     trainer = Trainer(mlp_graph(), mlp_params(), TrainConfig(optimizer="sgd", lr=0.01, steps=6),
                       on_step=lambda step, loss: seen.append(step))
-    with pytest.raises(TrainingError, match="loss became nan at step 4"):
+    with pytest.raises(TrainingError, match="loss became nan at step 5;"):
         trainer.fit(batches)
     assert seen == [0, 1, 2, 3]
 

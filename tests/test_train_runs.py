@@ -124,8 +124,9 @@ def test_ctrl_c_ends_with_a_checkpoint_and_the_resumed_run_matches(tmp_path):
 
 
 def test_a_non_finite_loss_keeps_the_last_good_step(tmp_path, capsys):
-    """NaN inputs in exactly the batch of step 3 (0-based): three good updates, then the
-    run ends "diverged" with checkpoint-3, one error line and exit status 2."""
+    """NaN inputs in exactly the batch of step 4 (metrics.jsonl's numbering, from 1): three
+    good updates, then the run ends "diverged" with checkpoint-3, one error line and exit
+    status 2."""
     rng = np.random.default_rng(0)
     data = {"x": rng.normal(size=(32, 784)).astype(np.float32), "labels": rng.integers(0, 10, 32)}
     bad_rows = DataLoader(data, 8, seed=0, drop_last=True).order(0)[24:32]
@@ -134,7 +135,7 @@ def test_a_non_finite_loss_keeps_the_last_good_step(tmp_path, capsys):
     code, _, err = cli(capsys, "train", *MLP, "--data", tmp_path / "d.npz", "--val-fraction", 0, "--steps", 6,
                        "--backend", "reference", "--run-dir", tmp_path / "run")
     assert code == 2
-    assert "loss became nan at step 3" in err and "checkpoint-3" in err, err
+    assert "loss became nan at step 4" in err and "checkpoint-3" in err, err
     status = json.loads((tmp_path / "run" / "status.json").read_text())
     assert status["status"] == "diverged" and status["step"] == 3
     assert [r["step"] for r in metrics(tmp_path / "run")] == [1, 2, 3]

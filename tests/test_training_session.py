@@ -105,7 +105,7 @@ def test_nan_loss_stops_at_its_step_and_keeps_the_weights():
     trainer.step(batches[0])
     trainer.step(batches[1])
     kept = trainer.params
-    with pytest.raises(TrainingError, match="at step 2"):
+    with pytest.raises(TrainingError, match="at step 3"):
         trainer.step(batches[2])
     after = trainer.params
     for k in kept:

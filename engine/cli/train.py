@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from ..errors import MeganeuraError
-from .commands import (_model_arguments, _print_json, adapter_summary, backend_argument, load_model,
+from .commands import (_model_arguments, _print_json, adapter_summary, backend_argument, clip_argument, load_model,
                        loss_arguments, progress, resolve_backend, train_config)
 from .registry import register_command
 
@@ -32,7 +32,8 @@ def _train_arguments(parser):
     parser.add_argument("--warmup", type=int, help="linear warm-up steps")
     parser.add_argument("--weight-decay", type=float, help="weight decay (decoupled for adamw)")
     parser.add_argument("--momentum", type=float, help="SGD momentum (default 0.9 with --optimizer sgd)")
-    parser.add_argument("--clip", type=float, help="clip gradients to this global norm")
+    parser.add_argument("--clip", type=clip_argument, metavar="NORM|off",
+                        help="clip gradients to this global norm (> 0); off: no clipping (default: the model's)")
     parser.add_argument("--data", metavar="PATH",
                         help="training data: an .npz (or a folder of .npy) named after the model's inputs, text "
                              "(.txt/.jsonl or a folder of them) for causal LMs, audio (a folder of .wav/.flac) for "
@@ -62,7 +63,7 @@ def absolute(path: str | None) -> str | None:
 
 def _train(args) -> int:
     from ..train.run import RunOptions, TrainingRun
-    from ..train.run_dir import new_run_path
+    from ..train.run_dir import discard_if_empty, new_run_path
     if args.resume:
         return _resume(args)
     if args.model is None:
@@ -81,8 +82,17 @@ def _train(args) -> int:
                          import_options=import_options)
     path = Path(args.run_dir) if args.run_dir else new_run_path(model.name)
     building = f"building the {args.backend} training session for {model.name} (run directory {path})"
-    return _go(args, model, building,
-               lambda **hooks: TrainingRun.start(model, params, config, options, path, **hooks))
+    try:
+        return _go(args, model, building,
+                   lambda **hooks: TrainingRun.start(model, params, config, options, path, **hooks))
+    finally:
+        if not args.run_dir:   # the default folder new_run_path made, if the run never wrote to it
+            discard_if_empty(path)
+
+
+def _flag(option: str) -> str:
+    """How the user wrote ``option`` on the command line."""
+    return {"model": "SOURCE", "settings": "--set"}.get(option, "--" + option.replace("_", "-"))
 
 
 def _resume(args) -> int:
@@ -90,7 +100,7 @@ def _resume(args) -> int:
     from ..train.run import TrainingRun, settings_overrides
     from ..train.run_dir import RunDirectory
     directory = RunDirectory.open(args.resume)
-    ignored = [f"--{name.replace('_', '-')}" for name in RUN_OPTIONS if getattr(args, name, None) not in (None, [])]
+    ignored = [_flag(name) for name in RUN_OPTIONS if getattr(args, name, None) not in (None, [])]
     if ignored:
         print(f"meganeura: note: --resume goes on with the run's own options (its config.json); ignoring "
               f"{', '.join(ignored)}", file=sys.stderr, flush=True)

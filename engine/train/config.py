@@ -1,12 +1,14 @@
 """How a run trains: ``TrainConfig`` (optimizer, learning rate and its schedule, clipping,
-per-parameter multipliers), the schedule, gradient clipping and freezing by multiplier.
-Steps count from 0.
+per-parameter multipliers) and the ranges its values must lie in, the schedule, gradient
+clipping and freezing by multiplier. ``learning_rate`` takes the 0-based update index;
+what users see (metrics.jsonl, messages, CSV) counts steps from 1.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -53,10 +55,8 @@ class TrainConfig:
             raise TrainingError(f"unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
         if self.schedule == "cosine" and not (self.total_steps or self.steps):
             raise TrainingError("the cosine schedule needs total_steps (or steps) to know where it ends")
-        if not self.lr >= 0 or self.batch_size <= 0:
-            raise TrainingError(f"lr must be >= 0 and batch_size > 0, found lr={self.lr}, "
-                                f"batch_size={self.batch_size}")
         self.betas = tuple(self.betas)
+        check_ranges(self)
 
     def multiplier(self, name: str) -> float:
         """The LR factor of a parameter: the first matching entry of lr_multipliers, else 1."""
@@ -64,6 +64,62 @@ class TrainConfig:
             if name == pattern or fnmatch.fnmatchcase(name, pattern):
                 return float(factor)
         return 1.0
+
+
+# ---------------------------------------------------------------- valid ranges
+
+# How a message names each field: the Studio's label and the command line's option.
+LABELS = {"lr": "learning rate (--lr)", "clip_norm": "gradient clipping norm (--clip)",
+          "warmup_steps": "warm-up steps (--warmup)", "weight_decay": "weight decay (--weight-decay)",
+          "momentum": "momentum (--momentum)", "steps": "steps (--steps)", "seed": "seed (--seed)",
+          "batch_size": "batch size", "epochs": "epochs", "total_steps": "total steps", "eps": "eps"}
+
+
+def _require(ok: bool, field_name: str, valid: str, value) -> None:
+    if not ok:
+        raise TrainingError(f"{LABELS.get(field_name, field_name)} must be {valid}, found {value!r}")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_seed(seed) -> int:
+    """``seed`` if it can seed numpy's generators (an integer >= 0); else one clear
+    TrainingError, so no command or panel meets numpy's ValueError traceback."""
+    _require(_is_int(seed) and seed >= 0, "seed", "an integer >= 0", seed)
+    return int(seed)
+
+
+def check_ranges(config: "TrainConfig") -> None:
+    """Refuse a value the update would misuse rather than reject: a negative clip norm
+    reverses the gradients, 0 freezes them, momentum >= 1 never forgets, a negative
+    weight decay grows the weights. The single check behind the CLI and the Studio."""
+    _require(_is_number(config.lr) and config.lr > 0, "lr", "a finite number > 0", config.lr)
+    _require(config.clip_norm is None or (_is_number(config.clip_norm) and config.clip_norm > 0), "clip_norm",
+             "a finite number > 0, or off (no clipping)", config.clip_norm)
+    _require(_is_number(config.weight_decay) and config.weight_decay >= 0, "weight_decay", "a finite number >= 0",
+             config.weight_decay)
+    _require(_is_number(config.momentum) and 0 <= config.momentum < 1, "momentum", "in [0, 1)", config.momentum)
+    _require(len(config.betas) == 2 and all(_is_number(b) and 0 <= b < 1 for b in config.betas), "betas",
+             "two numbers in [0, 1)", config.betas)
+    _require(_is_number(config.eps) and config.eps > 0, "eps", "a finite number > 0", config.eps)
+    _require(_is_int(config.warmup_steps) and config.warmup_steps >= 0, "warmup_steps", "an integer >= 0",
+             config.warmup_steps)
+    for name in ("steps", "total_steps"):
+        value = getattr(config, name)
+        _require(value is None or (_is_int(value) and value > 0), name, "an integer > 0", value)
+    for name in ("epochs", "batch_size"):
+        _require(_is_int(getattr(config, name)) and getattr(config, name) > 0, name, "an integer > 0",
+                 getattr(config, name))
+    check_seed(config.seed)
+    for pattern, factor in config.lr_multipliers.items():
+        _require(_is_number(factor) and factor >= 0, f"the LR multiplier of {pattern!r}", "a finite number >= 0",
+                 factor)
 
 
 # ---------------------------------------------------------------- schedules and clipping

@@ -7,10 +7,11 @@ import csv
 import io
 import math
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+
+from ..files import write_atomically
 
 
 # ---------------------------------------------------------------- history
@@ -41,7 +42,8 @@ DIVERGENCE = 100   # a loss this many times its first value is worth a warning
 class TrainHistory(LossHistory):
     """Per step: loss, learning rate, gradient norm before clipping, wall seconds,
     epoch; per epoch: mean loss. ``stopped`` says the run was cancelled; ``warning``,
-    once the loss has grown a hundredfold over its first value, says so."""
+    once the loss has grown a hundredfold over its first value, says so. Messages and
+    CSV number steps as metrics.jsonl does (``step_number``)."""
 
     lrs: list[float] = field(default_factory=list)
     grad_norms: list[float] = field(default_factory=list)
@@ -50,6 +52,12 @@ class TrainHistory(LossHistory):
     epoch_losses: list[float] = field(default_factory=list)
     stopped: bool = False
     warning: str | None = None
+    first_step: int = 0      # steps done before this history's first (a resumed run's checkpoint)
+
+    def step_number(self, index: int) -> int:
+        """The step of row ``index`` as metrics.jsonl numbers it: from 1, going on after
+        a resumed run's checkpoint, so messages and CSV agree with the run directory."""
+        return self.first_step + index + 1
 
     def record(self, loss, lr, grad_norm, seconds, epoch) -> str | None:
         """Add a step; returns the divergence warning the first time there is one."""
@@ -60,7 +68,8 @@ class TrainHistory(LossHistory):
         self.epochs.append(epoch)
         first = self.losses[0]
         if self.warning is None and first > 0 and loss > DIVERGENCE * first:
-            self.warning = (f"the loss grew from {first:.4g} (step 0) to {loss:.4g} (step {len(self.losses) - 1}), "
+            self.warning = (f"the loss grew from {first:.4g} (step {self.step_number(0)}) to {loss:.4g} "
+                            f"(step {self.step_number(len(self.losses) - 1)}), "
                             f"over {DIVERGENCE}x its first value: the learning rate ({lr:.3g}) may be too high")
             return self.warning
         return None
@@ -74,20 +83,9 @@ class TrainHistory(LossHistory):
         w = csv.writer(buf, lineterminator="\n")
         w.writerow(COLUMNS)
         for i in range(len(self.losses)):
-            w.writerow([i, self.epochs[i], repr(self.losses[i]), repr(self.lrs[i]),
+            w.writerow([self.step_number(i), self.epochs[i], repr(self.losses[i]), repr(self.lrs[i]),
                         repr(self.grad_norms[i]), repr(self.seconds[i])])
         text = buf.getvalue()
         if path is not None:
             write_atomically(os.fspath(path), text)
         return text
-
-
-def write_atomically(path: str, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise

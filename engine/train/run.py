@@ -17,6 +17,7 @@ previous step's checkpoint), so their sum is the run's time.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass
@@ -56,6 +57,8 @@ class RunOptions:
         for name in ("eval_every", "save_every"):
             if getattr(self, name) < 0:
                 raise TrainingError(f"--{name.replace('_', '-')} must be 0 or more, found {getattr(self, name)}")
+        if self.val_fraction is not None and not 0 <= self.val_fraction < 1:
+            raise TrainingError(f"--val-fraction must be at least 0 and below 1, found {self.val_fraction}")
 
     @property
     def holdout(self) -> float:
@@ -157,8 +160,8 @@ class TrainingRun:
         except KeyboardInterrupt:
             directory.write_status("stopped", 0)
             raise
-        except BaseException:   # the session did not build: the run never started
-            directory.write_status("failed", 0)
+        except BaseException as exc:   # the session did not build: the run never started
+            directory.write_status("failed", 0, error=failure_reason(exc))
             raise
 
     @classmethod
@@ -198,9 +201,25 @@ class TrainingRun:
 
     def run(self) -> str:
         """Train to the end, a stop, Ctrl-C or divergence; returns the final status. A
-        divergence raises TrainingError after the checkpoint, naming it."""
+        divergence raises TrainingError after the checkpoint, naming it. Any error, the
+        final checkpoint's included, leaves status.json "failed" with its reason, never
+        "running"."""
         self._started = self._last_row = time.perf_counter()
         self.directory.write_status("running", self.trainer.step_count)
+        try:
+            self._fit()
+            self._finish()
+        except BaseException as exc:
+            self._record_end(exc)
+            raise
+        if self.error is not None:
+            where = f"; the last good step's checkpoint is {self.checkpoint}" if self.checkpoint else ""
+            raise TrainingError(f"{self.error}{where}") from None
+        return self.status
+
+    def _fit(self) -> None:
+        """Train; a stop or Ctrl-C ends the run "stopped", a non-finite loss "diverged"
+        (kept in ``error``): both are saved by ``_finish`` like a finished run."""
         try:
             history = self.trainer.fit(self.loader)
             self.status = "stopped" if history.stopped else "finished"
@@ -208,14 +227,6 @@ class TrainingRun:
             self.status = "stopped"
         except DivergedError as exc:
             self.status, self.error = "diverged", exc
-        except BaseException:
-            self.directory.write_status("failed", self.trainer.step_count)
-            raise
-        self._finish()
-        if self.error is not None:
-            where = f"; the last good step's checkpoint is {self.checkpoint}" if self.checkpoint else ""
-            raise TrainingError(f"{self.error}{where}") from None
-        return self.status
 
     def _finish(self) -> None:
         """The last checkpoint (unless this step has one) and the final status."""
@@ -225,7 +236,16 @@ class TrainingRun:
                 self._save(step)
         elif self.saved_step:
             self.checkpoint = self.directory.path / f"checkpoint-{self.saved_step}"
-        self.directory.write_status(self.status, step)
+        self.directory.write_status(self.status, step, error=str(self.error) if self.error else None)
+
+    def _record_end(self, exc: BaseException) -> None:
+        """status.json for a run ended by ``exc``: "stopped" for a Ctrl-C, else "failed"
+        with the reason. Should that write fail too (a full disk), ``exc`` still goes up."""
+        stopped = isinstance(exc, KeyboardInterrupt)
+        self.status = "stopped" if stopped else "failed"
+        with contextlib.suppress(Exception):
+            self.directory.write_status(self.status, self.trainer.step_count,
+                                        error=None if stopped else failure_reason(exc))
 
     def _after_step(self, index: int, loss: float) -> None:
         """After update ``index`` (0-based), inside the trainer's step (a Ctrl-C waits for
@@ -269,14 +289,18 @@ class TrainingRun:
 
 def saved_train_config(directory: RunDirectory, saved: Mapping, steps: int | None) -> TrainConfig:
     """The TrainConfig config.json records, going to ``steps`` in all where given."""
-    if steps is not None and steps <= 0:
-        raise TrainingError(f"--steps must be positive, found {steps}")
     try:
         fields = {**saved["train"], **({"steps": steps} if steps is not None else {})}
         return TrainConfig(**{**fields, "betas": tuple(fields.get("betas", (0.9, 0.999)))})
     except (KeyError, TypeError) as exc:
         raise TrainingError(f"{directory.path / 'config.json'}: its \"train\" is not a training configuration "
                             f"this version reads ({type(exc).__name__}: {exc})") from None
+
+
+def failure_reason(exc: BaseException) -> str:
+    """What status.json's ``error`` says of the error that ended a run: its message, or
+    its type where it has none."""
+    return str(exc) or type(exc).__name__
 
 
 def options_from_config(saved: Mapping, backend: str | None = None) -> RunOptions:

@@ -18,6 +18,8 @@ is one ``write`` to a file opened for appending. ``docs/cli.md`` documents every
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import os
 import re
@@ -32,8 +34,8 @@ import numpy as np
 
 from .. import config
 from ..errors import TrainingError
+from ..files import write_atomically
 from ..weights import load_safetensors, save_safetensors
-from .history import write_atomically
 
 STATUSES = ("running", "finished", "stopped", "diverged", "failed")
 CHECKPOINT = re.compile(r"checkpoint-(\d+)")
@@ -53,15 +55,30 @@ def default_runs_folder() -> Path:
 
 
 def new_run_path(model_name: str, folder=None) -> Path:
-    """``FOLDER/MODEL-YYYYmmdd-HHMMSS`` (``-2``, ``-3``... if taken); the model name is
-    reduced to letters, digits, dots, dashes and underscores."""
+    """A new, empty ``FOLDER/MODEL-YYYYmmdd-HHMMSS`` (``-2``, ``-3``... if taken), created
+    here: a mkdir that fails on an existing folder claims the name, so two runs started
+    in the same second never get the same one. The model name is reduced to letters,
+    digits, dots, dashes and underscores. ``discard_if_empty`` gives it back unused."""
     folder = Path(folder) if folder is not None else default_runs_folder()
     base = f"{re.sub(r'[^A-Za-z0-9._-]+', '-', model_name).strip('-') or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}"
-    path, n = folder / base, 1
-    while path.exists():
-        n += 1
-        path = folder / f"{base}-{n}"
-    return path
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for n in itertools.count(1):
+            path = folder / (base if n == 1 else f"{base}-{n}")
+            try:
+                path.mkdir()
+                return path
+            except FileExistsError:
+                continue
+    except OSError as exc:
+        raise TrainingError(f"cannot create a run directory in {folder}: {exc.strerror or exc}") from None
+
+
+def discard_if_empty(path) -> None:
+    """Remove ``path`` if it is an empty folder (one ``new_run_path`` made for a run that
+    never started); anything else is left as it is."""
+    with contextlib.suppress(OSError):
+        Path(path).rmdir()
 
 
 def write_json(path: Path, obj) -> None:
@@ -117,10 +134,12 @@ class RunDirectory:
     def update_config(self, **fields) -> None:
         write_json(self.path / CONFIG, {**self.config(), **fields})
 
-    def write_status(self, status: str, step: int) -> None:
+    def write_status(self, status: str, step: int, error: str | None = None) -> None:
+        """status.json; ``error`` says why a run failed or diverged (omitted otherwise)."""
         if status not in STATUSES:
             raise ValueError(f"status {status!r} is not one of {STATUSES}")
-        write_json(self.path / STATUS, {"status": status, "step": int(step), "updated": now()})
+        reason = {"error": error} if error else {}
+        write_json(self.path / STATUS, {"status": status, "step": int(step), "updated": now(), **reason})
 
     def status(self) -> dict:
         return read_json(self.path / STATUS)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import MeganeuraError
+from .config import check_seed
 
 NUCLEUS_SORTED = 1024   # candidates top-p sampling ranks first
 DRAW_BLOCK = 256        # weights a draw adds up one by one
@@ -48,6 +49,7 @@ class Sampling:
             raise MeganeuraError(f"top-k must be >= 0 (0: no limit), found {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise MeganeuraError(f"top-p must lie in (0, 1], found {self.top_p}")
+        check_seed(self.seed)
 
     def choose(self, logits: np.ndarray, rng: np.random.Generator, step: str = "") -> int:
         """The next id. Logits that are NaN or +inf are an error naming ``step``: no id

@@ -84,7 +84,7 @@ class TrainingSession(Session):
         data, uploaded before the submit), so the next step's command buffers are recorded
         while the GPU runs this one: recording ~250 dispatches costs the host a few ms
         that would otherwise come before every step's GPU work."""
-        with device_guard(f"running training step {self.step_count}", self.device):
+        with device_guard(f"running training step {self.step_count + 1}", self.device):
             self.prepare_step()
             parts = self._recorded or self.record_parts()
             self._recorded = None

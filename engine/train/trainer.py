@@ -91,7 +91,9 @@ class Trainer:
         return loss
 
     def _update(self, batch: Mapping[str, np.ndarray], step: int, lr: float) -> tuple[float, float]:
-        """Loss and gradient norm of ``batch``, and the update (none where either is not finite)."""
+        """Loss and gradient norm of ``batch``, and the update (none where either is not finite).
+        ``step`` is the 0-based update index; messages say ``step + 1``, the number
+        metrics.jsonl gives the step."""
         if self.session is not None:
             self.session.set_inputs({k: v for k, v in batch.items() if k in self.train_graph.inputs})
             loss, norm = self.session.step()
@@ -100,10 +102,14 @@ class Trainer:
             out = reference.run(self.train_graph, batch, self._params, np.float32)
             loss = float(out[self.config.loss])
             grads, norm = clip_by_global_norm({p: out[gname] for p, gname in self.pairs}, self.config.clip_norm)
+        if step == 0 and not (math.isfinite(loss) and math.isfinite(norm)):
+            what = f"loss is {loss}" if not math.isfinite(loss) else f"gradient norm is {norm}"
+            raise DivergedError(f"the {what} at step 1, before any update: the learning rate is not the cause; "
+                                f"check the weights and this batch's inputs for NaN or infinite values")
         if not math.isfinite(loss):
-            raise DivergedError(f"loss became {loss} at step {step}; lower the learning rate or clip gradients")
+            raise DivergedError(f"loss became {loss} at step {step + 1}; lower the learning rate or clip gradients")
         if not math.isfinite(norm):
-            raise DivergedError(f"gradient norm became {norm} at step {step}; lower the learning rate")
+            raise DivergedError(f"gradient norm became {norm} at step {step + 1}; lower the learning rate")
         if grads is not None:
             self.optimizer.step(self._params, grads, lr)
         return loss, norm
@@ -160,6 +166,7 @@ class Trainer:
                                 f"{' ...' if len(missing) > 3 else ''}: was it written with --optimizer "
                                 f"{self.config.optimizer}?")
         self.step_count = steps
+        self.history.first_step = steps
         if self.session is not None:
             self.session.set_optimizer_state(dict(optimizer_state), steps)
             return
