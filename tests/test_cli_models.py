@@ -67,6 +67,29 @@ def test_user_errors_exit_2_with_one_clear_line(capsys, tmp_path):
     assert len([line for line in err.splitlines() if line.startswith("meganeura: error")]) == 1
 
 
+@pytest.mark.parametrize("argv, says", [
+    (("inspect", ""), "the model is an empty name"),
+    (("tune", "--inference"), "--inference says which graph of SOURCE to time; give SOURCE too"),
+    (("runs", "{file}"), "is a file; give the folder that holds your run directories"),
+    (("inspect", "{no_type}"), "has no model_type, so the architecture is unknown"),
+])
+def test_what_qa_found_confusing_is_one_clear_line(capsys, tmp_path, argv, says):
+    (tmp_path / "notes.txt").write_text("not runs")
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    paths = {"file": tmp_path / "notes.txt", "no_type": tmp_path / "ck"}
+    code, _, err = run_cli(capsys, *(a.format(**paths) for a in argv))
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("meganeura: error: ") and says in lines[0], err
+
+
+@pytest.mark.parametrize("command", [("profile", "mlp"), ("compare", "a.json", "b.json")])
+def test_top_takes_at_least_one_row(capsys, command):
+    with pytest.raises(SystemExit) as exit_:
+        main([*command, "--top", "0"])
+    assert exit_.value.code == 2 and "--top: 0 is below 1" in capsys.readouterr().err
+
+
 @pytest.mark.usefixtures("f32_kernels")   # f32's tolerance
 def test_run_gpu_matches_reference(capsys, tmp_path):
     outs = {}

@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 from .commands import _print_json
-from .registry import register_command
+from .registry import at_least_one, register_command
 
 
 def _compare_arguments(parser) -> None:
     parser.add_argument("a", metavar="A.json", help="the baseline: a file written by meganeura profile --json")
     parser.add_argument("b", metavar="B.json", help="the profile compared with it")
-    parser.add_argument("--top", type=int, default=30, help="matched kernels shown in the table (default 30)")
+    parser.add_argument("--top", type=at_least_one, default=30, help="matched kernels shown in the table (default 30)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 

@@ -39,6 +39,8 @@ def format_table(runs: list[RunSummary]) -> str:
 
 def _runs(args) -> int:
     folder = Path(args.folder)
+    if folder.exists() and not folder.is_dir():
+        raise MeganeuraError(f"{args.folder} is a file; give the folder that holds your run directories")
     if not folder.is_dir():
         raise MeganeuraError(f"{args.folder}: no such folder; give the folder that holds your run directories "
                              f"(train --run-dir writes them under runs/ by default)")

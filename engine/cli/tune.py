@@ -82,6 +82,8 @@ def _model_products(args: argparse.Namespace) -> list:
 
 def _tune(args: argparse.Namespace) -> int:
     from ..runtime.tuner import tune
+    if args.inference and not args.model:
+        raise MeganeuraError("--inference says which graph of SOURCE to time; give SOURCE too")
     if args.model and (args.reset or args.show):
         raise MeganeuraError(f"--{'reset' if args.reset else 'show'} measures nothing: "
                              f"SOURCE ({args.model}) only joins a tuning run")

@@ -21,6 +21,9 @@ from ..models import REGISTRY, BuiltinModel, create, parse_overrides
 def source_kind(source) -> str:
     """"builtin", "onnx" or "checkpoint"; a path that is none of them is an error naming what was expected."""
     text = str(source)
+    if not text.strip():
+        raise ModelImportError(f"the model is an empty name: give a built-in name ({', '.join(REGISTRY)}), "
+                               f"an .onnx file or a checkpoint folder")
     if text in REGISTRY:
         return "builtin"
     path = Path(text)

@@ -50,6 +50,9 @@ def load_checkpoint(folder: Path, settings: Mapping[str, str], progress=None) ->
     folder = Path(folder)
     config = read_config(folder)
     model_type = config.get("model_type")
+    if model_type is None:
+        raise ModelImportError(f"{folder / 'config.json'} has no model_type, so the architecture is unknown; "
+                               f"supported: {', '.join(ARCHITECTURES)}")
     if model_type not in ARCHITECTURES:
         raise ModelImportError(f"{folder / 'config.json'}: model_type {model_type!r} is not supported; "
                                f"supported: {', '.join(ARCHITECTURES)}")

@@ -282,9 +282,10 @@ def load_onnx(path: Path, settings: dict[str, str], loss: str | None = None,
         if problem:
             bad.setdefault(f"{node.op_type} ({problem})", []).append(label)
     if bad:
-        lines = [f"  {op}: {len(names)} node(s): {', '.join(names[:10])}" + (" ..." if len(names) > 10 else "")
-                 for op, names in sorted(bad.items())]
-        raise ModelImportError(f"{path}: unsupported ONNX op(s) (opset {version}):\n" + "\n".join(lines))
+        parts = [f"{op} ({len(names)} node{'s' if len(names) > 1 else ''}: {', '.join(names[:5])}"
+                 + (", ..." if len(names) > 5 else "") + ")" for op, names in sorted(bad.items())]
+        raise ModelImportError(f"{path}: {len(parts)} ONNX op{'s' if len(parts) > 1 else ''} this importer does "
+                               f"not handle (opset {version}): " + "; ".join(parts))
 
     # ---- initializers: float ones are parameters, integer ones (and float ones read as constants) constants
     const_reads: set[str] = set()
