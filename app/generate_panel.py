@@ -40,6 +40,8 @@ DEFAULT_NEW_TOKENS = 64
 DEFAULT_PROMPT = "the cat "
 ACCENT, MEDIAN = "#2f6fce", "#d1495b"     # the per-token curve, its median line
 PLOT_TITLE = "Time per decode step"
+OUTPUT_LABEL = {"text": "Output: the prompt, then the generated text in bold",
+                "ids": "Output: the prompt, then the generated ids in bold (no tokenizer.json to make text of them)"}
 STOP_REASONS = {"eos": "end-of-sequence token", "length": "reached max new tokens", "cancelled": "stopped by you"}
 
 
@@ -206,7 +208,8 @@ class GeneratePanel(QWidget):
         output = QWidget()
         column = QVBoxLayout(output)
         column.setContentsMargins(0, 0, 0, 0)
-        column.addWidget(QLabel("Output: the prompt, then the generated text in bold"))
+        self.output_label = QLabel(OUTPUT_LABEL["text"])
+        column.addWidget(self.output_label)
         column.addWidget(self.output, 1)
 
         self.plot = pg.PlotWidget()
@@ -260,6 +263,7 @@ class GeneratePanel(QWidget):
             self.max_new.setMaximum(max(1, int(model.context_length) - 1))
         self.prompt_kind.model().item(0).setEnabled(self.tokenizer is not None)
         self.prompt_kind.setCurrentIndex(self.prompt_kind.findData("text" if self.tokenizer is not None else "ids"))
+        self.output_label.setText(OUTPUT_LABEL["text" if self.tokenizer is not None else "ids"])
         self.notice.setText(note)
         self.notice.setVisible(bool(note))
         self.notice.setStyleSheet("font-weight: 600;" if not self.generates() else "")

@@ -211,6 +211,27 @@ def shoot_generate(app, w, save, idle) -> None:
     w.resize(size)
 
 
+def shoot_generate_ids(app, w, save, idle) -> None:
+    """The Generate tab on a checkpoint folder without a tokenizer.json (a small Llama,
+    random weights) at 1400x900: the prompt given as ids, the new ids shown as ids."""
+    w.load_model(tiny_llama_checkpoint(), {"seq": 16})
+    wait(app, idle, 120)
+    p = w.generate_panel
+    w.tabs.setCurrentWidget(p)
+    size = w.size()
+    w.fusion_dock.hide()
+    wait(app, lambda: False, 0.2)
+    w.resize(1400, 900)
+    p.prompt.setPlainText("1, 17, 42, 300")
+    p.max_new.setValue(32)
+    p.temperature.setValue(0.0)
+    p.generate()
+    wait(app, lambda: p.worker is None, 300)
+    save(w, "generate_ids")
+    w.fusion_dock.show()
+    w.resize(size)
+
+
 def run_profile(app, w, steps: int, train: bool = False) -> None:
     """A profile of the open model in the Profiler tab, waited for."""
     p = w.profiler_panel
@@ -327,6 +348,7 @@ def main(argv=None) -> int:
     shoot_big_model(app, w, save)
 
     shoot_generate(app, w, save, idle)
+    shoot_generate_ids(app, w, save, idle)
     shoot_training(app, w, save, idle)
     shoot_runs(app, w, save)
     w.tabs.setCurrentWidget(w.doctor)

@@ -119,11 +119,13 @@ def test_a_checkpoint_without_a_tokenizer_shows_its_ids(window, qtbot, errors, t
     """A checkpoint folder without a tokenizer.json (a vocabulary over the 256 bytes): the
     prompt is ids only, and the new tokens show as ids, not as an empty text."""
     from llama_checkpoint import save_llama
-    assert window.load_model(save_llama(tmp_path, vocab_size=512), {})
     panel = window.generate_panel
+    assert "generated text in bold" in panel.output_label.text()     # gpt-tiny's bytes
+    assert window.load_model(save_llama(tmp_path, vocab_size=512), {})
     panel.backend.setCurrentIndex(panel.backend.findData("reference"))
     assert "no tokenizer.json" in panel.notice.text() and not panel.notice.isHidden()
     assert panel.prompt_kind.currentData() == "ids" and not panel.prompt_kind.model().item(0).isEnabled()
+    assert "generated ids in bold" in panel.output_label.text()
     assert generate(qtbot, panel, "3, 17, 9", 4) == "length"
     ids = " ".join(map(str, panel.result.tokens)) + " "
     assert panel.generated_text == ids and panel.output.toPlainText() == "3 17 9 " + ids and not errors

@@ -833,9 +833,9 @@ def test_cli_generate_bad_input_exits_2(argv, message, capsys):
     assert message in err and err.count("\n") == 1
 
 
-def test_cli_generate_text_needs_a_tokenizer_or_bytes(gpt2, capsys):
+def test_cli_generate_text_needs_a_tokenizer(gpt2, capsys):
     assert main(["generate", str(gpt2[1]), "--prompt", "hi", "--backend", "reference"]) == 2
-    assert "give token ids" in capsys.readouterr().err
+    assert "give the prompt as token ids (--prompt-ids" in capsys.readouterr().err
 
 
 def test_cli_generate_without_a_tokenizer_prints_the_ids(no_tokenizer, capsys):

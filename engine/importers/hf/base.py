@@ -278,7 +278,7 @@ class CausalLM(HFModel):
         found = load_tokenizer(self.folder)
         if found is None:
             raise MeganeuraError(f"{self.folder} has no tokenizer.json (the only tokenizer file read), so text "
-                                 f"cannot become its token ids; give token ids (--prompt-ids)")
+                                 f"cannot become its token ids: give the prompt as token ids (--prompt-ids on the command line)")
         return found
 
     def eos_ids(self) -> list[int]:
