@@ -117,3 +117,12 @@ def test_unwritable_output_paths_are_refused_before_any_work(capsys, tmp_path):
         assert lines[0].startswith("meganeura: error: --") and str(argv[-1]) in lines[0], lines
         assert out == ""
     assert not any(tmp_path.rglob("*.tmp")) and not missing.exists()
+
+
+def test_an_input_file_that_is_not_npy_is_named_as_such(capsys, tmp_path):
+    """numpy reads other bytes as a pickle and suggests allow_pickle: never that advice."""
+    garbage = tmp_path / "x.npy"
+    garbage.write_bytes(b"PK\x03\x04" + bytes(range(200)))
+    code, _, err = run_cli(capsys, "run", "mlp", "--backend", "reference", "--input", f"x={garbage}")
+    assert code == 2 and err.strip().endswith("not an .npy file (one array written by numpy.save)")
+    assert "pickle" not in err

@@ -118,13 +118,23 @@ def _input_files(pairs) -> dict[str, str]:
     return files
 
 
+NPY_MAGIC = b"\x93NUMPY"
+
+
 def _read_input_files(files: dict[str, str]) -> dict[str, np.ndarray]:
+    """Each file as one array. Anything but an .npy is named as such: numpy takes other
+    bytes for a pickle, and its advice (allow_pickle) would run code from the file."""
     out = {}
     for name, path in files.items():
         try:
+            with open(path, "rb") as f:
+                head = f.read(len(NPY_MAGIC))
+            if head != NPY_MAGIC:
+                raise ValueError("not an .npy file (one array written by numpy.save)")
             out[name] = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as e:
-            raise MeganeuraError(f"--input {name}: cannot read {path}: {e}") from None
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else e
+            raise MeganeuraError(f"--input {name}: cannot read {path}: {reason}") from None
     return out
 
 
