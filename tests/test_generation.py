@@ -559,6 +559,17 @@ def test_the_byte_tokenizer_refuses_ids_it_cannot_decode():
         tok.decode([104, 300])
 
 
+def test_a_tokenizer_file_shows_ids_it_has_no_token_for(tmp_path):
+    """A model's vocabulary is often padded past its tokenizer's: such an id is shown, not
+    dropped as the tokenizers library drops it."""
+    from engine.data.tokenizer import FileTokenizer, byte_tokenizer_json
+    path = tmp_path / "tokenizer.json"
+    path.write_text(byte_tokenizer_json())
+    tok = FileTokenizer(path)
+    assert tok.encode("hé") == list("hé".encode())
+    assert tok.decode([104, 300, 105, 256]) == "h<id 300>i<id 256>" and tok.decode([104, 105]) == "hi"
+
+
 def test_decode_graph_has_no_rope_nodes_and_names_its_caches(llama):
     model = load_model(str(llama[1]))
     decode = model.generation_graph(1, 64, prefill=False)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import soundfile
 import torch
+import tokenizers
 import transformers
 
 from engine import models
@@ -148,6 +149,15 @@ def test_bytes_without_a_tokenizer_json_say_so_once(tmp_path, capsys):
     assert len(notes) == 1 and notes[0].startswith("meganeura: note:") and "UTF-8 bytes" in notes[0]
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["data"]["kind"] == "text" and config["data"]["val"] == str(tmp_path / "a.txt")
+    # the checkpoint says how its ids were made: text in, the same bytes as ids, text out
+    checkpoint = tmp_path / "run" / "checkpoint-1"
+    code, out, err = cli(capsys, "generate", checkpoint, "--prompt", "héllo", "--max-new-tokens", "3",
+                         "--backend", "reference", "--json")
+    result = json.loads(out)
+    assert code == 0 and result["prompt_tokens"] == len("héllo".encode()), err
+    tokenizer = tokenizers.Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
+    assert tokenizer.encode("héllo").ids == list("héllo".encode())
+    assert result["text"] == tokenizer.decode(result["tokens"]) and not (tmp_path / "ckpt" / "tokenizer.json").exists()
 
 
 # ---------------------------------------------------------------- validation split

@@ -41,6 +41,27 @@ class ByteTokenizer:
         return bytes(kept).decode("utf-8", errors="replace")
 
 
+def byte_tokenizer_json() -> str:
+    """A ``tokenizer.json`` whose ids 0-255 are the UTF-8 bytes, as ``ByteTokenizer``'s
+    (byte-level BPE without merges): a run that trained a checkpoint without one on text
+    read as bytes leaves it in its checkpoints, so they generate text, where the folder it
+    started from has no tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    char = _byte_chars()
+    tokenizer = Tokenizer(models.BPE(vocab={char[b]: b for b in range(256)}, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer.to_str()
+
+
+def _byte_chars() -> dict[int, str]:
+    """Byte-level BPE's printable character for each byte (GPT-2's table): printable
+    Latin-1 bytes stand for themselves, the others for code points from 256 on."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
+
+
 class FileTokenizer:
     """A ``tokenizer.json`` read with the ``tokenizers`` package."""
 
@@ -62,7 +83,18 @@ class FileTokenizer:
         return list(self.tokenizer.encode(text).ids)
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+        """The text of ``ids``; an id the file has no token for (a model's vocabulary is
+        often padded past its tokenizer's) shows as ``<id N>``, where the library would
+        drop it without a trace."""
+        size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        pieces, run = [], []
+        for i in map(int, ids):
+            if 0 <= i < size:
+                run.append(i)
+                continue
+            pieces += [self.tokenizer.decode(run, skip_special_tokens=False), f"<id {i}>"]
+            run = []
+        return "".join(pieces) + self.tokenizer.decode(run, skip_special_tokens=False)
 
 
 def load_tokenizer(folder: str | Path | None):

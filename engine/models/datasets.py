@@ -18,6 +18,7 @@ import numpy as np
 from ..data.audio import audio_clips
 from ..data.datasets import InputSpec, data_kind, example_count, fit_arrays, read_arrays
 from ..data.text import read_documents, token_stream
+from ..data.tokenizer import TOKENIZER_FILE, byte_tokenizer_json
 from ..errors import DataError, MeganeuraError
 from ..graph.inputs import integer_problems
 from ..graph.ir import Graph
@@ -32,6 +33,7 @@ class TrainingData:
     kind: str
     source: str | None
     notes: list[str] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)   # name -> text a checkpoint of a run on it needs
 
     def __len__(self) -> int:
         return example_count(self.arrays)
@@ -58,19 +60,22 @@ def builtin_data(model, seed: int) -> TrainingData:
 def load_training_data(model, path) -> TrainingData:
     kind = data_kind(path)
     notes: list[str] = []
+    files: dict[str, str] = {}
     if kind == "arrays":
         raw = read_arrays(path)
     elif kind == "text":
         tokenizer = text_tokenizer(model)
         if tokenizer.note:
             notes.append(tokenizer.note)
+        if lacks_tokenizer_json(model):
+            files[TOKENIZER_FILE] = byte_tokenizer_json()
         raw = model.text_examples(token_stream(read_documents(path), tokenizer.encode, model.vocab_size))
     else:
         raw = model.audio_examples(audio_clips(path, model.audio_transcripts))
     graph = model.build(train=True)
     arrays = fit_arrays(raw, input_spec(graph), path)
     check_ids(arrays, graph, path)
-    return TrainingData(arrays, kind, str(path), notes)
+    return TrainingData(arrays, kind, str(path), notes, files)
 
 
 def text_tokenizer(model):
@@ -90,7 +95,6 @@ def text_tokenizer(model):
 
 def lacks_tokenizer_json(model) -> bool:
     """A checkpoint folder (a model with a ``folder``) that has no tokenizer.json."""
-    from ..data.tokenizer import TOKENIZER_FILE
     folder = getattr(model, "folder", None)
     return folder is not None and not (Path(folder) / TOKENIZER_FILE).is_file()
 
@@ -98,7 +102,8 @@ def lacks_tokenizer_json(model) -> bool:
 def training_bytes(model):
     """UTF-8 bytes as the ids of a checkpoint without a tokenizer.json. Such a checkpoint has
     no tokenizer to generate with, but training may feed it bytes (it then learns them as
-    its ids), where its vocabulary holds the 256 of them."""
+    its ids), where its vocabulary holds the 256 of them; the run's checkpoints get the
+    byte-level tokenizer.json that says so (``TrainingData.files``)."""
     from ..data.tokenizer import ByteTokenizer
     if model.vocab_size < 256:
         raise DataError(f"model {model.name!r}: text data needs a tokenizer.json in the checkpoint folder "

@@ -75,6 +75,7 @@ class RunData:
     val: dict[str, np.ndarray] | None
     kind: str
     notes: list[str]
+    files: dict[str, str] = dataclasses.field(default_factory=dict)   # written into every checkpoint
 
 
 def prepare_data(model, options: RunOptions, config: TrainConfig) -> RunData:
@@ -92,7 +93,7 @@ def prepare_data(model, options: RunOptions, config: TrainConfig) -> RunData:
         arrays, val = hold_out(arrays, options.holdout)
     held = f" after {example_count(val)} held out for validation" if val is not None and not options.val_data else ""
     check_batch(arrays, config.batch_size, f"training data{held}")
-    return RunData(arrays, val, train.kind if train else "builtin", notes)
+    return RunData(arrays, val, train.kind if train else "builtin", notes, dict(train.files) if train else {})
 
 
 def evaluation_batches(dataset: Mapping[str, np.ndarray], batch_size: int) -> list[dict[str, np.ndarray]]:
@@ -282,7 +283,7 @@ class TrainingRun:
                  "optimizer": {"kind": self.config.optimizer, "updates": step},
                  "loss": self.trainer.history.last, "seconds": self.seconds()}
         self.checkpoint = self.directory.save_checkpoint(step, self.model, self.trainer.params,
-                                                         self.trainer.optimizer_state(), state)
+                                                         self.trainer.optimizer_state(), state, self.data.files)
         self.saved_step = step
         self.directory.write_status("running", step)
 

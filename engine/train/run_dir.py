@@ -187,9 +187,11 @@ class RunDirectory:
         return found[-1] if found else None
 
     def save_checkpoint(self, step: int, model, params: Mapping[str, np.ndarray],
-                        optimizer_state: Mapping[str, np.ndarray], state: Mapping) -> Path:
+                        optimizer_state: Mapping[str, np.ndarray], state: Mapping,
+                        files: Mapping[str, str] | None = None) -> Path:
         """Write ``checkpoint-STEP`` in a temp folder and rename it into place (replacing
-        an older one of the same step); on any failure nothing but the old state remains."""
+        an older one of the same step); on any failure nothing but the old state remains.
+        ``files`` (name -> text) join the model's own (the training data's tokenizer)."""
         final = self.path / f"checkpoint-{step}"
         temp = Path(tempfile.mkdtemp(dir=self.path, prefix=f".{final.name}.", suffix=".tmp"))
         try:
@@ -197,6 +199,8 @@ class RunDirectory:
             model.save_weights(params, temp / WEIGHTS)
             for extra in model.checkpoint_files():
                 shutil.copyfile(extra, temp / extra.name)
+            for name, text in (files or {}).items():
+                write_atomically(temp / name, text)
             save_safetensors(optimizer_state, temp / OPTIMIZER, metadata={"format": "meganeura-optimizer"})
             write_json(temp / STATE, {"step": int(step), **state, "created": now()})
             if final.exists():
