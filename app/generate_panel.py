@@ -209,6 +209,7 @@ class GeneratePanel(QWidget):
         column = QVBoxLayout(output)
         column.setContentsMargins(0, 0, 0, 0)
         self.output_label = QLabel(OUTPUT_LABEL["text"])
+        self.output_label.setWordWrap(True)   # its width is the output's, not a floor for the window's
         column.addWidget(self.output_label)
         column.addWidget(self.output, 1)
 
@@ -263,7 +264,7 @@ class GeneratePanel(QWidget):
             self.max_new.setMaximum(max(1, int(model.context_length) - 1))
         self.prompt_kind.model().item(0).setEnabled(self.tokenizer is not None)
         self.prompt_kind.setCurrentIndex(self.prompt_kind.findData("text" if self.tokenizer is not None else "ids"))
-        self.output_label.setText(OUTPUT_LABEL["text" if self.tokenizer is not None else "ids"])
+        self.output_label.setText(OUTPUT_LABEL["ids" if self.generates() and self.tokenizer is None else "text"])
         self.notice.setText(note)
         self.notice.setVisible(bool(note))
         self.notice.setStyleSheet("font-weight: 600;" if not self.generates() else "")
