@@ -149,6 +149,19 @@ def test_run_metrics_update_reads_only_new_rows_and_a_resume_replaces_repeated_s
     np.testing.assert_array_equal(cols["val_wall"], [1.0, 2.5])
 
 
+def test_run_metrics_skip_rows_without_a_whole_step(tmp_path):
+    """A row without a step (or a step that is not a whole number) is no point: the
+    Studio's read-out turned its NaN step into an int on every mouse move."""
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"loss": 1.0}\n{"step": 2.5, "loss": 1.2}\n'
+                                       '{"step": true, "loss": 1.1}\n{"step": 3, "loss": 1.5}\n')
+    metrics = RunMetrics(run)
+    assert metrics.update() == 2
+    np.testing.assert_array_equal(metrics.columns()["step"], [1, 3])
+    assert [r["step"] for r in RunDirectory(run).metrics()] == [1, 3]   # as the command line reads it
+
+
 def test_run_metrics_reads_a_rewritten_file_from_the_start(tmp_path):
     run = write_run(tmp_path, "r", [3.0, 2.5, 2.0, 1.9])
     metrics = RunMetrics(run)

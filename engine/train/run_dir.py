@@ -81,6 +81,12 @@ def discard_if_empty(path) -> None:
         Path(path).rmdir()
 
 
+def is_step_row(row) -> bool:
+    """Whether a parsed metrics.jsonl line is a step's: an object with a whole-number step."""
+    step = row.get("step") if isinstance(row, dict) else None
+    return isinstance(step, int) and not isinstance(step, bool)
+
+
 def write_json(path: Path, obj) -> None:
     write_atomically(str(path), json.dumps(obj, indent=2) + "\n")
 
@@ -162,7 +168,7 @@ class RunDirectory:
                 row = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(row, dict) and isinstance(row.get("step"), int):
+            if is_step_row(row):
                 rows.append(row)
         return rows
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .run_dir import CONFIG, METRICS, STATUS, RunDirectory
+from .run_dir import CONFIG, METRICS, STATUS, RunDirectory, is_step_row
 
 UNKNOWN = "unknown"
 
@@ -146,6 +146,7 @@ class RunMetrics:
             self._clear()
         self.size, self.inode = size, inode
         rows, self.offset = read_metrics(self.run_dir, self.offset)
+        rows = [row for row in rows if is_step_row(row)]   # as RunDirectory.metrics: a row is a step's
         for row in rows:
             self._add(row)
         if rows:
