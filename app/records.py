@@ -9,6 +9,9 @@ from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableView
 
 
+TIP_AFTER = 24   # characters a cell shows before its whole text is also its tooltip
+
+
 class RecordsModel(QAbstractTableModel):
     """Rows of (display values, sort keys[, background colour]); sorting happens here,
     not per item. A sort key of None sorts after every value."""
@@ -39,6 +42,9 @@ class RecordsModel(QAbstractTableModel):
             return row[0][index.column()]
         if role == Qt.ItemDataRole.UserRole:
             return row[1][index.column()]
+        if role == Qt.ItemDataRole.ToolTipRole:   # a long kernel name is elided in its column
+            value = row[0][index.column()]
+            return value if isinstance(value, str) and len(value) > TIP_AFTER else None
         if role == Qt.ItemDataRole.BackgroundRole and len(row) > 2 and row[2]:
             return QColor(row[2])
         if role == Qt.ItemDataRole.TextAlignmentRole and index.column() in self.right:

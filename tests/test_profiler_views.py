@@ -125,3 +125,15 @@ def _no_real_dialogs(monkeypatch):
     from PySide6.QtWidgets import QFileDialog
     monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: ("", ""))
     monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: ("", ""))
+
+
+def test_a_long_name_in_a_profile_table_is_its_own_tooltip(qtbot):
+    """Kernel names are elided in their column, so rows can look alike: the whole name is
+    the cell's tooltip (short cells and numbers have none)."""
+    from app.records import RecordsModel
+    model = RecordsModel(["kernel", "ms"])
+    name = "decode:fused_matmul:activation=none:transpose_a=False:transpose_b=True"
+    model.set_rows([((name, "0.041"), (name, 0.041)), (("copy", "0.002"), ("copy", 0.002))])
+    tip = Qt.ItemDataRole.ToolTipRole
+    assert model.data(model.index(0, 0), tip) == name
+    assert model.data(model.index(1, 0), tip) is None and model.data(model.index(0, 1), tip) is None
