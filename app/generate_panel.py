@@ -77,6 +77,15 @@ def generation_run(generator, prompt, max_new_tokens, sampling, eos_ids, arrived
                               on_token=lambda token, ms: arrived.append((token, ms)), should_stop=stop)
 
 
+class StepAxis(pg.AxisItem):
+    """An axis of whole steps: pyqtgraph would tick 0.5, 1.5 ... over a few of them."""
+
+    def tickValues(self, minVal, maxVal, size):
+        levels = super().tickValues(minVal, maxVal, size)
+        whole = [(max(spacing, 1.0), [v for v in values if float(v).is_integer()]) for spacing, values in levels]
+        return [(spacing, values) for spacing, values in whole if values]
+
+
 class GeneratePanel(QWidget):
     failed = Signal(str, object)          # title, exception -> error dialog
     generationFinished = Signal(str)      # the Generation's ``stopped`` ("eos", "length", "cancelled") or "failed"
@@ -213,7 +222,7 @@ class GeneratePanel(QWidget):
         column.addWidget(self.output_label)
         column.addWidget(self.output, 1)
 
-        self.plot = pg.PlotWidget()
+        self.plot = pg.PlotWidget(axisItems={"bottom": StepAxis("bottom")})
         self.plot.setObjectName("perTokenPlot")
         self.plot_title = QLabel(PLOT_TITLE)
         self.plot_title.setAlignment(Qt.AlignmentFlag.AlignCenter)
