@@ -140,6 +140,7 @@ class RunsPanel(QWidget):
         self.entries: dict[str, RunCurves] = {}     # by run directory
         self.unchecked: set[str] = set()            # run names: any other run is shown
         self.current_name = ""
+        self.training_path = lambda: None           # the run directory this Studio trains now (the window's)
         self._restoring = False
         self._build_top()
         self._build_table()
@@ -499,12 +500,21 @@ class RunsPanel(QWidget):
             ok, why = False, "Select a run to resume it from its latest checkpoint"
         elif not run.checkpoints:
             ok, why = False, f"{run.name} has no checkpoint to resume from"
+        elif self._trained_here(run):
+            ok, why = False, f"{run.name} is training in this Studio now: stop it first"
         elif run.state == "running":
-            ok, why = False, f"{run.name} is still running"
+            ok, why = True, (f"{run.name}'s status says running: if its process died, continue it from step "
+                             f"{run.checkpoints[-1]} in the Training tab (you will be asked first)")
         else:
             ok, why = True, f"Continue {run.name} from step {run.checkpoints[-1]} in the Training tab"
         self.resume_button.setEnabled(ok)
         self.resume_button.setToolTip(why)
+
+    def _trained_here(self, run: Run) -> bool:
+        """Whether this Studio's Training tab is writing ``run`` now: the only run whose
+        Resume stays off, since a "running" status may be left by a process that died."""
+        path = self.training_path()
+        return path is not None and Path(path).resolve() == run.path.resolve()
 
     def _resume(self) -> None:
         run = self.current_run()

@@ -80,8 +80,13 @@ class StudioState(QObject):
         overrides = [f"{k}={v}" for k, v in (settings or {}).items()]
         options = {"default_dims": 1} if source_kind(str(source)) == "onnx" else {}   # editable in the panel
         model = load_model(str(source), overrides, progress=progress, **options)
-        graph = model.build(train=False)
-        params = model.init_params(seed)
+        self.install_model(source, model, model.build(train=False), model.init_params(seed))
+
+    def install_model(self, source: str, model, graph, params: dict[str, np.ndarray]) -> None:
+        """Make ``model`` (opened from ``source``, its inference ``graph`` built, ``params``)
+        the open one. Split from ``load_model`` so that a resumed run's model, opened and
+        built beforehand, goes in only once its checkpoint was read and bound: a run that
+        cannot resume leaves the open model and its weights alone."""
         self.source, self.model_name, self.model, self.settings = str(source), model.name, model, dict(model.settings)
         self.graphs = {"original": graph}
         self.report = None

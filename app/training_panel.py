@@ -18,23 +18,24 @@ import math
 import os
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QGridLayout,
-                               QGroupBox, QHBoxLayout, QLabel, QMenu, QProgressBar, QPushButton,
+                               QGroupBox, QHBoxLayout, QLabel, QMenu, QMessageBox, QProgressBar, QPushButton,
                                QSpinBox, QVBoxLayout, QWidget)
 from superqt.utils import thread_worker
 
 from engine.errors import MeganeuraError
-from engine.importers import source_kind
+from engine.importers import load_model as import_model, source_kind
 from engine.runtime.device import choose_backend
 from engine.train.config import OPTIMIZERS, SCHEDULES, TrainConfig
 from engine.train.runs import debiased_ema
-from engine.train.run import RunOptions, TrainingRun
-from engine.train.run_dir import RunDirectory, default_runs_folder, new_run_path
+from engine.train.run import RunOptions, TrainingRun, settings_overrides
+from engine.train.run_dir import RunDirectory, default_runs_folder, discard_if_empty, new_run_path
 
 BACKEND_LABELS = {"gpu": "GPU (wgpu)", "reference": "reference (numpy, CPU)"}
 
@@ -51,6 +52,37 @@ def default_backend() -> str:
 
 
 DATA_FILTER = "Training data (*.npz *.txt *.jsonl *.wav *.flac);;All files (*)"
+TRAIN_ONNX_HINT = ("The Studio has no loss to choose yet; train it from the command line: "
+                   "meganeura train FILE.onnx --loss mse|cross-entropy --target OUTPUT")
+
+
+def discarding_if_unused(path: Path, make_run):
+    """``make_run`` that gives the run directory ``path`` (new, made for this run) back
+    with ``discard_if_empty`` when the run fails to build before writing to it (data
+    unreadable, batch too large), as ``meganeura train`` does: failed starts leave no
+    empty folders in the Runs panel."""
+    def make(**hooks):
+        try:
+            return make_run(**hooks)
+        except BaseException:
+            discard_if_empty(path)
+            raise
+    return make
+
+
+def time_ago(updated) -> str:
+    """``updated`` (status.json's ISO time) as "5 min ago": how stale a "running" status
+    is tells a run whose process died from one another process is training."""
+    try:
+        then = datetime.fromisoformat(str(updated))
+        seconds = (datetime.now(then.tzinfo) - then).total_seconds()
+    except (TypeError, ValueError):
+        return "at an unknown time"
+    for unit, size in (("day", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            n = int(seconds // size)
+            return f"{n} {unit}{'s' if unit == 'day' and n > 1 else ''} ago"
+    return f"{max(int(seconds), 0)} s ago"
 
 
 @thread_worker
@@ -87,6 +119,8 @@ class TrainingPanel(QWidget):
         self.total_steps = self.first_step = self._seen = 0
         self.run_dir: Path | None = None       # the last run's directory
         self.last_trainer = None
+        self.active_path: Path | None = None   # the run directory the worker trains
+        self._pending_model = None             # (source, model, graph, params) a resume opens once built
         self._dirty = False
         self.can_run = lambda: True        # the window vetoes a run while a profile uses the GPU
 
@@ -100,7 +134,7 @@ class TrainingPanel(QWidget):
         self.optimizer.setCurrentText("adamw")
         self.lr = QDoubleSpinBox()
         self.lr.setDecimals(6)
-        self.lr.setRange(0.0, 10.0)
+        self.lr.setRange(1e-6, 10.0)   # 0 trains nothing, and TrainConfig refuses it
         self.lr.setSingleStep(1e-4)
         self.lr.setValue(1e-3)
         self.schedule = QComboBox()
@@ -227,6 +261,9 @@ class TrainingPanel(QWidget):
     def _model_changed(self) -> None:
         if self.state.model is not None:
             self.batch.setValue(int(self.state.settings.get("batch", self.batch.value())))
+        if self.worker is None:
+            refusal = self.state.model.cannot_train if self.state.model is not None else None
+            self.stats.setText(f"{refusal}. {TRAIN_ONNX_HINT}" if refusal else "Idle.")
         self._update_buttons()
 
     def save_settings(self, qs) -> None:
@@ -269,8 +306,13 @@ class TrainingPanel(QWidget):
         except Exception as exc:
             self.failed.emit("Cannot start training", exc)
             return None
-        return self._launch(lambda **hooks: TrainingRun.start(model, params, config, options, path, **hooks),
-                            config.steps, 0, [])
+        make_run = discarding_if_unused(path, lambda **hooks: TrainingRun.start(model, params, config, options,
+                                                                                path, **hooks))
+        return self._launch(make_run, config.steps, 0, [], path)
+
+    def training_path(self) -> Path | None:
+        """The run directory this Studio is training now (the Runs panel keeps its Resume off)."""
+        return self.active_path if self.worker is not None else None
 
     def resume_run(self, path):
         """Continue the run directory ``path`` from its latest checkpoint (the Runs panel's
@@ -292,31 +334,69 @@ class TrainingPanel(QWidget):
                     raise MeganeuraError(f"the run is at step {latest[0]} of its {total}; raise Steps above "
                                          f"{latest[0]} to go on")
                 total = self.steps.value()
-            self._open_run_model(saved.get("model", {}))
+            if not self._confirm_running(directory):
+                return None
+            pending = self._run_model(saved.get("model", {}))
             earlier = [(r["step"], float(r["loss"])) for r in directory.metrics()
                        if r["step"] <= latest[0] and isinstance(r.get("loss"), (int, float))]
         except Exception as exc:
             self.failed.emit("Cannot resume the run", exc)
             return None
-        model, backend = self.state.model, self.backend_name()
+        model = pending[1] if pending is not None else self.state.model
+        backend = self.backend_name()
         self.steps.setValue(total)
+        self._pending_model = pending        # opened by _install_run_model once the worker bound the checkpoint
         return self._launch(lambda **hooks: TrainingRun.resume(directory, model, total, backend, **hooks),
-                            total, latest[0], earlier)
+                            total, latest[0], earlier, directory.path)
 
-    def _open_run_model(self, saved: dict) -> None:
-        """Load the model a run trained unless it is the one open (same source and settings)."""
+    def _confirm_running(self, directory: RunDirectory) -> bool:
+        """True unless status.json says "running" and the user declines: the process that
+        wrote it may have died (``meganeura train --resume`` goes on with such a run too),
+        or may still be training, and two writers would interleave checkpoints."""
+        try:
+            status = directory.status()
+        except MeganeuraError:             # no or unreadable status.json: nothing says it runs
+            return True
+        if status.get("status") != "running":
+            return True
+        answer = QMessageBox.question(
+            self, "Resume a run that says it is running?",
+            f"{directory.path.name}'s status.json says it is running, last updated {time_ago(status.get('updated'))} "
+            f"(step {status.get('step', '?')}).\n\nIf its process died, resume it. If another process is still "
+            f"training it, resuming here too would interleave the two processes' checkpoints and metrics.\n\n"
+            f"Resume it?",
+            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No, QMessageBox.StandardButton.No)
+        return answer == QMessageBox.StandardButton.Yes
+
+    def _run_model(self, saved: dict):
+        """None when the model a run trained is the one open (same source and settings),
+        else (source, model, graph, params) of it, opened and built as ``meganeura train
+        --resume`` opens it but not installed: the open model and its weights stay until
+        the worker has read the checkpoint into it (``_install_run_model``)."""
         if "source" not in saved:
             raise MeganeuraError("the run's config.json names no model source")
         settings = saved.get("settings", {})
         same = self.state.model is not None and self._source() == saved["source"] \
             and all(str(self.state.settings.get(k)) == str(v) for k, v in settings.items())
-        if not same:
-            self.state.load_model(saved["source"], settings)
+        if same:
+            return None
+        model = import_model(saved["source"], settings_overrides(settings), **saved.get("import_options", {}))
+        return saved["source"], model, model.build(train=False), model.init_params(0)
 
-    def _launch(self, make_run, total: int, first: int, earlier: list[tuple[int, float]]):
-        """Start the worker that builds and runs ``make_run``; the plot starts with ``earlier`` points."""
+    def _install_run_model(self) -> None:
+        """Open the resumed run's model in the window once the worker built the run (its
+        checkpoint read and bound to the model, its data read): never before, so a run
+        that cannot resume leaves the open model alone."""
+        if self._pending_model is not None and "run" in self.holder:
+            pending, self._pending_model = self._pending_model, None
+            self.state.install_model(*pending)
+
+    def _launch(self, make_run, total: int, first: int, earlier: list[tuple[int, float]], path: Path | None = None):
+        """Start the worker that builds and runs ``make_run`` (training the run directory
+        ``path``); the plot starts with ``earlier`` points."""
         self.steps_done, self.losses = [s for s, _ in earlier], [v for _, v in earlier]
         self.first_step, self.total_steps, self.run_dir = first, total, None
+        self.active_path = path
         self.progress.setRange(0, total)
         self.progress.setValue(first)
         self.holder = {"points": [], "pause": threading.Event(), "stop": threading.Event()}
@@ -406,6 +486,8 @@ class TrainingPanel(QWidget):
     def _on_finished(self) -> None:
         reason = getattr(self, "_end_reason", "finished")
         self._end_reason = "finished"
+        self._install_run_model()              # while the worker still counts as running: stats stay
+        self._pending_model = None             # the run never got built: the open model stays
         self.worker = None
         self.redraw_timer.stop()
         self._dirty = True
@@ -425,6 +507,7 @@ class TrainingPanel(QWidget):
         self.runFinished.emit(reason)
 
     def redraw(self) -> None:
+        self._install_run_model()
         self._poll()
         if not self._dirty:
             return
@@ -449,7 +532,9 @@ class TrainingPanel(QWidget):
 
     def _update_buttons(self) -> None:
         running = self.worker is not None
-        self.start_button.setEnabled(not running and self.state.model is not None)
+        refusal = self.state.model.cannot_train if self.state.model is not None else None
+        self.start_button.setEnabled(not running and self.state.model is not None and refusal is None)
+        self.start_button.setToolTip(f"{refusal}. {TRAIN_ONNX_HINT}" if refusal else "")
         self.backend.setEnabled(not running)
         self.pause_button.setEnabled(running)
         self.stop_button.setEnabled(running)

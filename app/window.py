@@ -88,6 +88,16 @@ class WeightsProgress:
         self.dialog.close()
 
 
+def dialog_summary(text: str, limit: int = 700) -> str:
+    """``text`` if it is at most ``limit`` characters, else its start, cut after a list
+    separator, and how much more there is."""
+    if len(text) <= limit:
+        return text
+    cut = max(text.rfind(", ", 0, limit), text.rfind("; ", 0, limit))
+    head = text[:cut if cut > limit // 2 else limit]
+    return f"{head} … ({len(text) - len(head):,} more characters under Show Details)"
+
+
 class MainWindow(QMainWindow):
     def __init__(self, model: str | None = None, weights: str | None = None,
                  settings: QSettings | None = None, model_settings: dict | None = None):
@@ -148,6 +158,7 @@ class MainWindow(QMainWindow):
         self.fusion_panel.failed.connect(lambda exc: self.show_error("Optimization failed", exc))
         self.training_panel.failed.connect(self.show_error)
         self.runs_panel.resumeRequested.connect(self.resume_run)
+        self.runs_panel.training_path = self.training_panel.training_path    # its Resume stays off for that run
         self.training_panel.can_run = lambda: not (self.profiler_panel.running() or self.generate_panel.running())
         self.profiler_panel.can_run = lambda: not (self.training_panel.running() or self.generate_panel.running())
         self.generate_panel.can_run = lambda: not (self.training_panel.running() or self.profiler_panel.running())
@@ -239,18 +250,33 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------ errors
 
     def show_error(self, title: str, exc) -> None:
-        """Engine errors in a dialog; the app keeps running."""
+        """Engine errors in a dialog; the app keeps running. A long one (a weights file
+        that fits another model names every tensor) shows its start, the rest under Show
+        Details, so the dialog stays on the screen."""
         text = str(exc) if isinstance(exc, MeganeuraError) else f"{type(exc).__name__}: {exc}"
         self.errors.append(text)
-        self.statusBar().showMessage(f"{title}: {text.splitlines()[0] if text else ''}", 10000)
-        QMessageBox.critical(self, title, text)
+        summary = dialog_summary(text)
+        self.statusBar().showMessage(f"{title}: {dialog_summary(summary.splitlines()[0] if summary else '', 160)}",
+                                     10000)
+        if summary == text:
+            QMessageBox.critical(self, title, text)
+            return
+        box = QMessageBox(QMessageBox.Icon.Critical, title, summary, QMessageBox.StandardButton.Ok, self)
+        box.setObjectName("errorWithDetails")
+        box.setDetailedText(text)
+        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        box.open()
 
     # ------------------------------------------------------------ model and weights
+
+    def busy(self) -> bool:
+        """A training run, a profile or a generation is using the model and its weights."""
+        return self.training_panel.running() or self.profiler_panel.running() or self.generate_panel.running()
 
     def load_model(self, source: str, settings: dict) -> bool:
         """Open ``source`` (a built-in name, an .onnx file or a checkpoint folder); on an
         error, a dialog, and the model open before stays open."""
-        if self.training_panel.running() or self.profiler_panel.running() or self.generate_panel.running():
+        if self.busy():
             self.show_error("Cannot load a model", MeganeuraError("stop the training run, the profile or the "
                                                                   "generation first"))
             return False
@@ -273,6 +299,7 @@ class MainWindow(QMainWindow):
             self.show_error(f"Cannot open {name}", failed)
             return False
         self.qsettings.setValue("model/name", str(source))
+        self.statusBar().showMessage(f"Opened {self.state.model_name}", 5000)   # not an earlier error's line
         if str(source) not in models.names():
             self.add_recent_model(str(source))
         return True
@@ -302,6 +329,12 @@ class MainWindow(QMainWindow):
             self.load_weights(path)
 
     def load_weights(self, path: str) -> bool:
+        """Load a weights file into the open model; refused while a run, a profile or a
+        generation uses the weights (a run would put its own back when it ends)."""
+        if self.busy():
+            self.show_error(f"Cannot load {os.path.basename(path)}",
+                            MeganeuraError("stop the training run, the profile or the generation first"))
+            return False
         try:
             self.state.load_weights(path)
         except MeganeuraError as exc:
@@ -336,7 +369,7 @@ class MainWindow(QMainWindow):
         if path:
             try:
                 trainer.history.to_csv(path)
-            except OSError as exc:
+            except (OSError, MeganeuraError) as exc:
                 self.show_error("Cannot export", exc)
                 return
             self.statusBar().showMessage(f"Wrote {len(trainer.history)} steps to {path}", 5000)

@@ -131,13 +131,26 @@ def test_clicking_a_run_in_the_legend_unchecks_it(panel, runs, qtbot):
 
 def test_resume_asks_for_the_current_run(panel, runs, qtbot):
     assert not panel.resume_button.isEnabled()
-    panel.table.setCurrentItem(panel.table.topLevelItem(1))               # beta: still running
-    assert not panel.resume_button.isEnabled() and "running" in panel.resume_button.toolTip()
+    panel.table.setCurrentItem(panel.table.topLevelItem(1))               # beta: says running
+    assert panel.resume_button.isEnabled() and "running" in panel.resume_button.toolTip()
     panel.table.setCurrentItem(panel.table.topLevelItem(0))
     assert panel.resume_button.isEnabled()
     with qtbot.waitSignal(panel.resumeRequested) as signal:
         panel.resume_button.click()
     assert signal.args == [str(runs / "alpha")]
+
+
+def test_resume_stays_off_only_for_the_run_this_studio_trains(panel, runs):
+    """beta's status.json says running: its process may have died (``meganeura train
+    --resume`` goes on with it), so Resume is on, unless this Studio is training beta."""
+    panel.table.setCurrentItem(panel.table.topLevelItem(1))
+    assert panel.current_run().state == "running" and panel.resume_button.isEnabled()
+    panel.training_path = lambda: runs / "beta"
+    panel.refresh()
+    assert not panel.resume_button.isEnabled() and "training in this Studio" in panel.resume_button.toolTip()
+    panel.training_path = lambda: runs / "alpha"
+    panel.refresh()
+    assert panel.resume_button.isEnabled()
 
 
 def test_an_empty_folder_says_so_and_folder_button_switches(panel, tmp_path, monkeypatch, runs):

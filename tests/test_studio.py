@@ -494,3 +494,57 @@ def test_dropping_an_onnx_file_opens_it(window, qtbot, tmp_path):
     assert set(window.state.graphs["original"].inputs) == {"x"}
     assert "batch" in window.model_panel.editors and "y [" in window.model_panel.info.text()
     wait_optimized(window, qtbot)
+
+
+def test_an_onnx_model_without_a_loss_says_why_it_cannot_train(window, qtbot, tmp_path, errors):
+    """Start was enabled and every run failed; now it is off and the panel says why and
+    how (the command line takes --loss and --target), and a built-in model trains again."""
+    assert window.load_model(tiny_onnx(tmp_path / "tiny.onnx"), {"batch": 2})
+    panel = window.training_panel
+    assert not panel.start_button.isEnabled()
+    assert "declares no loss" in panel.stats.text() and "--loss mse|cross-entropy --target OUTPUT" in panel.stats.text()
+    assert not window.load_model(str(tmp_path / "nothing.onnx"), {}) and errors    # a failed open's status line...
+    assert window.load_model("mlp", SMALL["mlp"])
+    assert window.statusBar().currentMessage() == "Opened mlp"                      # ...gives way to the next open
+    assert panel.start_button.isEnabled() and panel.stats.text() == "Idle."
+
+
+def test_weights_are_not_swapped_under_a_running_training(window, qtbot, tmp_path, errors):
+    """A file opened mid-run was loaded, then the run's weights replaced it when it ended."""
+    good = tmp_path / "w.safetensors"
+    window.state.model.save_weights(window.state.params, good)
+    panel = window.training_panel
+    panel.steps.setValue(100000)
+    panel.start()
+    qtbot.waitUntil(lambda: panel.running(), timeout=10000)
+    assert not window.load_weights(str(good))
+    assert errors[-1] == (f"Cannot load {good.name}", "stop the training run, the profile or the generation first")
+    panel.stop()
+    qtbot.waitUntil(lambda: panel.worker is None, timeout=30000)
+
+
+def test_a_long_error_keeps_its_dialog_on_the_screen(window, qtbot, tmp_path, errors):
+    """Weights of another model name every tensor (thousands of characters): the dialog
+    shows the start, the whole text under Show Details, and the model stays as it was."""
+    from PySide6.QtWidgets import QMessageBox
+    other = models.create("gpt-tiny")
+    path = tmp_path / "gpt.safetensors"
+    other.save_weights(other.init_params(0), path)
+    before = dict(window.state.params)
+    assert not window.load_weights(str(path))
+    box = window.findChild(QMessageBox, "errorWithDetails")
+    assert box is not None and not errors
+    assert len(box.text()) < 800 and "more characters under Show Details" in box.text()
+    assert box.detailedText() == window.errors[-1] and len(box.detailedText()) > 2000
+    assert all(window.state.params[k] is v for k, v in before.items())
+    box.close()
+
+
+def test_exporting_the_loss_history_to_a_bad_path_is_a_dialog(window, qtbot, tmp_path, monkeypatch, errors):
+    panel = window.training_panel
+    panel.steps.setValue(3)
+    panel.start()
+    qtbot.waitUntil(lambda: panel.worker is None and panel.last_trainer is not None, timeout=30000)
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(tmp_path / "missing" / "l.csv"), ""))
+    window.export_csv()
+    assert errors[-1][0] == "Cannot export" and "No such file or directory" in errors[-1][1]

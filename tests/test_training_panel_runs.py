@@ -10,10 +10,10 @@ import json
 import numpy as np
 import pytest
 from PySide6.QtCore import QSettings
-from PySide6.QtWidgets import QFileDialog
+from PySide6.QtWidgets import QFileDialog, QMessageBox
 
 from app.state import StudioState
-from app.training_panel import TrainingPanel
+from app.training_panel import TrainingPanel, time_ago
 from engine.cli import main
 from engine.train.run_dir import RunDirectory
 
@@ -103,3 +103,99 @@ def test_pause_holds_and_stop_leaves_a_checkpoint(panel, qtbot):
     done = panel.last_trainer.step_count
     assert run.status()["status"] == "stopped" and run.status()["step"] == done
     assert run.latest_checkpoint()[0] == done and run.metrics()[-1]["step"] == done
+
+
+def cli_run(path, steps=2):
+    """A finished mlp run directory with ``checkpoint-STEPS``, written by ``meganeura train``."""
+    assert main(["train", "mlp", "--set", "batch=8", "--steps", str(steps), "--lr", "0.01", "--backend", "reference",
+                 "--run-dir", str(path)]) == 0
+    return path
+
+
+def failures(panel):
+    seen = []
+    panel.failed.connect(lambda title, exc: seen.append((title, str(exc))))
+    return seen
+
+
+@pytest.mark.parametrize("damage", ["junk", "another model's weights"])
+def test_a_checkpoint_that_cannot_be_read_leaves_the_open_model_open(panel, qtbot, tmp_path, damage):
+    run = cli_run(tmp_path / "runs" / "mlp-run")
+    state = panel.state
+    state.load_model("gpt-tiny", {"seq": 16, "batch": 2})
+    weights = run / "checkpoint-2" / "model.safetensors"
+    if damage == "junk":
+        weights.write_bytes(b"junk!")
+    else:
+        state.model.save_weights(state.params, weights)
+    model, params = state.model, state.params
+    status = (run / "status.json").read_text()
+    seen = failures(panel)
+    panel.steps.setValue(4)
+    assert finish(qtbot, panel, lambda: panel.resume_run(str(run))) == "failed"
+    assert len(seen) == 1 and "model.safetensors" in seen[0][1]
+    assert state.model is model and state.params is params and state.model_name == "gpt-tiny"
+    assert (run / "status.json").read_text() == status
+
+
+def test_resume_opens_the_runs_model_once_its_checkpoint_is_read(panel, qtbot, tmp_path):
+    run = cli_run(tmp_path / "runs" / "mlp-run")
+    panel.state.load_model("gpt-tiny", {"seq": 16, "batch": 2})
+    panel.steps.setValue(4)
+    assert finish(qtbot, panel, lambda: panel.resume_run(str(run))) == "finished"
+    assert panel.state.model_name == "mlp" and panel.last_trainer.step_count == 4
+    assert set(panel.state.params) == set(panel.last_trainer.params)
+
+
+def test_a_run_whose_status_says_running_is_resumed_after_asking(panel, qtbot, tmp_path, monkeypatch):
+    """A process that died leaves status.json "running"; ``meganeura train --resume``
+    goes on with such a run, and so does the Studio once the user says yes."""
+    run = cli_run(tmp_path / "runs" / "mlp-run")
+    status = {"status": "running", "step": 2, "updated": "2020-01-01T00:00:00+00:00"}
+    (run / "status.json").write_text(json.dumps(status))
+    asked, answers = [], [QMessageBox.StandardButton.No, QMessageBox.StandardButton.Yes]
+    monkeypatch.setattr(QMessageBox, "question", lambda parent, title, text, *a, **k: asked.append(text)
+                        or answers.pop(0))
+    panel.steps.setValue(4)
+    assert panel.resume_run(str(run)) is None and panel.worker is None            # no: nothing happens
+    assert "running" in asked[0] and "days ago" in asked[0] and "interleave" in asked[0]
+    assert json.loads((run / "status.json").read_text()) == status
+    assert finish(qtbot, panel, lambda: panel.resume_run(str(run))) == "finished"
+    assert len(asked) == 2 and RunDirectory.open(run).status()["status"] == "finished"
+    assert [r["step"] for r in RunDirectory.open(run).metrics()] == [1, 2, 3, 4]
+
+
+def test_the_training_path_is_the_run_being_written(panel, qtbot):
+    panel.steps.setValue(100000)
+    panel.start()
+    qtbot.waitUntil(lambda: len(panel.holder["points"]) >= 1, timeout=30000)
+    assert panel.training_path() is not None and panel.training_path().parent == panel.runs_folder()
+    with qtbot.waitSignal(panel.runFinished, timeout=30000):
+        panel.stop()
+    assert panel.training_path() is None
+
+
+@pytest.mark.parametrize("problem", ["batch", "missing data", "bad data"])
+def test_a_failed_start_leaves_no_empty_run_directory(panel, qtbot, tmp_path, problem):
+    if problem == "batch":
+        panel.batch.setValue(100000)                   # more than the dataset's examples
+    elif problem == "missing data":
+        panel.set_data(str(tmp_path / "missing.npz"))
+    else:
+        (tmp_path / "bad.npz").write_bytes(b"not an npz")
+        panel.set_data(str(tmp_path / "bad.npz"))
+    seen = failures(panel)
+    panel.steps.setValue(3)
+    assert finish(qtbot, panel, panel.start) == "failed"
+    assert seen and seen[0][0] == "Cannot start training"
+    assert list((tmp_path / "runs").iterdir()) == []
+
+
+def test_time_ago_says_how_stale_a_status_is():
+    from datetime import datetime, timedelta, timezone
+    now = datetime.now(timezone.utc)
+    assert time_ago((now - timedelta(seconds=5)).isoformat()) in ("5 s ago", "6 s ago")
+    assert time_ago((now - timedelta(minutes=7, seconds=3)).isoformat()) == "7 min ago"
+    assert time_ago((now - timedelta(hours=3)).isoformat()) == "3 h ago"
+    assert time_ago((now - timedelta(days=2)).isoformat()) == "2 days ago"
+    assert time_ago(None) == time_ago("yesterday") == "at an unknown time"

@@ -247,6 +247,12 @@ class BuiltinModel:
     def generates(self) -> bool:
         return self.token_input is not None
 
+    @property
+    def cannot_train(self) -> str | None:
+        """Why this model has no training graph (None: it has one), so that a panel can
+        say so before a run is started rather than fail it."""
+        return None
+
     def causal_logits(self, g: Graph, ids: int) -> int:
         """The logits of a causal LM on token ids (what its generation graphs compute)."""
         raise MeganeuraError(f"model {self.name!r} does not generate text; generation needs a causal language "

@@ -94,8 +94,15 @@ class OnnxModel(BuiltinModel):
     def weight_transposes(self):
         return set()
 
+    @property
+    def cannot_train(self) -> str | None:
+        if self.loss and self.target:
+            return None
+        return (f"{self.path.name} declares no loss: training an ONNX model needs one (mse or cross-entropy) on "
+                f"one of its outputs ({', '.join(self._outputs)})")
+
     def build(self, train: bool = False, batch: int | None = None, capture: bool = False) -> Graph:
-        if train and not (self.loss and self.target):
+        if train and self.cannot_train:
             raise MeganeuraError(f"{self.path}: training an ONNX model needs a loss and the output it applies to: "
                                  f"give --loss mse|cross-entropy --target OUTPUT (outputs: {', '.join(self._outputs)})")
         g = Graph(f"{self.path.stem}-{'train' if train else 'infer'}")
