@@ -33,7 +33,7 @@ from superqt.utils import thread_worker
 from engine.errors import MeganeuraError
 from engine.train.generation import GREEDY_BATCH, Sampling
 
-from .training_panel import BACKEND_LABELS, default_backend
+from .training_panel import BACKEND_LABELS, StepAxis, default_backend
 
 PROMPT_KINDS = {"text": "Text", "ids": "Token ids"}
 DEFAULT_NEW_TOKENS = 64
@@ -75,15 +75,6 @@ def generation_run(generator, prompt, max_new_tokens, sampling, eos_ids, arrived
     """The ``Generation``; each token's (id, ms) is appended to ``arrived`` as it comes."""
     return generator.generate(prompt, max_new_tokens, sampling, eos_ids,
                               on_token=lambda token, ms: arrived.append((token, ms)), should_stop=stop)
-
-
-class StepAxis(pg.AxisItem):
-    """An axis of whole steps: pyqtgraph would tick 0.5, 1.5 ... over a few of them."""
-
-    def tickValues(self, minVal, maxVal, size):
-        levels = super().tickValues(minVal, maxVal, size)
-        whole = [(max(spacing, 1.0), [v for v in values if float(v).is_integer()]) for spacing, values in levels]
-        return [(spacing, values) for spacing, values in whole if values]
 
 
 class GeneratePanel(QWidget):

@@ -56,6 +56,15 @@ TRAIN_ONNX_HINT = ("The Studio has no loss to choose yet; train it from the comm
                    "meganeura train FILE.onnx --loss mse|cross-entropy --target OUTPUT")
 
 
+class StepAxis(pg.AxisItem):
+    """An axis of whole steps: pyqtgraph would tick 0.5, 1.5 ... over a few of them."""
+
+    def tickValues(self, minVal, maxVal, size):
+        levels = super().tickValues(minVal, maxVal, size)
+        whole = [(max(spacing, 1.0), [v for v in values if float(v).is_integer()]) for spacing, values in levels]
+        return [(spacing, values) for spacing, values in whole if values]
+
+
 def discarding_if_unused(path: Path, make_run):
     """``make_run`` that gives the run directory ``path`` (new, made for this run) back
     with ``discard_if_empty`` when the run fails to build before writing to it (data
@@ -220,7 +229,7 @@ class TrainingPanel(QWidget):
         left.addStretch(1)
 
         pg.setConfigOptions(antialias=True)
-        self.plot = pg.PlotWidget(background="w")
+        self.plot = pg.PlotWidget(background="w", axisItems={"bottom": StepAxis("bottom")})
         self.plot.setObjectName("lossPlot")
         self.plot.setLabel("bottom", "step")
         self.plot.setLabel("left", "loss")

@@ -190,9 +190,11 @@ def test_bad_prompts_are_dialogs_and_nothing_is_lost(window, qtbot, errors):
     assert panel.output.toPlainText().startswith("my sister") and panel.prompt.toPlainText() == "my sister"
 
 
-def test_the_decode_plot_ticks_whole_steps(window, qtbot):
-    """Over three steps pyqtgraph ticked 0.5, 1.5...: a step is a whole number."""
-    axis = window.generate_panel.plot.getAxis("bottom")
-    for low, high in ((1, 3), (1, 2.2), (1, 40)):
-        levels = axis.tickValues(low, high, 600)
-        assert levels and all(float(v).is_integer() for _, values in levels for v in values), levels
+def test_the_step_plots_tick_whole_steps(window, qtbot):
+    """Over three steps pyqtgraph ticked 0.5, 1.5...: a step is a whole number (the decode
+    plot and the training loss's)."""
+    for plot in (window.generate_panel.plot, window.training_panel.plot):
+        axis = plot.getAxis("bottom")
+        for low, high in ((1, 3), (1, 2.2), (1, 40)):
+            levels = axis.tickValues(low, high, 600)
+            assert levels and all(float(v).is_integer() for _, values in levels for v in values), levels
