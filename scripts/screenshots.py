@@ -185,51 +185,43 @@ def shoot_open_dialog(w, save) -> None:
     reading.close()
 
 
+def generate_shot(app, w, save, name: str, prompt: str, max_new: int, temperature: float, top_p: float = 1.0) -> None:
+    """The Generate tab of the open model at 1400x900 (the Fusion report closed, as it has
+    nothing to say here) after a generation from ``prompt``, saved as ``name``."""
+    p = w.generate_panel
+    w.tabs.setCurrentWidget(p)
+    size = w.size()
+    w.fusion_dock.hide()
+    wait(app, lambda: False, 0.2)
+    w.resize(1400, 900)
+    p.prompt.setPlainText(prompt)
+    p.max_new.setValue(max_new)
+    p.temperature.setValue(temperature)
+    p.top_p.setValue(top_p)
+    p.seed.setValue(1)
+    p.generate()
+    wait(app, lambda: p.worker is None, 300)
+    save(w, name)
+    w.fusion_dock.show()
+    w.resize(size)
+
+
 def shoot_generate(app, w, save, idle) -> None:
-    """The Generate tab at 1400x900 (the Fusion report closed, as it has nothing to say
-    here) after sampling 96 tokens from gpt-tiny on the Studio's default backend: the text
-    streamed after the prompt and each decode step's time plotted."""
+    """96 tokens sampled from gpt-tiny on the Studio's default backend: the text streamed
+    after the prompt and each decode step's time plotted."""
     w.load_model("gpt-tiny", {"seq": 16})
     wait(app, idle, 120)
     if os.environ.get("GPT_TINY_WEIGHTS"):
         w.load_weights(os.environ["GPT_TINY_WEIGHTS"])
-    p = w.generate_panel
-    w.tabs.setCurrentWidget(p)
-    size = w.size()
-    w.fusion_dock.hide()
-    wait(app, lambda: False, 0.2)
-    w.resize(1400, 900)
-    p.prompt.setPlainText("the cat ")
-    p.max_new.setValue(96)
-    p.temperature.setValue(0.7)
-    p.top_p.setValue(0.9)
-    p.seed.setValue(1)
-    p.generate()
-    wait(app, lambda: p.worker is None, 300)
-    save(w, "generate")
-    w.fusion_dock.show()
-    w.resize(size)
+    generate_shot(app, w, save, "generate", "the cat ", 96, 0.7, 0.9)
 
 
 def shoot_generate_ids(app, w, save, idle) -> None:
-    """The Generate tab on a checkpoint folder without a tokenizer.json (a small Llama,
-    random weights) at 1400x900: the prompt given as ids, the new ids shown as ids."""
+    """A checkpoint folder without a tokenizer.json (a small Llama, random weights): the
+    prompt given as ids, the new ids shown as ids."""
     w.load_model(tiny_llama_checkpoint(), {"seq": 16})
     wait(app, idle, 120)
-    p = w.generate_panel
-    w.tabs.setCurrentWidget(p)
-    size = w.size()
-    w.fusion_dock.hide()
-    wait(app, lambda: False, 0.2)
-    w.resize(1400, 900)
-    p.prompt.setPlainText("1, 17, 42, 300")
-    p.max_new.setValue(32)
-    p.temperature.setValue(0.0)
-    p.generate()
-    wait(app, lambda: p.worker is None, 300)
-    save(w, "generate_ids")
-    w.fusion_dock.show()
-    w.resize(size)
+    generate_shot(app, w, save, "generate_ids", "1, 17, 42, 300", 32, 0.0)
 
 
 def run_profile(app, w, steps: int, train: bool = False) -> None:
