@@ -30,11 +30,11 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog
 from superqt.utils import thread_worker
 
 from engine.errors import MeganeuraError
-from engine.importers import load_model as import_model, source_kind
+from engine.importers import load_run_model, source_kind
 from engine.runtime.device import choose_backend
 from engine.train.config import OPTIMIZERS, SCHEDULES, TrainConfig
 from engine.train.runs import debiased_ema
-from engine.train.run import RunOptions, TrainingRun, settings_overrides
+from engine.train.run import RunOptions, TrainingRun, options_from_config
 from engine.train.run_dir import RunDirectory, default_runs_folder, discard_if_empty, new_run_path
 
 BACKEND_LABELS = {"gpu": "GPU (wgpu)", "reference": "reference (numpy, CPU)"}
@@ -345,7 +345,7 @@ class TrainingPanel(QWidget):
                 total = self.steps.value()
             if not self._confirm_running(directory):
                 return None
-            pending = self._run_model(saved.get("model", {}))
+            pending = self._run_model(saved)
             earlier = [(r["step"], float(r["loss"])) for r in directory.metrics()
                        if r["step"] <= latest[0] and isinstance(r.get("loss"), (int, float))]
         except Exception as exc:
@@ -377,20 +377,18 @@ class TrainingPanel(QWidget):
             QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No, QMessageBox.StandardButton.No)
         return answer == QMessageBox.StandardButton.Yes
 
-    def _run_model(self, saved: dict):
-        """None when the model a run trained is the one open (same source and settings),
-        else (source, model, graph, params) of it, opened and built as ``meganeura train
-        --resume`` opens it but not installed: the open model and its weights stay until
-        the worker has read the checkpoint into it (``_install_run_model``)."""
-        if "source" not in saved:
-            raise MeganeuraError("the run's config.json names no model source")
-        settings = saved.get("settings", {})
-        same = self.state.model is not None and self._source() == saved["source"] \
-            and all(str(self.state.settings.get(k)) == str(v) for k, v in settings.items())
+    def _run_model(self, config: dict):
+        """None when the model a run trained (its ``config.json``) is the one open (same
+        source and settings), else (source, model, graph, params) of it, opened and built
+        as ``meganeura train --resume`` opens it but not installed: the open model and its
+        weights stay until the worker has read the checkpoint into it (``_install_run_model``)."""
+        options = options_from_config(config)
+        same = self.state.model is not None and self._source() == options.source \
+            and all(str(self.state.settings.get(k)) == str(v) for k, v in options.settings.items())
         if same:
             return None
-        model = import_model(saved["source"], settings_overrides(settings), **saved.get("import_options", {}))
-        return saved["source"], model, model.build(train=False), model.init_params(0)
+        model = load_run_model(config)
+        return options.source, model, model.build(train=False), model.init_params(0)
 
     def _install_run_model(self) -> None:
         """Open the resumed run's model in the window once the worker built the run (its

@@ -96,19 +96,15 @@ def _flag(option: str) -> str:
 
 
 def _resume(args) -> int:
-    from ..importers import load_model as import_model
-    from ..train.run import TrainingRun, settings_overrides
+    from ..importers import load_run_model
+    from ..train.run import TrainingRun
     from ..train.run_dir import RunDirectory
     directory = RunDirectory.open(args.resume)
     ignored = [_flag(name) for name in RUN_OPTIONS if getattr(args, name, None) not in (None, [])]
     if ignored:
         print(f"meganeura: note: --resume goes on with the run's own options (its config.json); ignoring "
               f"{', '.join(ignored)}", file=sys.stderr, flush=True)
-    saved = directory.config().get("model", {})
-    if "source" not in saved:
-        raise MeganeuraError(f"{directory.path / 'config.json'} names no model source (model.source)")
-    model = import_model(saved["source"], settings_overrides(saved.get("settings", {})),
-                         **saved.get("import_options", {}))
+    model = load_run_model(directory.config())
     backend = resolve_backend(args) if args.backend != "auto" else None
     return _go(args, model, f"resuming {directory.path} ({model.name})",
                lambda **hooks: TrainingRun.resume(directory, model, args.steps, backend, **hooks))

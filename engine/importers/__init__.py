@@ -12,7 +12,7 @@ Imports ``engine.models``, ``engine.graph`` and ``engine.weights``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from ..errors import ModelImportError
 from ..models import REGISTRY, BuiltinModel, create, parse_overrides
@@ -55,4 +55,13 @@ def load_model(source, overrides: Iterable[str] = (), progress=None, **options) 
     return load_checkpoint(Path(source), settings, progress)
 
 
-__all__ = ["load_model", "source_kind"]
+def load_run_model(config: Mapping, progress=None) -> BuiltinModel:
+    """The model a run directory's ``config.json`` trained, opened as the run opened it
+    (its source, settings and import options): what a resume trains, from the command
+    line and the Studio alike. A config that names no source is a TrainingError."""
+    from ..train.run import options_from_config, settings_overrides
+    options = options_from_config(config)
+    return load_model(options.source, settings_overrides(options.settings), progress, **options.import_options)
+
+
+__all__ = ["load_model", "load_run_model", "source_kind"]
