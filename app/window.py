@@ -299,7 +299,7 @@ class MainWindow(QMainWindow):
             self.show_error(f"Cannot open {name}", failed)
             return False
         self.qsettings.setValue("model/name", str(source))
-        self.statusBar().showMessage(f"Opened {self.state.model_name}", 5000)   # not an earlier error's line
+        self.statusBar().clearMessage()   # an earlier error's line would stand beside the new model's
         if str(source) not in models.names():
             self.add_recent_model(str(source))
         return True
