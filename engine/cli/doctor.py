@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import asdict
 
+from .commands import _print_json
 from .registry import register_command
 
 
@@ -131,7 +131,7 @@ def _doctor_arguments(parser: argparse.ArgumentParser) -> None:
 def _doctor(args: argparse.Namespace) -> int:
     report = doctor_report()
     if args.json:
-        print(json.dumps(report, indent=2))
+        _print_json(report)
     else:
         print(format_doctor(report))
     return 0

@@ -5,11 +5,10 @@ family and cache the winners, which every later plan on the adapter reads.
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import asdict
 from pathlib import Path
 
-from .commands import loss_arguments, open_model, progress
+from .commands import _print_json, loss_arguments, open_model, progress
 from .registry import register_command
 from ..errors import MeganeuraError
 
@@ -98,7 +97,10 @@ def _tune(args: argparse.Namespace) -> int:
         products = _model_products(args) if args.model else []
         progress(f"tuning {adapter['name']}: timing kernels at several workgroup counts")
         report = {**tune(progress=progress, products=products), "adapter": adapter, "cached": True}
-    print(json.dumps(report, indent=2) if args.json else format_tuning(report))
+    if args.json:
+        _print_json(report)
+    else:
+        print(format_tuning(report))
     return 0
 
 
